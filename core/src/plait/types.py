@@ -1,0 +1,444 @@
+"""Data types shared by every plait component.
+
+The training surface follows the Tinker API (ModelInput, Datum, TensorData, SamplingParams,
+AdamParams, ForwardBackwardOutput); the environment surface follows the Open Reward Standard
+(TextBlock, ImageBlock, ToolOutput, ToolSpec, Split). Everything is an attrs class that converts
+to and from plain JSON-able dicts with `to_json` / `from_json` (see `plait.serde`).
+
+Nothing here imports torch: tensors travel as `TensorData` (a numpy array plus dtype), and
+`TensorData.from_torch` / `to_torch` import torch only when called.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# Model input and tensors
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(t) for t in tokens)
+
+
+@attrs.frozen
+class EncodedTextChunk:
+    """A run of token ids."""
+
+    tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    type: Literal["encoded_text"] = "encoded_text"
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+ModelInputChunk = EncodedTextChunk
+
+
+@attrs.frozen
+class ModelInput:
+    """The input of a model: a sequence of chunks (only token chunks today)."""
+
+    chunks: tuple[ModelInputChunk, ...] = attrs.field(converter=tuple, factory=tuple)
+
+    @classmethod
+    def from_ints(cls, tokens: Iterable[int]) -> ModelInput:
+        return cls((EncodedTextChunk(tokens),))
+
+    @classmethod
+    def empty(cls) -> ModelInput:
+        return cls(())
+
+    def to_ints(self) -> list[int]:
+        return [t for chunk in self.chunks for t in chunk.tokens]
+
+    @property
+    def length(self) -> int:
+        return sum(chunk.length for chunk in self.chunks)
+
+    def append(self, chunk: ModelInputChunk) -> ModelInput:
+        return ModelInput((*self.chunks, chunk))
+
+    def append_ints(self, tokens: Iterable[int]) -> ModelInput:
+        return self.append(EncodedTextChunk(tokens))
+
+
+TensorDType = Literal["int64", "float32"]
+_NUMPY_DTYPES: dict[str, Any] = {"int64": np.int64, "float32": np.float32}
+
+
+@attrs.frozen(eq=False)
+class TensorData:
+    """A dense tensor that travels between components: flattened data, dtype and shape."""
+
+    data: np.ndarray
+    dtype: TensorDType
+    shape: tuple[int, ...]
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray) -> TensorData:
+        array = np.asarray(array)
+        dtype: TensorDType = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
+        array = array.astype(_NUMPY_DTYPES[dtype], copy=False)
+        return cls(array.reshape(-1), dtype, tuple(array.shape))
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any], dtype: TensorDType) -> TensorData:
+        array = np.asarray(values, dtype=_NUMPY_DTYPES[dtype])
+        return cls(array.reshape(-1), dtype, tuple(array.shape))
+
+    @classmethod
+    def from_torch(cls, tensor: Any) -> TensorData:
+        return cls.from_numpy(tensor.detach().cpu().numpy())
+
+    def to_numpy(self) -> np.ndarray:
+        return self.data.reshape(self.shape)
+
+    def to_torch(self) -> Any:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(self.to_numpy()))
+
+    def tolist(self) -> list[Any]:
+        return self.to_numpy().tolist()
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TensorData)
+            and self.dtype == other.dtype
+            and self.shape == other.shape
+            and bool(np.array_equal(self.data, other.data))
+        )
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+
+# Default dtypes of loss_fn_inputs keys (Tinker's): integers for targets, floats for the rest.
+_INT_KEYS = frozenset({"target_tokens"})
+
+
+def _to_tensor_data(key: str, value: Any) -> TensorData:
+    if isinstance(value, TensorData):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    dtype: TensorDType = "int64" if key in _INT_KEYS else "float32"
+    return TensorData.from_list(value, dtype)
+
+
+def _loss_inputs(values: Mapping[str, Any]) -> dict[str, TensorData]:
+    return {key: _to_tensor_data(key, value) for key, value in values.items()}
+
+
+@attrs.frozen
+class Datum:
+    """One training example: the model input and the per-position inputs of the loss.
+
+    Position i of `model_input` predicts `loss_fn_inputs["target_tokens"][i]` (next-token
+    alignment: input = seq[:-1], targets = seq[1:]). Every loss input has shape (N,) with
+    N = model_input.length. Lists, numpy arrays and torch tensors are coerced.
+    """
+
+    model_input: ModelInput
+    loss_fn_inputs: dict[str, TensorData] = attrs.field(converter=_loss_inputs)
+
+    def __attrs_post_init__(self) -> None:
+        n = self.model_input.length
+        for key, tensor in self.loss_fn_inputs.items():
+            if tensor.shape[:1] != (n,):
+                raise ValueError(
+                    f"Datum.loss_fn_inputs[{key!r}] has shape {tensor.shape}, expected ({n},) "
+                    "to match model_input.length"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SamplingParams:
+    """How to sample. `stop=None` keeps the end-of-sequence token as a stop; `stop=[]` disables it."""
+
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | tuple[str, ...] | tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda s: tuple(s) if isinstance(s, list) else s
+    )
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+StopReason = Literal["stop", "length", "abort"]
+
+
+@attrs.frozen
+class SampledSequence:
+    """One sampled completion, exactly as the inference engine produced it.
+
+    `tokens` include the stop token when the sequence stopped on one. `weight_version` is the
+    version of the weights that produced the *last* token; `token_versions`, when set, gives the
+    version of every token (they differ when weights were updated in flight).
+    """
+
+    tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    logprobs: tuple[float, ...] = attrs.field(converter=lambda xs: tuple(float(x) for x in xs))
+    stop_reason: StopReason
+    weight_version: int = 0
+    token_versions: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_int_tuple)
+    )
+    routed_experts: TensorData | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.tokens) != len(self.logprobs):
+            raise ValueError(
+                f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs"
+            )
+        if self.token_versions is not None and len(self.token_versions) != len(self.tokens):
+            raise ValueError("SampledSequence.token_versions must have one entry per token")
+
+    def versions(self) -> tuple[int, ...]:
+        """The weight version of every token."""
+        return self.token_versions or (self.weight_version,) * len(self.tokens)
+
+
+@attrs.frozen
+class SampleResponse:
+    sequences: tuple[SampledSequence, ...] = attrs.field(converter=tuple)
+    prompt_logprobs: tuple[float | None, ...] | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AdamParams:
+    """AdamW hyper-parameters for one optimizer step (Tinker's defaults)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0  # 0 = no clipping
+
+
+@attrs.frozen
+class ForwardBackwardOutput:
+    """Per-datum loss outputs (e.g. "logprobs" of the targets) and merged metrics.
+
+    Metric keys are "name:reduction" with reduction in {sum, mean, max, min}.
+    """
+
+    loss_fn_output_type: str
+    loss_fn_outputs: tuple[dict[str, TensorData], ...] = attrs.field(converter=tuple)
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class OptimStepResult:
+    """Metrics of one optimizer step; `grad_norm` is measured before clipping."""
+
+    weight_version: int
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TrainerCapabilities:
+    """Optional trainer features, declared rather than guessed."""
+
+    packing: bool = False
+    prefix_sharing: bool = False
+    activation_checkpointing: bool = False
+    routing_replay: bool = False
+    lora: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight sync
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class WeightUpdate:
+    """Weights on their way from a trainer to an inference engine.
+
+    `tensors` maps Hugging Face parameter names to tensors (any array type the receiver accepts).
+    With `kind="delta"`, `tensors` holds sparse overwrites (see the weight-sync plugins).
+    """
+
+    version: int
+    tensors: Mapping[str, Any]
+    kind: Literal["full", "delta"] = "full"
+    checksum: str | None = None
+
+
+@attrs.frozen
+class SyncStats:
+    version: int
+    bytes: int
+    seconds: float
+    delta_fraction: float = 1.0
+
+
+PauseMode = Literal["abort", "keep", "wait"]
+
+
+@attrs.frozen
+class EngineHealth:
+    ok: bool
+    weight_version: int
+    detail: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat messages (renderer surface)
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ToolCall:
+    """A tool call the model made (or is shown to have made)."""
+
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict)
+    id: str | None = None
+
+
+@attrs.frozen
+class Message:
+    """A chat message, as renderers consume and produce it."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = attrs.field(factory=tuple, converter=tuple)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The dict shape Hugging Face chat templates expect."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class ParseTermination(enum.Enum):
+    """How a sampled response ended, as the renderer parsed it."""
+
+    STOP_SEQUENCE = "stop_sequence"
+    EOS = "eos"
+    MALFORMED = "malformed"
+    TRUNCATED = "truncated"
+
+    @property
+    def is_clean(self) -> bool:
+        return self in (ParseTermination.STOP_SEQUENCE, ParseTermination.EOS)
+
+
+class TrainOnWhat(enum.Enum):
+    LAST_ASSISTANT_MESSAGE = "last_assistant_message"
+    ALL_ASSISTANT_MESSAGES = "all_assistant_messages"
+    ALL_MESSAGES = "all_messages"
+    ALL_TOKENS = "all_tokens"
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments (ORS surface)
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+    detail: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class ImageBlock:
+    data: str  # base64
+    mimeType: str
+    type: Literal["image"] = "image"
+    detail: dict[str, Any] | None = None
+
+
+Block = TextBlock | ImageBlock
+
+
+@attrs.frozen
+class ToolOutput:
+    """What a tool call returns: observation blocks, an optional reward, and the finished flag."""
+
+    blocks: tuple[Block, ...] = attrs.field(factory=tuple, converter=tuple)
+    reward: float | None = None
+    finished: bool = False
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(b.text for b in self.blocks if isinstance(b, TextBlock))
+
+
+ToolErrorReason = Literal[
+    "not_found", "name_collision", "input_validation", "episode_finished", "exception"
+]
+
+
+@attrs.frozen
+class ToolError:
+    """A tool call that did not produce output. Returned, never raised, so a rollout can go on."""
+
+    error: str
+    reason: ToolErrorReason = "exception"
+
+
+@attrs.frozen
+class ToolSpec:
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class Split:
+    name: str
+    type: Literal["train", "validation", "test"] = "train"
+
+
+def blocks_text(blocks: Iterable[Block]) -> str:
+    """The text of a list of blocks (images are left out)."""
+    return "\n".join(b.text for b in blocks if isinstance(b, TextBlock))

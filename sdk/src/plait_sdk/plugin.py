@@ -1,0 +1,1 @@
+"""plait-sdk's plugin module (CLI commands for environments are added here)."""
