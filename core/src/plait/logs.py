@@ -7,6 +7,19 @@ import os
 import sys
 
 import structlog
+from rich.console import Console
+
+# One stderr console for progress bars, step summaries and log lines, so that they do not collide.
+console = Console(stderr=True, highlight=False)
+
+
+class _ConsoleLogger:
+    """A structlog logger that prints through the shared console (above any progress bar)."""
+
+    def msg(self, message: str) -> None:
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
 def ensure_configured() -> None:
@@ -19,7 +32,7 @@ def configure(level: str = "info", *, json: bool = False) -> None:
     """Human-readable logs on stderr (or JSON lines with `json=True`)."""
     numeric = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=console.is_terminal)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -28,6 +41,6 @@ def configure(level: str = "info", *, json: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *args: _ConsoleLogger(),
         cache_logger_on_first_use=False,
     )

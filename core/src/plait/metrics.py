@@ -115,10 +115,10 @@ class ConsoleSink:
     """A one-line summary per step on stderr (the progress bar is the controller's)."""
 
     def __init__(self, run_dir: Path, *, options: ConsoleOptions | None = None) -> None:
-        from rich.console import Console
+        from plait.logs import console
 
         self.keys = (options or ConsoleOptions()).keys
-        self.console = Console(stderr=True, highlight=False)
+        self.console = console
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         parts = [f"step {step:>4}"]

@@ -1,0 +1,474 @@
+"""The controller: composes plugins into a run and drives the RL loop.
+
+The synchronous schedule (the embedded default: one process, no servers) runs, every step:
+
+    sample (inference + env) -> verify (env) -> forward/backward (trainer) -> optim_step -> sync
+
+and evaluates on held-out tasks every `eval.every` steps. The controller talks to every component
+through its protocol only, so the same code drives in-process engines and remote ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+
+from plait.advantages import group_advantages, is_constant
+from plait.config import RunConfig, unstructure
+from plait.errors import PlaitError
+from plait.metrics import MetricSink, mean, merge_metrics, pass_at_k
+from plait.models import ResolvedModel, resolve_model
+from plait.plugins import build, get_registry
+from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
+from plait.rollout import EpisodeConfig, run_episode
+from plait.trajectory import Trajectory, trajectory_to_datums
+from plait.types import AdamParams, Datum, SamplingParams
+
+log = structlog.get_logger("plait.controller")
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+@attrs.define
+class Components:
+    """Everything a run is composed of, built from the config by the plugin registry."""
+
+    model: ResolvedModel
+    trainer: TrainerEngine
+    engines: list[InferenceEngine]
+    renderer: Renderer
+    env: Environment
+    sync: WeightSync
+    sinks: list[MetricSink]
+
+
+def build_components(config: RunConfig, run_dir: Path) -> Components:
+    model = resolve_model(config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype)
+    seed = config.run.seed
+    trainer = build("trainer_engine", config.trainer.engine, model, options=config.trainer.options,
+                    options_path="trainer.options", seed=seed)
+    engine = build("inference_engine", config.inference.engine, model, options=config.inference.options,
+                   options_path="inference.options", seed=seed)
+    renderer = build("renderer", config.renderer.name, model, options=config.renderer.options,
+                     options_path="renderer.options")
+    env = build("env", config.env.name, options=config.env.options, options_path="env.options")
+    sync = build("weight_sync", config.sync.method, options=config.sync.options, options_path="sync.options")
+    sinks = [build("metric_sink", name, run_dir, options=config.metrics.options.get(name, {}),
+                   options_path=f"metrics.options.{name}") for name in config.metrics.sinks]
+    return Components(model, trainer, [engine], renderer, env, sync, sinks)
+
+
+class TaskSampler:
+    """Deterministic task order: every task once per epoch, in a seeded order per epoch.
+
+    Position p (counted over the whole run) maps to a task index, so a resumed run continues
+    exactly where the checkpoint left off.
+    """
+
+    def __init__(self, num_tasks: int, seed: int) -> None:
+        if num_tasks <= 0:
+            raise PlaitError("the training split has no tasks", fix="check env.train_split and env.options")
+        self.num_tasks = num_tasks
+        self.seed = seed
+        self._cache: dict[int, np.ndarray] = {}
+
+    def index(self, position: int) -> int:
+        epoch, offset = divmod(position, self.num_tasks)
+        if self.num_tasks > 1_000_000:  # too many to permute: a seeded affine walk instead
+            rng = np.random.default_rng([self.seed, epoch])
+            stride = int(rng.integers(1, self.num_tasks))
+            while math.gcd(stride, self.num_tasks) != 1:
+                stride += 1
+            return (int(rng.integers(0, self.num_tasks)) + offset * stride) % self.num_tasks
+        if epoch not in self._cache:
+            self._cache = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)}
+        return int(self._cache[epoch][offset])
+
+    def batch(self, start: int, size: int) -> list[int]:
+        return [self.index(p) for p in range(start, start + size)]
+
+
+def _union_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Wall time during which at least one interval was running."""
+    total, current_end = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if start > current_end:
+            total += end - start
+            current_end = end
+        elif end > current_end:
+            total += end - current_end
+            current_end = end
+    return total
+
+
+def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "reward") -> dict[str, float]:
+    """Reward, pass@1/pass@k and episode-shape metrics of a batch of groups."""
+    trajectories = [t for g in groups for t in g]
+    valid = [t for t in trajectories if t.error is None]
+    metrics: dict[str, float] = {
+        f"{prefix}/mean": mean([t.reward for t in valid]),
+        f"{prefix}/pass@1": mean([float(t.correct) for t in valid]),
+    }
+    ks = [len([t for t in g if t.error is None]) for g in groups]
+    k = min(ks) if ks else 0
+    if k > 1:
+        metrics[f"{prefix}/pass@k"] = mean(
+            [pass_at_k(len(v), sum(t.correct for t in v), k) for g in groups if (v := [t for t in g if t.error is None])]
+        )
+        metrics[f"{prefix}/k"] = float(k)
+    metrics["env/turns_per_episode"] = mean([t.num_turns for t in valid])
+    metrics["env/errors"] = float(len(trajectories) - len(valid))
+    metrics["env/tool_errors"] = float(sum(t.tool_errors for t in trajectories))
+    metrics["env/truncated"] = mean([float(t.truncated) for t in valid])
+    metrics["data/prompt_tokens"] = mean([t.prompt_tokens for t in valid])
+    metrics["data/response_tokens"] = mean([t.completion_tokens for t in valid])
+    return metrics
+
+
+class Controller:
+    """Runs one policy (trainer + inference engines) on one environment, synchronously."""
+
+    def __init__(self, config: RunConfig, components: Components, run_dir: Path) -> None:
+        self.config = config
+        self.c = components
+        self.run_dir = run_dir
+        self.step = 0
+        self.samples_seen = 0
+        self.history: list[dict[str, float]] = []
+        self.eval_history: list[tuple[int, float]] = []
+
+    # -- rollouts --------------------------------------------------------------------------
+
+    def _sampling(self, temperature: float, seed: int) -> SamplingParams:
+        rl = self.config.rl
+        return SamplingParams(max_tokens=rl.max_tokens, temperature=temperature, top_p=rl.top_p,
+                              top_k=rl.top_k, seed=seed)
+
+    def _episode_config(self, temperature: float, seed: int) -> EpisodeConfig:
+        rl = self.config.rl
+        return EpisodeConfig(sampling=self._sampling(temperature, seed), max_turns=rl.max_turns,
+                             reward_reduce=rl.reward_reduce)
+
+    async def rollout_groups(self, split: str, indices: Sequence[int], group_size: int,
+                             temperature: float, seed_base: int) -> list[list[Trajectory]]:
+        """`group_size` episodes on each task, all running concurrently (the engine batches them)."""
+        engine = self.c.engines[0]
+        tasks = await asyncio.gather(*(self.c.env.get_task(split, i) for i in indices))
+        coros = [
+            run_episode(self.c.env, task, engine, self.c.renderer,
+                        self._episode_config(temperature, seed_base + g * group_size + j))
+            for g, task in enumerate(tasks) for j in range(group_size)
+        ]
+        flat = await asyncio.gather(*coros)
+        return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
+
+    # -- training --------------------------------------------------------------------------
+
+    def build_datums(self, groups: Sequence[Sequence[Trajectory]]) -> tuple[list[Datum], dict[str, float]]:
+        rl = self.config.rl
+        datums: list[Datum] = []
+        kept = constant = 0
+        for group in groups:
+            valid = [t for t in group if t.error is None]
+            rewards = [t.reward for t in valid]
+            if rl.remove_constant_reward_groups and is_constant(rewards):
+                constant += 1
+                continue
+            kept += 1
+            for trajectory, advantage in zip(valid, group_advantages(rewards, rl.advantage), strict=True):
+                datums.extend(trajectory_to_datums(trajectory, float(advantage)))
+        action_tokens = sum(float(d.loss_fn_inputs["mask"].data.sum()) for d in datums)
+        if datums and action_tokens:
+            # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
+            datums = [_scale_advantages(d, 1.0 / action_tokens) for d in datums]
+        return datums, {
+            "data/datums": float(len(datums)),
+            "data/action_tokens": action_tokens,
+            "data/groups_kept": float(kept),
+            "data/groups_constant": float(constant),
+        }
+
+    def train_on(self, datums: Sequence[Datum]) -> dict[str, float]:
+        rl, tc = self.config.rl, self.config.trainer
+        trainer = self.c.trainer
+        parts = []
+        for start in range(0, len(datums), rl.micro_batch_size):
+            chunk = datums[start:start + rl.micro_batch_size]
+            out = trainer.forward_backward(chunk, rl.loss, rl.loss_config)
+            parts.append((out.metrics, len(chunk)))
+        step = trainer.optim_step(AdamParams(
+            learning_rate=tc.learning_rate, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
+            weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm,
+        ))
+        return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
+
+    async def sync_weights(self) -> dict[str, float]:
+        stats = await self.c.sync.push(self.c.trainer, self.c.engines, self.c.trainer.weight_version)
+        return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
+                "sync/delta_fraction": stats.delta_fraction}
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    async def evaluate(self) -> dict[str, float]:
+        ec, env_cfg = self.config.eval, self.config.env
+        total = await self.c.env.num_tasks(env_cfg.eval_split)
+        indices = list(range(min(ec.tasks, total)))
+        seed_base = self.config.run.seed * 1_000_003 + 999_983
+        greedy = await self.rollout_groups(env_cfg.eval_split, indices, 1, 0.0, seed_base)
+        metrics = {"eval/accuracy": mean([float(g[0].correct) for g in greedy]),
+                   "eval/reward": mean([g[0].reward for g in greedy]),
+                   "eval/errors": float(sum(g[0].error is not None for g in greedy)),
+                   "eval/tasks": float(len(indices))}
+        if ec.samples_per_task > 1:
+            sampled = await self.rollout_groups(env_cfg.eval_split, indices, ec.samples_per_task,
+                                                ec.temperature, seed_base + 7)
+            rm = rollout_metrics(sampled, prefix="eval")
+            metrics.update({k: v for k, v in rm.items() if k.startswith("eval/")})
+        return metrics
+
+    # -- one step --------------------------------------------------------------------------
+
+    async def train_step(self, sampler: TaskSampler) -> dict[str, float]:
+        rl = self.config.rl
+        t0 = time.perf_counter()
+        indices = sampler.batch(self.step * rl.groups_per_batch, rl.groups_per_batch)
+        seed_base = (self.config.run.seed * 1_000_003 + self.step) * 100_003
+        groups = await self.rollout_groups(self.config.env.train_split, indices, rl.group_size,
+                                           rl.temperature, seed_base)
+        t_rollout = time.perf_counter() - t0
+        trajectories = [t for g in groups for t in g]
+        metrics = rollout_metrics(groups)
+        metrics["time/verify"] = _union_seconds([iv for t in trajectories for iv in t.env_seconds])
+        self._write_samples(groups)
+
+        datums, data_metrics = self.build_datums(groups)
+        metrics.update(data_metrics)
+        t1 = time.perf_counter()
+        train_metrics = self.train_on(datums) if datums else self._skip_optim()
+        t_train = time.perf_counter() - t1
+        metrics.update(self._policy_metrics(train_metrics, trajectories, t_train))
+
+        t2 = time.perf_counter()
+        metrics.update(await self.sync_weights())
+        t_sync = time.perf_counter() - t2
+
+        generated = sum(t.completion_tokens for t in trajectories)
+        metrics.update({
+            "time/rollout": t_rollout, "time/train": t_train, "time/sync": t_sync,
+            "time/stall": t_rollout,  # the sync schedule's trainer waits for every rollout
+            "perf/tokens_per_s/rollout": generated / t_rollout if t_rollout else 0.0,
+            "async/staleness_mean": 0.0, "async/staleness_max": 0.0,
+            "progress/samples": float(self.samples_seen + len(trajectories)),
+        })
+        self.samples_seen += len(trajectories)
+        metrics["time/total"] = time.perf_counter() - t0
+        return metrics
+
+    def _skip_optim(self) -> dict[str, float]:
+        log.info("no learning signal this step (every group had equal rewards); skipping the update",
+                 step=self.step)
+        return {}
+
+    def _policy_metrics(self, train: dict[str, float], trajectories: Sequence[Trajectory],
+                        t_train: float) -> dict[str, float]:
+        sampled_lp = [lp for t in trajectories if t.error is None for turn in t.turns for lp in turn.completion.logprobs]
+        out: dict[str, float] = {"policy/entropy_sampled": -mean(sampled_lp) if sampled_lp else 0.0}
+        renames = {
+            "entropy:mean": "policy/entropy",
+            "importance_weight:max": "policy/importance_weight_max",
+            "importance_weight:mean": "policy/importance_weight_mean",
+            "mismatch_kl_k1:mean": "policy/mismatch_kl",
+            "mismatch_kl_k2:mean": "policy/mismatch_kl_k2",
+            "clip_fraction:mean": "optim/clip_fraction",
+            "loss:sum": "optim/loss",
+            "optim:grad_norm": "optim/grad_norm",
+            "optim:lr": "optim/lr",
+        }
+        for src, dst in renames.items():
+            if src in train:
+                out[dst] = train[src]
+        out.setdefault("policy/entropy", out["policy/entropy_sampled"])
+        tokens = train.get("train_tokens:sum", 0.0)
+        if t_train > 0 and tokens:
+            out["perf/tokens_per_s/train"] = tokens / t_train
+        peak = getattr(self.c.trainer, "peak_flops_per_s", None)
+        if peak and t_train > 0 and "model_flops:sum" in train:
+            out["perf/mfu"] = train["model_flops:sum"] / t_train / peak
+            out["perf/peak_flops"] = float(peak)
+        return out
+
+    def _write_samples(self, groups: Sequence[Sequence[Trajectory]], per_step: int = 2) -> None:
+        """A few decoded samples per step in samples.jsonl, for reading what the model does."""
+        tokenizer = self.c.renderer.tokenizer
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            for group in groups[:per_step]:
+                t = group[0]
+                if not t.turns:
+                    continue
+                f.write(json.dumps({
+                    "step": self.step, "task": t.task, "reward": t.reward, "correct": t.correct,
+                    "error": t.error,
+                    "completion": [tokenizer.decode(list(turn.completion.tokens)) for turn in t.turns],
+                }, default=str) + "\n")
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        root = self.run_dir / CHECKPOINT_DIR
+        final = root / f"step_{self.step:06d}"
+        tmp = root / f".tmp-step_{self.step:06d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.c.trainer.save_state(tmp / "trainer")
+        state = {"step": self.step, "samples_seen": self.samples_seen,
+                 "weight_version": self.c.trainer.weight_version, "eval_history": self.eval_history}
+        (tmp / "controller.json").write_text(json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(root.glob("step_*"))[:-self.config.checkpoint.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self) -> bool:
+        checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("step_*"))
+        if not checkpoints:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", -1)  # leftovers of a run that saved nothing
+            return False
+        latest = checkpoints[-1]
+        state = json.loads((latest / "controller.json").read_text())
+        self.c.trainer.load_state(latest / "trainer")
+        self.step = int(state["step"])
+        self.samples_seen = int(state["samples_seen"])
+        self.eval_history = [tuple(x) for x in state.get("eval_history", [])]
+        _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+        log.info("resumed from checkpoint", checkpoint=str(latest), step=self.step)
+        return True
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.history.append({"step": step, **metrics})
+        for sink in self.c.sinks:
+            sink.log(step, metrics)
+
+    async def run(self, *, resume: bool) -> dict[str, Any]:
+        from plait.progress import StepProgress
+
+        if resume and self.load_checkpoint() and self.step >= self.config.rl.steps:
+            log.info("this run is already complete; pass --no-resume to start it over", steps=self.step)
+        await self.sync_weights()  # engines start from exactly the trainer's weights
+        rl, ec = self.config.rl, self.config.eval
+        sampler = TaskSampler(await self.c.env.num_tasks(self.config.env.train_split), self.config.run.seed)
+        run_start = time.perf_counter()
+        with StepProgress(total=rl.steps, completed=self.step, title=self.config.run.name) as progress:
+            if self.step == 0:
+                progress.phase("eval")
+                self._record_eval(0, await self.evaluate())
+            while self.step < rl.steps:
+                progress.phase("rollout/train")
+                metrics = await self.train_step(sampler)
+                self.step += 1
+                if (ec.every and self.step % ec.every == 0) or self.step == rl.steps:
+                    progress.phase("eval")
+                    t_eval = time.perf_counter()
+                    metrics.update(await self.evaluate())
+                    metrics["time/eval"] = time.perf_counter() - t_eval
+                    self.eval_history.append((self.step, metrics["eval/accuracy"]))
+                self.log_metrics(self.step, metrics)
+                progress.advance(metrics)
+                every = self.config.checkpoint.every
+                if (every and self.step % every == 0) or self.step == rl.steps:
+                    progress.phase("checkpoint")
+                    self.save_checkpoint()
+        return self.summary(time.perf_counter() - run_start)
+
+    def _record_eval(self, step: int, metrics: dict[str, float]) -> None:
+        self.eval_history.append((step, metrics["eval/accuracy"]))
+        self.log_metrics(step, metrics)
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        first = self.eval_history[0][1] if self.eval_history else float("nan")
+        last = self.eval_history[-1][1] if self.eval_history else float("nan")
+        summary = {
+            "run": self.config.run.name, "run_dir": str(self.run_dir), "steps": self.step,
+            "seconds": round(seconds, 1), "eval_accuracy_start": first, "eval_accuracy_end": last,
+            "eval_accuracy_gain": last - first, "eval_history": self.eval_history,
+            "model": self.c.model.name, "env": self.config.env.name,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    async def close(self) -> None:
+        for engine in self.c.engines:
+            await engine.close()
+        self.c.trainer.close()
+        await self.c.env.close()
+        for sink in self.c.sinks:
+            sink.close()
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric records after `step` (written by a run that died after its last checkpoint)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if _record_step(line) <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _record_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62  # torn line: drop it
+
+
+def _scale_advantages(datum: Datum, factor: float) -> Datum:
+    inputs = dict(datum.loss_fn_inputs)
+    inputs["advantages"] = inputs["advantages"].to_numpy() * factor
+    return Datum(datum.model_input, inputs)
+
+
+def prepare_run_dir(config: RunConfig, *, resume: bool) -> Path:
+    run_dir = Path(config.run.out_dir) / config.run.name
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    import tomli_w
+
+    (run_dir / "config.toml").write_text(tomli_w.dumps(unstructure(config)))
+    return run_dir
+
+
+def run_training(config: RunConfig, *, config_path: Path | None = None, resume: bool = True) -> str:
+    """Build the components, train, plot; return a one-paragraph summary."""
+    get_registry()  # load plugins before the (slow) model resolution, so errors come early
+    run_dir = prepare_run_dir(config, resume=resume)
+    components = build_components(config, run_dir)
+    controller = Controller(config, components, run_dir)
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await controller.run(resume=resume)
+        finally:
+            await controller.close()
+
+    summary = asyncio.run(main())
+    from plait.plot import plot_run
+
+    dashboard = plot_run(run_dir)
+    return (
+        f"run {summary['run']}: {summary['steps']} steps in {summary['seconds'] / 60:.1f} min; "
+        f"held-out accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
+        f"({summary['eval_accuracy_gain']:+.3f}); run dir {run_dir}; dashboard {dashboard}"
+    )

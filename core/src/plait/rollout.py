@@ -1,0 +1,189 @@
+"""Episodes: a model talking to an environment, token-in-token-out.
+
+One episode opens a session on a task, renders the opening messages, samples, parses the response,
+and then either calls the tools the model asked for (feeding their results back for another turn)
+or hands the plain answer to the environment's terminal tool. Every prompt and completion is kept
+as token ids (see `plait.trajectory`). An environment that fails costs this one episode: the
+trajectory comes back with `error` set, and the session is always closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import structlog
+
+from plait.protocols import Environment, EnvSession, InferenceEngine, Renderer
+from plait.trajectory import Trajectory, Turn
+from plait.types import (
+    Message,
+    ModelInput,
+    ParseTermination,
+    SamplingParams,
+    ToolError,
+    ToolOutput,
+    ToolSpec,
+)
+
+log = structlog.get_logger("plait.rollout")
+
+RewardReduce = Literal["sum", "last", "max", "mean"]
+
+
+@attrs.frozen
+class EpisodeConfig:
+    sampling: SamplingParams
+    max_turns: int = 1
+    reward_reduce: RewardReduce = "sum"
+    env_timeout_s: float = 300.0
+
+
+def reduce_rewards(rewards: Sequence[float], rule: RewardReduce) -> float:
+    if not rewards:
+        return 0.0
+    if rule == "sum":
+        return float(sum(rewards))
+    if rule == "last":
+        return float(rewards[-1])
+    if rule == "max":
+        return float(max(rewards))
+    return float(sum(rewards) / len(rewards))
+
+
+def is_correct(output: ToolOutput) -> bool:
+    """An environment marks success with metadata "correct" (or "passed"); else reward >= 1."""
+    metadata = output.metadata or {}
+    for key in ("correct", "passed"):
+        if key in metadata:
+            return bool(metadata[key])
+    return output.reward is not None and output.reward >= 1.0
+
+
+class _EnvClock:
+    """Wall-clock intervals of environment calls, for the verify timing."""
+
+    def __init__(self) -> None:
+        self.intervals: list[tuple[float, float]] = []
+
+    async def run(self, awaitable: Any, timeout_s: float) -> Any:
+        start = time.perf_counter()
+        try:
+            return await asyncio.wait_for(awaitable, timeout_s)
+        finally:
+            self.intervals.append((start, time.perf_counter()))
+
+
+def _terminal_argument(spec: ToolSpec) -> str:
+    properties = (spec.input_schema or {}).get("properties") or {}
+    return next(iter(properties), "answer")
+
+
+def _tool_result_message(call_id: str | None, name: str, result: ToolOutput | ToolError) -> Message:
+    text = result.text if isinstance(result, ToolOutput) else f"Error ({result.reason}): {result.error}"
+    return Message("tool", text, tool_call_id=call_id, name=name)
+
+
+async def run_episode(
+    env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
+    config: EpisodeConfig,
+) -> Trajectory:
+    clock = _EnvClock()
+    turns: list[Turn] = []
+    rewards: list[float] = []
+    state: dict[str, Any] = {"correct": False, "finished": False, "truncated": False, "tool_errors": 0}
+    session: EnvSession | None = None
+
+    def result(error: str | None = None) -> Trajectory:
+        return Trajectory(
+            task=dict(task), turns=turns, rewards=rewards,
+            reward=reduce_rewards(rewards, config.reward_reduce), correct=state["correct"],
+            finished=state["finished"], truncated=state["truncated"], error=error,
+            tool_errors=state["tool_errors"], env_seconds=clock.intervals,
+        )
+
+    try:
+        session = await clock.run(env.open(task), config.env_timeout_s)
+        messages = list(await clock.run(session.messages(), config.env_timeout_s))
+        terminal = await clock.run(session.terminal_tool(), config.env_timeout_s)
+        prompt: ModelInput = renderer.build_generation_prompt(messages)
+        for turn_index in range(config.max_turns):
+            response = await engine.sample(prompt, 1, config.sampling)
+            sequence = response.sequences[0]
+            message, termination = renderer.parse_response(sequence.tokens)
+            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED))
+            if sequence.stop_reason == "length":
+                state["truncated"] = True
+            messages.append(message)
+
+            new_messages: list[Message] = []
+            if termination is ParseTermination.MALFORMED:
+                state["tool_errors"] += 1
+                new_messages.append(Message("user", "Error: your last message could not be parsed "
+                                                    "(malformed tool call). Try again."))
+            elif message.tool_calls:
+                for call in message.tool_calls:
+                    output = await clock.run(session.call(call.name, call.arguments), config.env_timeout_s)
+                    if isinstance(output, ToolError):
+                        state["tool_errors"] += 1
+                    else:
+                        _record(output, rewards, state)
+                    new_messages.append(_tool_result_message(call.id, call.name, output))
+                    if state["finished"]:
+                        break
+            elif terminal is not None:
+                output = await clock.run(
+                    session.call(terminal.name, {_terminal_argument(terminal): message.content}),
+                    config.env_timeout_s,
+                )
+                if isinstance(output, ToolError):
+                    state["tool_errors"] += 1
+                else:
+                    _record(output, rewards, state)
+                state["finished"] = True  # a plain answer ends the episode
+            else:
+                break  # no tool call and nothing to hand the answer to
+            if state["finished"]:
+                break
+            if turn_index + 1 == config.max_turns:
+                state["truncated"] = True
+                break
+            messages.extend(new_messages)
+            prompt = _next_prompt(renderer, prompt, sequence.tokens, messages, new_messages)
+        return result()
+    except Exception as exc:  # the environment (or its session) failed: this episode only
+        log.warning("episode failed", error=f"{type(exc).__name__}: {exc}", task=_short(task))
+        return result(error=f"{type(exc).__name__}: {exc}")
+    finally:
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.close(), config.env_timeout_s)
+            except Exception as exc:
+                log.warning("session close failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def _record(output: ToolOutput, rewards: list[float], state: dict[str, Any]) -> None:
+    if output.reward is not None:
+        rewards.append(float(output.reward))
+    if is_correct(output):
+        state["correct"] = True
+    if output.finished:
+        state["finished"] = True
+
+
+def _next_prompt(renderer: Renderer, prompt: ModelInput, completion: Sequence[int],
+                 messages: Sequence[Message], new_messages: Sequence[Message]) -> ModelInput:
+    """Extend the sampled tokens verbatim when the renderer can; otherwise re-render."""
+    bridged = renderer.bridge_to_next_turn(prompt.to_ints(), list(completion), new_messages)
+    if bridged is not None:
+        return ModelInput.from_ints(bridged)
+    return renderer.build_generation_prompt(messages)
+
+
+def _short(task: Mapping[str, Any]) -> str:
+    text = json.dumps(dict(task), default=str)
+    return text if len(text) <= 200 else text[:197] + "..."

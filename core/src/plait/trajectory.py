@@ -1,0 +1,127 @@
+"""Trajectories (what a rollout produced) and their conversion to training data.
+
+Token-in-token-out: a trajectory keeps every prompt the sampler was given and every completion
+exactly as the engine returned it (ids, logprobs, weight versions). Text is never re-tokenized.
+Turns are merged into one datum while each turn's prompt extends the previous turn's
+prompt + completion token for token; where that breaks, a new datum begins — never a silent merge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from plait.types import Datum, ModelInput, SampledSequence
+
+
+@attrs.frozen
+class Turn:
+    """One model call: the prompt tokens given to the sampler and what it sampled."""
+
+    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+    completion: SampledSequence
+    parse_ok: bool = True
+    """False when the completion could not be parsed (malformed tool call, ...)."""
+
+
+@attrs.frozen
+class Trajectory:
+    """One episode of one task."""
+
+    task: dict[str, Any]
+    turns: tuple[Turn, ...] = attrs.field(converter=tuple)
+    rewards: tuple[float, ...] = attrs.field(converter=tuple, factory=tuple)
+    """The reward of every tool call that returned one, in order."""
+    reward: float = 0.0
+    """The rewards reduced by the configured rule."""
+    correct: bool = False
+    finished: bool = False
+    truncated: bool = False
+    error: str | None = None
+    """Set when the environment failed; the trajectory then trains on nothing."""
+    tool_errors: int = 0
+    env_seconds: tuple[tuple[float, float], ...] = attrs.field(converter=tuple, factory=tuple)
+    """(start, end) wall-clock intervals of environment calls."""
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t.completion.tokens) for t in self.turns)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.turns[0].prompt) if self.turns else 0
+
+
+@attrs.frozen
+class TokenSegments:
+    """A merged token sequence with, per token, the sampler logprob and whether it was sampled."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    sampled: list[bool]
+    versions: list[int]
+
+
+def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
+    """Group consecutive turns whose prompts extend the previous sequence; one segment per group."""
+    segments: list[TokenSegments] = []
+    current: TokenSegments | None = None
+    for turn in turns:
+        prompt = list(turn.prompt)
+        if current is not None and prompt[: len(current.tokens)] == current.tokens:
+            tail = prompt[len(current.tokens):]
+        else:
+            if current is not None:
+                segments.append(current)
+            current = TokenSegments([], [], [], [])
+            tail = prompt
+        current.tokens.extend(tail)
+        current.logprobs.extend([0.0] * len(tail))
+        current.sampled.extend([False] * len(tail))
+        current.versions.extend([-1] * len(tail))
+        completion = turn.completion
+        current.tokens.extend(completion.tokens)
+        current.logprobs.extend(completion.logprobs)
+        current.sampled.extend([True] * len(completion.tokens))
+        current.versions.extend(completion.versions())
+    if current is not None:
+        segments.append(current)
+    return segments
+
+
+def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float]) -> Datum:
+    """Next-token-aligned datum: input = tokens[:-1], targets = tokens[1:].
+
+    Loss inputs: target_tokens, logprobs (the sampler's, 0 on prompt positions), advantages (on
+    sampled positions only) and mask (1 on sampled positions).
+    """
+    tokens = np.asarray(segment.tokens, dtype=np.int64)
+    sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
+    advantages = np.asarray(advantage, dtype=np.float32)
+    if advantages.ndim == 0:
+        advantages = np.full(len(tokens) - 1, float(advantages), dtype=np.float32)
+    else:
+        advantages = advantages[1:]
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1].tolist()),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
+            "advantages": advantages * sampled,
+            "mask": sampled,
+        },
+    )
+
+
+def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum]:
+    """Training data of one trajectory with one advantage for all its sampled tokens."""
+    if trajectory.error is not None:
+        return []
+    return [segment_to_datum(seg, advantage) for seg in merge_turns(trajectory.turns) if len(seg.tokens) > 1]
