@@ -120,11 +120,11 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "rewar
         f"{prefix}/mean": mean([t.reward for t in valid]),
         f"{prefix}/pass@1": mean([float(t.correct) for t in valid]),
     }
-    ks = [len([t for t in g if t.error is None]) for g in groups]
-    k = min(ks) if ks else 0
-    if k > 1:
+    valid_groups = [[t for t in g if t.error is None] for g in groups]
+    k = max((len(g) for g in groups), default=0)  # the group size; groups that lost samples to errors are left out
+    if k > 1 and any(len(v) >= k for v in valid_groups):
         metrics[f"{prefix}/pass@k"] = mean(
-            [pass_at_k(len(v), sum(t.correct for t in v), k) for g in groups if (v := [t for t in g if t.error is None])]
+            [pass_at_k(len(v), sum(t.correct for t in v), k) for v in valid_groups if len(v) >= k]
         )
         metrics[f"{prefix}/k"] = float(k)
     metrics["env/turns_per_episode"] = mean([t.num_turns for t in valid])

@@ -178,7 +178,7 @@ class PluginManager:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(
-                f"plugin {exc.plugin_name!r} implements a hook plait does not define: {exc}",
+                f"plugin {self.pm.get_name(exc.plugin)!r} implements a hook plait does not define: {exc}",
                 fix="rename the hookimpl to one of the specs in plait.hookspecs, or upgrade plait",
             ) from exc
         self._fill_registry()

@@ -1,0 +1,89 @@
+import pytest
+
+from plait.config import RunConfig, apply_overrides, load_config, structure, validate_components
+from plait.errors import ConfigError
+
+
+def test_defaults_load():
+    cfg = load_config(None)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.rl.group_size == 8
+
+
+def test_unknown_key_names_path_allowed_keys_and_suggestion(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[rl]\nstepz = 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith("config rl.stepz: unknown key")
+    assert 'did you mean "steps"' in msg
+    assert "group_size" in msg  # the allowed keys are listed
+
+
+def test_unknown_section():
+    with pytest.raises(ConfigError, match=r"config trainr: unknown key \(did you mean \"trainer\"\?\)"):
+        structure(RunConfig, {"trainr": {}})
+
+
+@pytest.mark.parametrize("data, path, problem", [
+    ({"rl": {"steps": "ten"}}, "rl.steps", "expected an integer"),
+    ({"rl": {"steps": 1.5}}, "rl.steps", "expected an integer"),
+    ({"rl": {"steps": True}}, "rl.steps", "expected an integer"),
+    ({"trainer": {"learning_rate": "x"}}, "trainer.learning_rate", "expected a number"),
+    ({"rl": {"advantage": "ppo"}}, "rl.advantage", "is not one of"),
+    ({"metrics": {"sinks": "jsonl"}}, "metrics.sinks", "expected a list"),
+    ({"model": "smollm2"}, "model", "expected a table"),
+])
+def test_type_errors_name_the_key(data, path, problem):
+    with pytest.raises(ConfigError) as info:
+        structure(RunConfig, data)
+    assert info.value.path == path
+    assert problem in str(info.value)
+
+
+def test_validators_report_the_section():
+    with pytest.raises(ConfigError, match=r"config rl: steps must be > 0"):
+        structure(RunConfig, {"rl": {"steps": 0}})
+
+
+def test_int_accepted_for_float():
+    assert structure(RunConfig, {"trainer": {"learning_rate": 1}}).trainer.learning_rate == 1.0
+
+
+def test_overrides_parse_toml_values():
+    data = apply_overrides({}, ["rl.steps=5", "trainer.learning_rate=1e-5", "env.name=math.arith",
+                                "metrics.sinks=['jsonl']"])
+    assert data == {"rl": {"steps": 5}, "trainer": {"learning_rate": 1e-5}, "env": {"name": "math.arith"},
+                    "metrics": {"sinks": ["jsonl"]}}
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
+        apply_overrides({}, ["nonsense"])
+    with pytest.raises(ConfigError, match="no config file"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rl\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_validate_components_names_unknown_engine_and_provider():
+    cfg = structure(RunConfig, {"trainer": {"engine": "fsdp2"}})
+    with pytest.raises(ConfigError) as info:
+        validate_components(cfg)
+    assert info.value.path == "trainer.engine"
+    assert "pip install plait-fsdp2" in str(info.value)
+
+
+def test_component_options_are_checked_with_their_class():
+    from plait.config import structure_options
+    from plait.metrics import ConsoleOptions
+
+    with pytest.raises(ConfigError) as info:
+        structure_options(ConsoleOptions, {"kyes": []}, "metrics.options.console")
+    assert info.value.path == "metrics.options.console.kyes"
+    assert 'did you mean "keys"' in str(info.value)
+    with pytest.raises(ConfigError, match="takes no options"):
+        structure_options(None, {"x": 1}, "sync.options")

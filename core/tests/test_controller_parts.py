@@ -1,0 +1,69 @@
+"""Controller pieces that need no engines: task order, timing, rollout metrics, the dashboard."""
+
+import json
+
+import pytest
+
+from plait.controller import TaskSampler, _union_seconds, rollout_metrics
+from plait.errors import PlaitError
+from plait.plot import plot_run
+from plait.trajectory import Trajectory, Turn
+from plait.types import SampledSequence
+
+
+def test_task_sampler_visits_every_task_once_per_epoch_and_is_deterministic():
+    sampler = TaskSampler(10, seed=3)
+    first_epoch = sampler.batch(0, 10)
+    assert sorted(first_epoch) == list(range(10))
+    assert sorted(sampler.batch(10, 10)) == list(range(10))
+    assert TaskSampler(10, seed=3).batch(4, 3) == first_epoch[4:7]  # resumable from any position
+    assert TaskSampler(10, seed=4).batch(0, 10) != first_epoch
+
+
+def test_task_sampler_on_huge_procedural_splits():
+    sampler = TaskSampler(10**12, seed=0)
+    batch = sampler.batch(0, 1000)
+    assert len(set(batch)) == 1000
+    assert all(0 <= i < 10**12 for i in batch)
+
+
+def test_task_sampler_rejects_empty_split():
+    with pytest.raises(PlaitError, match="no tasks"):
+        TaskSampler(0, 0)
+
+
+def test_union_seconds_counts_overlaps_once():
+    assert _union_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4)
+    assert _union_seconds([]) == 0
+
+
+def traj(correct, reward, error=None, tokens=2):
+    turn = Turn([1, 2, 3], SampledSequence([5] * tokens, [-1.0] * tokens, "stop"))
+    return Trajectory(task={}, turns=[turn], reward=reward, correct=correct, error=error)
+
+
+def test_rollout_metrics():
+    groups = [[traj(True, 1), traj(False, 0)], [traj(False, 0), traj(False, 0, error="boom")]]
+    m = rollout_metrics(groups)
+    assert m["reward/mean"] == pytest.approx(1 / 3)
+    assert m["reward/pass@1"] == pytest.approx(1 / 3)
+    assert m["env/errors"] == 1
+    assert m["reward/k"] == 2
+    assert m["reward/pass@k"] == 1.0  # only the group that kept all its samples counts
+    assert m["data/response_tokens"] == 2
+
+
+def test_dashboard_renders_from_metrics(tmp_path):
+    records = [{"step": s, "reward/mean": s / 10, "policy/entropy": 1 - s / 20, "optim/grad_norm": 1.0,
+                "time/rollout": 2.0, "time/train": 1.0, "time/sync": 0.1, "time/total": 3.1} for s in range(1, 6)]
+    records.insert(0, {"step": 0, "eval/accuracy": 0.1})
+    records.append({"step": 5, "eval/accuracy": 0.6})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot_run(tmp_path)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 20_000
+
+
+def test_dashboard_of_a_directory_without_metrics_says_so(tmp_path):
+    with pytest.raises(PlaitError, match=r"no metrics\.jsonl"):
+        plot_run(tmp_path)
