@@ -38,6 +38,23 @@ def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     click.echo(summary)
 
 
+@cli.command(name="config")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a value.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Also check that every named component is installed and its options fit.")
+def show_config(config: Path | None, overrides: tuple[str, ...], check: bool) -> None:
+    """Print the complete run config (defaults filled in) as TOML, after validating it."""
+    import tomli_w
+
+    from plait.config import load_config, unstructure, validate_components
+
+    cfg = load_config(config, overrides)
+    if check:
+        validate_components(cfg)
+    click.echo(tomli_w.dumps(unstructure(cfg)), nl=False)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
