@@ -21,7 +21,6 @@ from plait_sdk.types import (
 )
 
 
-
 def __getattr__(name: str) -> object:
     # The server pulls in FastAPI; import it only when asked for, so that plugin discovery
     # (which imports plait_sdk.plugin) stays light.

@@ -458,7 +458,7 @@ class Server:
 
     # -- the app ---------------------------------------------------------------------------------
 
-    def _build_app(self) -> FastAPI:  # noqa: C901 - one place that lists every endpoint
+    def _build_app(self) -> FastAPI:
         @contextlib.asynccontextmanager
         async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
             self._ensure_reaper()
