@@ -170,6 +170,9 @@ class Environment(ABC):
     """An RL environment: tasks in splits, a prompt per task, and tools that act and reward."""
 
     toolsets: ClassVar[Sequence[type]] = ()
+    reward_range: ClassVar[tuple[float, float] | None] = None
+    """The (low, high) every reward lies in, when the environment declares one (checked by the
+    contract kit)."""
 
     def __init__(self, task_spec: JSONObject | None = None, secrets: Mapping[str, str] | None = None) -> None:
         self.task_spec: JSONObject = dict(task_spec or {})

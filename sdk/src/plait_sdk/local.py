@@ -38,6 +38,7 @@ class LocalEnvironment:
         env_cls.check_definition()
         self.env_cls = env_cls
         self.name = name or env_cls.name().lower()
+        self.reward_range = env_cls.reward_range
 
     async def splits(self) -> list[Split]:
         return self.env_cls.splits()

@@ -1,1 +1,76 @@
-"""plait-sdk's plugin module (CLI commands for environments are added here)."""
+"""plait-sdk's plugin: the "ors" environment (any ORS server) and the `plait env` commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from plait.hookspecs import hookimpl
+
+
+@hookimpl
+def plait_register_envs(register: Any) -> None:
+    register("ors", "plait_sdk.client:ORSEnvironment.from_options", options="plait_sdk.client:ORSOptions",
+             description="any Open Reward Standard server (options: url, env_name, api_key, splits)")
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    from plait.config import apply_overrides
+
+    return apply_overrides({}, pairs)
+
+
+def build_environment(name: str, options: dict[str, Any]) -> Any:
+    """A registered environment by name, or an SDK class given as "module:Class"."""
+    from plait.plugins import build, load_target
+
+    if ":" in name:
+        return load_target(name)
+    return build("env", name, options=options, options_path="env.options")
+
+
+@hookimpl
+def plait_register_commands(cli: Any) -> None:
+    @cli.group()
+    def env() -> None:
+        """Environments: serve them over ORS, scaffold new ones."""
+
+    @env.command()
+    @click.argument("name")
+    @click.option("-o", "--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
+                  help="An option of the environment (its env.options), e.g. -o max_turns=4.")
+    @click.option("--host", default="127.0.0.1", show_default=True,
+                  help="Address to bind; anything but loopback needs --api-key.")
+    @click.option("--port", default=8080, show_default=True, type=int)
+    @click.option("--api-key", envvar="PLAIT_ORS_API_KEY", default=None,
+                  help="Require this key in X-API-Key (env PLAIT_ORS_API_KEY).")
+    @click.option("--session-ttl", default=900.0, show_default=True, type=float,
+                  help="Seconds without a request after which a session is deleted.")
+    def serve(name: str, option_pairs: tuple[str, ...], host: str, port: int, api_key: str | None,
+              session_ttl: float) -> None:
+        """Serve environment NAME (a registered name, or module:Class) over ORS."""
+        from plait_sdk.server import Server, ServerOptions
+
+        environment = build_environment(name, _options(option_pairs))
+        Server([environment], options=ServerOptions(api_key=api_key, session_ttl_s=session_ttl)).run(host, port)
+
+    @env.command()
+    @click.argument("name")
+    @click.option("--dir", "parent", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+                  show_default=True, help="Where to create the plait-NAME folder.")
+    def new(name: str, parent: Path) -> None:
+        """Create a pip-installable environment plugin named NAME."""
+        from plait_sdk.scaffold import scaffold
+
+        root = scaffold(name, parent)
+        click.echo(f"created {root}\n  pip install -e {root}\n  pytest {root}\n  plait env serve {name}")
+
+    @env.command(name="list")
+    def list_envs() -> None:
+        """List the registered environments."""
+        from plait.plugins import get_registry
+
+        for factory in get_registry().all("env"):
+            click.echo(f"{factory.name:<24} {factory.description}  [{factory.plugin}]")
