@@ -1,0 +1,1 @@
+"""Contract test kits: reusable checks that an implementation honours its protocol."""
