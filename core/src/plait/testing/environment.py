@@ -108,12 +108,12 @@ def _example_value(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Any:
     minimum = schema.get("minimum", 0)
     return {
         "string": "0" * int(schema.get("minLength", 1)),
-        "integer": int(math.ceil(minimum)) if isinstance(minimum, int | float) else 0,
+        "integer": math.ceil(minimum) if isinstance(minimum, int | float) else 0,
         "number": float(minimum) if isinstance(minimum, int | float) else 0.0,
         "boolean": False,
         "array": [],
         "object": example_input(schema) if schema.get("properties") else {},
-    }.get(kind, None)
+    }.get(kind)
 
 
 def _invalid_input(tools: Sequence[ToolSpec]) -> tuple[str, dict[str, Any]] | None:
