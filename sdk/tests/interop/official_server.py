@@ -1,0 +1,21 @@
+"""Serve arith_env.py with an official SDK's own server (run with that SDK's venv python).
+
+    python official_server.py ors|openreward PORT
+"""
+
+import pathlib
+import sys
+import types
+
+sdk, port = sys.argv[1], int(sys.argv[2])
+path = pathlib.Path(__file__).with_name("arith_env.py")
+source = path.read_text()
+if sdk == "openreward":
+    source = source.replace("from ors import", "from openreward.environments import")
+    from openreward.environments import Server
+else:
+    from ors import Server
+module = types.ModuleType("arith_env")
+sys.modules["arith_env"] = module
+exec(compile(source, str(path), "exec"), module.__dict__)
+Server([module.ArithEnv]).run(host="127.0.0.1", port=port)
