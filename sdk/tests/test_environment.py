@@ -246,7 +246,7 @@ def test_contract_kit_catches_a_reward_out_of_range() -> None:
         def cheat(self) -> ToolOutput:
             return ToolOutput(blocks=[TextBlock("$$$")], reward=5.0, finished=True)
 
-    with pytest.raises(AssertionError, match="outside \\[0.0, 1.0\\]"):
+    with pytest.raises(AssertionError, match=r"outside \[0.0, 1.0\]"):
         run_environment_contract(LocalEnvironment(Greedy), solve=lambda task: [("cheat", {})])
 
 
