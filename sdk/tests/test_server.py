@@ -346,7 +346,7 @@ def test_score_group_over_the_wire() -> None:
 def test_ors_is_a_registered_environment_with_checked_options() -> None:
     env = build("env", "ors", options={"url": "http://127.0.0.1:9", "env_name": "Slow", "splits": ["train"]})
     assert isinstance(env, ORSEnvironment) and env.options.splits == ["train"] and env.name == "Slow"
-    with pytest.raises(ConfigError, match="env.options.ulr"):
+    with pytest.raises(ConfigError, match=r"env\.options\.ulr"):
         build("env", "ors", options={"ulr": "x"}, options_path="env.options")
 
 
