@@ -279,7 +279,7 @@ class Server:
     # -- request helpers -------------------------------------------------------------------------
 
     def _env(self, env_name: str | None) -> _Served:
-        name = (env_name or self.default_env).lower()
+        name = (self.default_env if env_name is None else env_name).lower()
         served = self.envs.get(name)
         if served is None:
             raise RequestError(404, f"unknown environment {env_name!r}; this server serves {sorted(self.envs)}")
