@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -159,6 +160,15 @@ def parse_action(space: spaces.Space, text: str) -> Any:
     return value
 
 
+_HIGHLIGHT = re.compile(r"\x1b\[[0-9;]*[1-9][0-9;]*m(.*?)\x1b\[0?m", re.S)
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def ansi_to_text(rendered: str) -> str:
+    """Terminal colours made readable: highlighted text (e.g. the agent's cell) becomes [text]."""
+    return _ESCAPE.sub("", _HIGHLIGHT.sub(r"[\1]", rendered))
+
+
 def observation_text(env: gymnasium.Env, observation: Any) -> str:
     """A text view of a gym observation: the observation if it is text, else the ANSI render, else repr."""
     if isinstance(observation, str):
@@ -166,7 +176,7 @@ def observation_text(env: gymnasium.Env, observation: Any) -> str:
     if getattr(env, "render_mode", None) == "ansi":
         rendered = env.render()
         if rendered:
-            return str(rendered)
+            return ansi_to_text(str(rendered)).strip("\n")
     return json.dumps(observation.tolist()) if isinstance(observation, np.ndarray) else str(observation)
 
 
