@@ -469,18 +469,7 @@ class Server:
                       openapi_url=None)
         version = importlib.metadata.version("plait-sdk")
 
-        @app.middleware("http")
-        async def guard(request: Request, call_next: Any) -> Any:
-            self._ensure_reaper()
-            if self.options.api_key and request.url.path != "/health":
-                sent = request.headers.get("x-api-key", "")
-                bearer = request.headers.get("authorization", "")
-                if bearer.lower().startswith("bearer "):
-                    sent = sent or bearer[7:].strip()
-                if not hmac.compare_digest(sent.encode(), self.options.api_key.encode()):
-                    return JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
-                                        status_code=401)
-            return await call_next(request)
+        app.add_middleware(_Guard, server=self)
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -740,6 +729,35 @@ class Server:
             server.should_exit = True
             thread.join(timeout=30)
             sock.close()
+
+
+class _Guard:
+    """Plain ASGI middleware (no response buffering, so SSE streams pass straight through): starts
+    the reaper on first use and checks the API key."""
+
+    def __init__(self, app: Any, server: Server) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.server._ensure_reaper()
+            key = self.server.options.api_key
+            if key and scope["path"] != "/health" and not _key_matches(scope, key):
+                response = JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
+                                        status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _key_matches(scope: Any, key: str) -> bool:
+    headers = {name.lower(): value for name, value in scope.get("headers", [])}
+    sent = headers.get(b"x-api-key", b"")
+    bearer = headers.get(b"authorization", b"")
+    if not sent and bearer.lower().startswith(b"bearer "):
+        sent = bearer[7:].strip()
+    return hmac.compare_digest(sent, key.encode())
 
 
 class _EnvironmentFailure(Exception):
