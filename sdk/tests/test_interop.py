@@ -132,7 +132,7 @@ def _free_port() -> int:
 def official_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     sdk = request.param
     port = _free_port()
-    process = subprocess.Popen([venv_python(sdk), str(INTEROP / "official_server.py"), sdk, str(port)],
+    process = subprocess.Popen([venv_python(sdk), str(INTEROP / "serve_arith_env.py"), sdk, str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env())
     url = f"http://127.0.0.1:{port}"
     try:

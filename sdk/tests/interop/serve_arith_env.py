@@ -1,6 +1,6 @@
-"""Serve arith_env.py with an official SDK's own server (run with that SDK's venv python).
+"""Serve arith_env.py with ors-sdk's, openreward's or plait's own server (run with that SDK's python).
 
-    python official_server.py ors|openreward PORT
+    python serve_arith_env.py ors|openreward|plait PORT
 """
 
 import pathlib
@@ -13,6 +13,9 @@ source = path.read_text()
 if sdk == "openreward":
     source = source.replace("from ors import", "from openreward.environments import")
     from openreward.environments import Server
+elif sdk == "plait":
+    source = source.replace("from ors import", "from plait_sdk import")
+    from plait_sdk import Server
 else:
     from ors import Server
 module = types.ModuleType("arith_env")
