@@ -6,7 +6,7 @@ episodes against each: create a session, read the prompt, call three tools (hint
 delete it. Measured at 1 and 64 concurrent sessions: episodes/s and the p50/p99 latency of a tool
 call (a whole /call SSE round trip, seen by the client). Writes benchmarks/results/ors_server.json.
 
-    python benchmarks/ors_server.py [--episodes-per-session 10] [--sequential-episodes 100]
+    python benchmarks/ors_server.py [--episodes-per-session 5] [--sequential-episodes 100]
 
 Needs the openreward venv from scripts/ci/sdk.sh ($ORS_VENVS/openreward).
 """
@@ -102,7 +102,7 @@ async def measure(url: str, sessions: int, per_session: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequential-episodes", type=int, default=100)
-    parser.add_argument("--episodes-per-session", type=int, default=10)
+    parser.add_argument("--episodes-per-session", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ors_server.json")
     args = parser.parse_args()

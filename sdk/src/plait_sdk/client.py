@@ -20,8 +20,10 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import functools
 import json
 import os
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -120,8 +122,7 @@ class ORSEnvironment:
         self.api_key = options.api_key if options.api_key is not None else os.environ.get("ORS_API_KEY")
         self.name = options.env_name or "ors"
         self._env_name: str | None = options.env_name.lower() if options.env_name else None
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self.http = _HTTP(self.url, options.request_timeout_s, max_connections=None)
         self._has_version: bool | None = None
 
     @classmethod
@@ -129,17 +130,6 @@ class ORSEnvironment:
         return cls(options)
 
     # -- HTTP --------------------------------------------------------------------------------
-
-    def client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                base_url=self.url, follow_redirects=True,
-                timeout=httpx.Timeout(self.options.request_timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            )
-            self._client_loop = loop
-        return self._client
 
     def headers(self, sid: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"User-Agent": "plait-sdk"}
@@ -155,13 +145,13 @@ class ORSEnvironment:
         await asyncio.sleep(max(delay, retry_after or 0.0))
 
     async def request(self, method: str, path: str, *, sid: str | None = None, body: Any = None,
-                      extra_headers: Mapping[str, str] | None = None) -> Any:
+                      extra_headers: Mapping[str, str] | None = None, http: _HTTP | None = None) -> Any:
         """One JSON request with retries; raises ServerError with the server's own message."""
         attempt = 0
         started = time.monotonic()
         while True:
             try:
-                response = await self.client().request(
+                response = await (http or self.http).client().request(
                     method, path, json=body, headers=self.headers(sid, extra_headers))
             except httpx.TransportError as exc:
                 failure: str = f"{type(exc).__name__}: {exc}"
@@ -191,7 +181,7 @@ class ORSEnvironment:
         return ServerError(f"ORS server {self.url}: {method} {path} answered {status}: {detail}", status, fix=fix)
 
     async def stream(self, path: str, body: Mapping[str, Any], *, sid: str | None = None,
-                     extra_headers: Mapping[str, str] | None = None) -> str:
+                     extra_headers: Mapping[str, str] | None = None, http: _HTTP | None = None) -> str:
         """POST an SSE endpoint and return the joined result text; resumes a dropped stream."""
         task_id: str | None = None
         attempt = 0
@@ -204,7 +194,7 @@ class ORSEnvironment:
                 payload["task_id"] = task_id
             retry_after = None
             try:
-                async with self.client().stream("POST", path, json=payload, timeout=timeout,
+                async with (http or self.http).client().stream("POST", path, json=payload, timeout=timeout,
                                                 headers=self.headers(sid, extra_headers)) as response:
                     if response.status_code >= 400:
                         await response.aread()
@@ -304,7 +294,8 @@ class ORSEnvironment:
     async def _create_session_sid(self) -> str:
         """A session id from /create_session: its SSE task_id event (plain JSON {"sid"} in the spec's docs)."""
         sid: str | None = None
-        async with self.client().stream("POST", "/create_session", json={}, headers=self.headers()) as response:
+        async with self.http.client().stream("POST", "/create_session", json={},
+                                             headers=self.headers()) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise self._error("POST", "/create_session", response.status_code, _detail(response))
@@ -332,7 +323,7 @@ class ORSEnvironment:
                 body["secrets"] = dict(secrets)
         session = ORSSession(self, sid)
         try:
-            await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
+            await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra, http=session.http)
         except BaseException:
             await session.close()
             raise
@@ -350,6 +341,40 @@ class ORSEnvironment:
                     raise ServerError(f"ORS server {self.url} unreachable: {type(exc).__name__}: {exc}", 0,
                                       fix="check that the server runs and options.url is right") from exc
                 await self._backoff(attempt, None)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client: building one loads the CA bundle (tens of ms)."""
+    return httpx.create_ssl_context()
+
+
+class _HTTP:
+    """An httpx client for the running event loop (made anew when the loop changes).
+
+    Each session gets its own small one: httpcore's connection pool does work proportional to its
+    size on every request, so one pool shared by many concurrent sessions slows them all down.
+    """
+
+    def __init__(self, url: str, timeout_s: float, max_connections: int | None) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = httpx.AsyncClient(
+                base_url=self.url, follow_redirects=True, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                verify=_ssl_context(),
+                limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=32))
+            self._loop = loop
+        return self._client
 
     async def close(self) -> None:
         if self._client is not None:
@@ -372,6 +397,13 @@ class ORSSession:
         self._has_task_tools = True
         self._has_messages = True
         self._pinger: asyncio.Task[None] | None = None
+        self.http = _HTTP(env.url, env.options.request_timeout_s, max_connections=8)
+
+    async def _request(self, method: str, path: str) -> Any:
+        return await self.env.request(method, path, sid=self.sid, http=self.http)
+
+    async def _stream(self, suffix: str, body: Mapping[str, Any]) -> str:
+        return await self.env.stream(await self.env.path(suffix), body, sid=self.sid, http=self.http)
 
     def start_pinging(self) -> None:
         self._pinger = asyncio.ensure_future(self._ping_forever())
@@ -380,7 +412,7 @@ class ORSSession:
         while not self.closed:
             await asyncio.sleep(self.env.options.ping_interval_s)
             try:
-                await self.env.request("POST", "/ping", sid=self.sid)
+                await self._request("POST", "/ping")
             except ServerError as exc:
                 if exc.status == 404:
                     self.lost = exc.message
@@ -389,12 +421,12 @@ class ORSSession:
                 log.warning("ORS ping failed", sid=self.sid, error=exc.message)
 
     async def prompt(self) -> list[Block]:
-        return [block_from_wire(b) for b in await self.env.request("GET", await self.env.path("prompt"), sid=self.sid)]
+        return [block_from_wire(b) for b in await self._request("GET", await self.env.path("prompt"))]
 
     async def messages(self) -> list[Message]:
         if self._has_messages:
             try:
-                found = await self.env.request("GET", await self.env.path("messages"), sid=self.sid)
+                found = await self._request("GET", await self.env.path("messages"))
                 return [message_from_wire(m) for m in found]
             except ServerError as exc:
                 if not _route_missing(exc):
@@ -406,13 +438,13 @@ class ORSSession:
         listing = None
         if self._has_task_tools:
             try:
-                listing = await self.env.request("GET", await self.env.path("task_tools"), sid=self.sid)
+                listing = await self._request("GET", await self.env.path("task_tools"))
             except ServerError as exc:
                 if not _route_missing(exc):
                     raise
                 self._has_task_tools = False
         if listing is None:
-            listing = await self.env.request("GET", await self.env.path("tools"), sid=self.sid)
+            listing = await self._request("GET", await self.env.path("tools"))
         self._tools = [tool_spec_from_wire(t) for t in listing.get("tools") or []]
         terminal = listing.get("terminal_tool")
         self._terminal = None
@@ -441,8 +473,7 @@ class ORSSession:
         if not isinstance(input, Mapping):
             return ToolError(f"tool input must be a JSON object, got {type(input).__name__}", "input_validation")
         try:
-            text = await self.env.stream(await self.env.path("call"), {"name": name, "input": dict(input)},
-                                         sid=self.sid)
+            text = await self._stream("call", {"name": name, "input": dict(input)})
             result = run_tool_result_from_wire(json.loads(text))
         except _RemoteToolError as exc:
             return ToolError(f"tool {name!r} failed on the server: {exc}", "exception")
@@ -456,8 +487,7 @@ class ORSSession:
         return result
 
     async def score_group(self, candidates: list[Mapping[str, Any]]) -> list[float]:
-        text = await self.env.stream(await self.env.path("score_group"), {"candidates": list(candidates)},
-                                     sid=self.sid)
+        text = await self._stream("score_group", {"candidates": list(candidates)})
         return [float(s["reward"]) for s in json.loads(text)["scores"]]
 
     async def close(self) -> None:
@@ -468,11 +498,12 @@ class ORSSession:
             self._pinger.cancel()
         for path in ("/delete", "/delete_session"):
             try:
-                await self.env.request("POST", path, sid=self.sid)
+                await self._request("POST", path)
             except (ServerError, httpx.HTTPError, RuntimeError) as exc:
                 # already gone (an ors-sdk server answers /delete_session for anything; ours 404s
                 # once /delete removed it): closing must never fail the caller
                 log.debug("ORS close step failed", path=path, sid=self.sid, error=str(exc))
+        await self.http.close()
 
 
 def _route_missing(exc: ServerError) -> bool:
