@@ -160,17 +160,24 @@ class ORSEnvironment:
                 if response.status_code < 400:
                     return response.json() if response.content else None
                 failure = f"HTTP {response.status_code}: {_detail(response)}"
-                if response.status_code not in RETRY_STATUSES:
-                    raise self._error(method, path, response.status_code, _detail(response))
-                retry_after = retry_after_seconds(response.headers.get("retry-after"))
-                if response.status_code == 503 and time.monotonic() - started < self.options.setup_timeout_s:
-                    attempt = min(attempt, 1)  # the server is starting: wait it out, not a failure
+                retry_after, starting = self._retryable(method, path, response, started)
+                if starting:
+                    attempt = min(attempt, 1)
             attempt += 1
             if attempt > self.options.max_retries:
                 raise ServerError(f"ORS server {self.url} failed {method} {path} {attempt} times; last: {failure}",
                                   0, fix="check that the server runs and is reachable")
             log.debug("retrying", method=method, path=path, attempt=attempt, failure=failure)
             await self._backoff(attempt, retry_after)
+
+    def _retryable(self, method: str, path: str, response: httpx.Response, started: float) -> tuple[float | None, bool]:
+        """For a failed answer worth retrying: its Retry-After, and whether the server is only
+        starting (a 503 within setup_timeout_s: waited out, not counted as a failure). Raises
+        ServerError for one that is not worth retrying."""
+        if response.status_code not in RETRY_STATUSES:
+            raise self._error(method, path, response.status_code, _detail(response))
+        starting = response.status_code == 503 and time.monotonic() - started < self.options.setup_timeout_s
+        return retry_after_seconds(response.headers.get("retry-after")), starting
 
     def _error(self, method: str, path: str, status: int, detail: str) -> ServerError:
         fix = None
@@ -198,13 +205,9 @@ class ORSEnvironment:
                                                 headers=self.headers(sid, extra_headers)) as response:
                     if response.status_code >= 400:
                         await response.aread()
-                        detail = _detail(response)
-                        if response.status_code not in RETRY_STATUSES:
-                            raise self._error("POST", path, response.status_code, detail)
-                        failure = f"HTTP {response.status_code}: {detail}"
-                        retry_after = retry_after_seconds(response.headers.get("retry-after"))
-                        if (response.status_code == 503
-                                and time.monotonic() - started < self.options.setup_timeout_s):
+                        failure = f"HTTP {response.status_code}: {_detail(response)}"
+                        retry_after, starting = self._retryable("POST", path, response, started)
+                        if starting:
                             attempt = min(attempt, 1)
                     elif "text/event-stream" not in response.headers.get("content-type", ""):
                         data = json.loads(await response.aread() or b"null")
