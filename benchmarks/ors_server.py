@@ -32,7 +32,7 @@ from plait_sdk.client import ORSEnvironment, ORSOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "sdk" / "tests" / "interop" / "serve_arith_env.py"
-VENVS = Path(os.environ.get("ORS_VENVS", "/work/venvs"))
+VENVS = Path(os.environ.get("ORS_VENVS", Path(__file__).resolve().parents[1] / ".venvs"))
 ANSWERS = {"t0": "42", "t1": "72", "t2": "63", "t3": "12"}
 
 

@@ -2,9 +2,9 @@
 # Sets up what the SDK's interop tests (pytest -m interop) need: one venv per official ORS SDK,
 # kept apart from plait's own environment because openreward pins sse-starlette and pulls in
 # LLM-vendor SDKs. Idempotent; works on a fresh Debian 12 machine as root.
-#   ORS_VENVS (default /work/venvs) is where the venvs go; the tests read the same variable.
+#   ORS_VENVS (default .venvs/ in the repository) is where the venvs go; the tests read the same variable.
 set -euo pipefail
-venvs=${ORS_VENVS:-/work/venvs}
+venvs=${ORS_VENVS:-$(cd "$(dirname "$0")/../.." && pwd)/.venvs}
 python=${PYTHON:-python3}
 mkdir -p "$venvs"
 

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
 SDKS = ["ors", "openreward"]
 INTEROP = Path(__file__).parent / "interop"
-VENVS = Path(os.environ.get("ORS_VENVS", "/work/venvs"))
+VENVS = Path(os.environ.get("ORS_VENVS", Path(__file__).resolve().parents[2] / ".venvs"))
 VENV_DIRS = {"ors": "ors-sdk", "openreward": "openreward"}
 ANSWERS = {"t0": "42", "t1": "72", "t2": "63", "t3": "12", "h0": "42"}
 
