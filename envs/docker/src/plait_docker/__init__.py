@@ -1,0 +1,1 @@
+"""plait-docker: untrusted programs run and graded inside Docker containers."""

@@ -1,0 +1,3 @@
+from plait_docker.cli import main
+
+main()
