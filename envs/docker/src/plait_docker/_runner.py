@@ -28,7 +28,7 @@ import sys
 import time
 
 WORK_DIR = "/work"
-SHM_DIR = "/dev/shm"
+MQUEUE_DIR = "/dev/mqueue"  # the one writable place outside the work dir (POSIX message queues)
 PROGRAM = WORK_DIR + "/main.py"
 KILL_DEADLINE_S = 3.0
 # After the program exits, how long to keep reading output that its leftovers may still write.
@@ -104,9 +104,10 @@ def _remove(path):
 
 
 def wipe():
-    """Empty the work dir, this user's files in /dev/shm, and its System V IPC objects."""
+    """Empty the work dir and remove this user's message queues and System V IPC objects, so that
+    nothing carries over to the next program."""
     uid = os.getuid()
-    for directory, owned_only in ((WORK_DIR, False), (SHM_DIR, True)):
+    for directory, owned_only in ((WORK_DIR, False), (MQUEUE_DIR, True)):
         try:
             names = os.listdir(directory)
         except OSError:

@@ -38,7 +38,7 @@ class CodeTask:
 
 
 @attrs.frozen
-class TestPlan:
+class CheckPlan:
     """The hidden test module cut into statements: the prelude, then (source, is_test) steps."""
 
     prelude: str
@@ -49,7 +49,7 @@ class TestPlan:
         return sum(is_test for _, is_test in self.steps)
 
 
-def plan_tests(test_source: str) -> TestPlan:
+def plan_tests(test_source: str) -> CheckPlan:
     module = ast.parse(test_source)
     checks = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if len(checks) != 1:
@@ -59,7 +59,7 @@ def plan_tests(test_source: str) -> TestPlan:
                   for stmt in checks[0].body)
     if not any(is_test for _, is_test in steps):
         raise ValueError("check(candidate) contains no assert statement, so nothing can be graded")
-    return TestPlan(prelude, steps)
+    return CheckPlan(prelude, steps)
 
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -133,7 +133,7 @@ _emit("done", _test_index)
 '''
 
 
-def test_program(task: CodeTask, code: str, nonce: str) -> str:
+def grading_program(task: CodeTask, code: str, nonce: str) -> str:
     plan = plan_tests(task.test)
     return _DRIVER.format(nonce=nonce, candidate=candidate_source(task, code), prelude=plan.prelude,
                           entry_point=task.entry_point, steps=plan.steps)
@@ -192,5 +192,5 @@ def new_nonce() -> str:
 async def grade_answer(sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s: float | None = None) -> Grade:
     """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the sandbox."""
     nonce = new_nonce()
-    result = await sandbox.run(test_program(task, code, nonce), timeout_s=timeout_s)
+    result = await sandbox.run(grading_program(task, code, nonce), timeout_s=timeout_s)
     return read_grade(task, result, nonce)

@@ -347,7 +347,6 @@ class Sandbox:
             network_mode="none",
             read_only=True,
             tmpfs={work_dir: f"rw,exec,nosuid,nodev,size={opts.work_dir_mb}m,uid={self._uid},gid={self._uid},mode=0700"},
-            shm_size=f"{opts.work_dir_mb}m",
             mem_limit=f"{opts.memory_mb}m",
             memswap_limit=f"{opts.memory_mb}m",  # the same as mem_limit: no swap
             nano_cpus=int(opts.cpus * 1e9),
@@ -356,7 +355,7 @@ class Sandbox:
             security_opt=["no-new-privileges:true"],
             ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=256),
                      docker.types.Ulimit(name="core", soft=0, hard=0)],
-            ipc_mode="private",
+            ipc_mode="none",  # a private IPC namespace without a writable /dev/shm
             log_config=docker.types.LogConfig(type="none"),
         )
 
