@@ -8,10 +8,10 @@ from plait_docker.grading import (
     CodeTask,
     candidate_source,
     extract_code,
+    grading_program,
     new_nonce,
     plan_tests,
     read_grade,
-    grading_program,
 )
 from plait_docker.python_tasks import TASKS
 from plait_docker.sandbox import ExecutionResult
