@@ -4,13 +4,17 @@
 # Idempotent; for a fresh Debian 12 machine as root (CI's `.ci/run` calls it before the
 # `docker`-marked tests). Each step is skipped when its result is already there.
 #
-#   PYTHON=/path/to/venv/bin/python bash scripts/ci/docker.sh
+#   bash scripts/ci/docker.sh                       # uses ${VENV:-.venv}/bin/python
+#   PYTHON=/path/to/python bash scripts/ci/docker.sh
 #
-# PYTHON must have plait-docker installed (it runs `python -m plait_docker build-image`);
+# That Python must have plait-docker installed (it runs `python -m plait_docker build-image`);
 # without it, the engine is still installed and started and the image step says what to do.
 set -euo pipefail
 
-PYTHON=${PYTHON:-python3}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+venv=${VENV:-.venv}
+[[ "$venv" = /* ]] || venv="$repo/$venv"
+PYTHON=${PYTHON:-$([ -x "$venv/bin/python" ] && echo "$venv/bin/python" || echo python3)}
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/plait-dockerd.log}
 ENGINE_WAIT_S=${ENGINE_WAIT_S:-60}
 
@@ -32,6 +36,10 @@ fi
 if engine_answers; then
     log "engine already running ($(docker version --format '{{.Server.Version}}'))"
 else
+    # a dockerd that died leaves its pid file behind, and a new one refuses to start beside it
+    for pidfile in /var/run/docker.pid /run/docker/containerd/containerd.pid; do
+        if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then rm -f "$pidfile"; fi
+    done
     log "starting dockerd (log: $DOCKERD_LOG)"
     nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
     for ((waited = 0; ; waited++)); do
