@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import queue
@@ -499,13 +500,21 @@ class Sandbox:
             outcome.close()
 
     async def run(self, code: str, *, timeout_s: float | None = None) -> ExecutionResult:
-        """`execute` on a worker thread; cancelling the awaiting task stops the execution."""
+        """`execute` on a worker thread. Cancelling the awaiting task stops the execution; the
+        cancellation propagates once the container has been cleaned up, so that when `run` returns
+        or raises, nothing of the execution is left running."""
         cancel = threading.Event()
         future = self._executor.submit(self.execute, code, timeout_s=timeout_s, cancel=cancel)
+        wrapped = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            return await asyncio.shield(wrapped)
         except asyncio.CancelledError:
             cancel.set()
+            future.cancel()  # one that has not started never will
+            while not wrapped.done():
+                # cancelled again: still finish cleaning up; its own outcome no longer matters
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.shield(wrapped)
             raise
 
     # -- lifecycle ---------------------------------------------------------------------------
