@@ -99,6 +99,10 @@ def main() -> None:
     report = {
         "benchmark": "docker_sandbox",
         "program": PROGRAM,
+        "modes": {"warm_pool": "pool_size = concurrency containers started up front; one docker exec per execution",
+                  "fresh_container": "create + start + one docker exec + remove per execution (same Sandbox code)"},
+        "latency": "wall time of one Sandbox.execute call as the caller sees it; p99 is interpolated "
+                   "over the executions listed (with few executions it is close to the maximum)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "docker_engine": engine["Version"], "kernel": platform.release(),
                     "load_average_before": [round(x, 2) for x in load_before],

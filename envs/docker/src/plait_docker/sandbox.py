@@ -347,7 +347,7 @@ class Sandbox:
             user=f"{DEFAULT_RECIPE.init_uid}:{DEFAULT_RECIPE.init_uid}",
             network_mode="none",
             read_only=True,
-            tmpfs={work_dir: f"rw,exec,nosuid,nodev,size={opts.work_dir_mb}m,uid={self._uid},gid={self._uid},mode=0700"},
+            tmpfs={work_dir: f"rw,exec,nosuid,nodev,size={opts.work_dir_mb}m,uid={self._uid},gid={self._uid}"},
             mem_limit=f"{opts.memory_mb}m",
             memswap_limit=f"{opts.memory_mb}m",  # the same as mem_limit: no swap
             nano_cpus=int(opts.cpus * 1e9),
