@@ -1,0 +1,116 @@
+"""`math.arith`: seeded arithmetic with difficulty knobs and a strict verifier.
+
+Options start from a preset; every knob given explicitly overrides the preset's value:
+
+    [env]
+    name = "math.arith"
+    options = { preset = "smollm", answer_format = "boxed", max_digits = 2 }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+from plait.config import positive
+from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat
+from plait_math.base import MathEnvironment, bind, make_task, unit_interval
+from plait_math.problems import Problem, ProblemSpec, generate
+from plait_sdk import LocalEnvironment
+
+PromptStyle = Literal["instruct", "bare"]
+
+# Each preset fixes every knob; see the README for what each is for and how it was measured.
+ARITH_PRESETS: dict[str, dict[str, Any]] = {
+    # A random-init ~10M model trained for minutes: single-digit a+b, prompt "3 + 5 =", bare number.
+    "tiny": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=["+"],
+                 negatives=False, answer_format="plain", prompt_style="bare"),
+    # SmolLM2-135M-Instruct gets a minority right at first (measured: README), so RL has signal.
+    "smollm": dict(min_digits=1, max_digits=2, min_terms=2, max_terms=2, operators=["+", "-"],
+                   negatives=False, answer_format="last_number", prompt_style="instruct"),
+    "default": dict(min_digits=1, max_digits=2, min_terms=2, max_terms=3, operators=["+", "-", "*"],
+                    negatives=False, answer_format="answer_tag", prompt_style="instruct"),
+    "hard": dict(min_digits=2, max_digits=3, min_terms=3, max_terms=5, operators=["+", "-", "*", "/"],
+                 negatives=True, answer_format="answer_tag", prompt_style="instruct"),
+}
+
+
+@attrs.frozen(kw_only=True)
+class ArithOptions:
+    """Options of `math.arith`. Knobs left unset (None) take the preset's value."""
+
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = ARITH_PRESETS
+
+    preset: str = "default"
+    seed: int = 0
+    """Seeds the task streams; train and test stay disjoint for every seed."""
+    min_digits: int | None = None
+    max_digits: int | None = None
+    """Digits per operand (1 = 0..9)."""
+    min_terms: int | None = None
+    max_terms: int | None = None
+    operators: list[str] | None = None
+    """Some of "+", "-", "*", "/" (division is always exact)."""
+    negatives: bool | None = None
+    """Allow negative operands."""
+    answer_format: AnswerFormat | None = None
+    prompt_style: PromptStyle | None = None
+    """instruct: "What is 3 + 5? <format instruction>"; bare: "3 + 5 =" (for tiny models)."""
+    wrong_format_reward: float = attrs.field(default=0.0, validator=unit_interval)
+    """Reward for the right number in the wrong format (0 = strict)."""
+    test_fraction: float = 0.2
+    """Share of the problem space that belongs to the test split."""
+    train_size: int = attrs.field(default=100_000, validator=positive)
+    test_size: int = attrs.field(default=1_000, validator=positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.preset not in self.PRESETS:
+            raise ValueError(f"preset {self.preset!r} is not one of {', '.join(self.PRESETS)}")
+        if self.knob("prompt_style") == "bare" and self.knob("answer_format") not in ("plain", "last_number"):
+            raise ValueError(
+                f"prompt_style 'bare' tells the model no answer format, so answer_format must be "
+                f"'plain' or 'last_number', not {self.knob('answer_format')!r}"
+            )
+        self.problem_spec().check()
+
+    def knob(self, name: str) -> Any:
+        value = getattr(self, name)
+        return self.PRESETS[self.preset][name] if value is None else value
+
+    def problem_spec(self) -> ProblemSpec:
+        return ProblemSpec(
+            min_digits=self.knob("min_digits"), max_digits=self.knob("max_digits"),
+            min_terms=self.knob("min_terms"), max_terms=self.knob("max_terms"),
+            operators=tuple(self.knob("operators")), negatives=self.knob("negatives"),
+            test_fraction=self.test_fraction,
+        )
+
+
+class ArithEnvironment(MathEnvironment):
+    """Compute an arithmetic expression; answer in the format the prompt asks for."""
+
+    options: ClassVar[ArithOptions]
+
+    @classmethod
+    def split_size(cls, split: str) -> int:
+        return cls.options.train_size if split == "train" else cls.options.test_size
+
+    @classmethod
+    def prompt_for(cls, problem: Problem, answer_format: str) -> str:
+        if cls.options.knob("prompt_style") == "bare":
+            return f"{problem.expression} ="
+        return f"What is {problem.expression}? {FORMAT_INSTRUCTIONS[answer_format]}"
+
+    @classmethod
+    def make_task(cls, split: str, index: int) -> dict[str, Any]:
+        problem = generate(cls.options.problem_spec(), cls.options.seed, split, index)
+        answer_format = cls.options.knob("answer_format")
+        return make_task(prompt=cls.prompt_for(problem, answer_format), answer=problem.answer,
+                         answer_format=answer_format, split=split, index=index,
+                         expression=problem.expression)
+
+
+def make_env(*, options: ArithOptions) -> LocalEnvironment:
+    return bind(ArithEnvironment, options, "math.arith")

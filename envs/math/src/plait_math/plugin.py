@@ -1,0 +1,21 @@
+"""plait-math's plugin: registers the math environments lazily (nothing heavy is imported here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.hookspecs import hookimpl
+
+ENVS = {
+    "math.arith": ("plait_math.arith", "ArithOptions", "seeded arithmetic with difficulty knobs and a strict verifier"),
+    "math.gsm8k": ("plait_math.gsm8k", "Gsm8kOptions",
+                   "GSM8K word problems (test: the real GSM8K test split; train: reasoning-gym gsm_symbolic)"),
+    "math.calculator": ("plait_math.calculator_env", "CalculatorOptions",
+                        "multi-turn arithmetic with a safe calculator tool"),
+}
+
+
+@hookimpl
+def plait_register_envs(register: Any) -> None:
+    for name, (module, options, description) in ENVS.items():
+        register(name, f"{module}:make_env", options=f"{module}:{options}", description=description)
