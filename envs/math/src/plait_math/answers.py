@@ -121,7 +121,8 @@ def format_number(value: Fraction) -> str:
         places = 0
         while (value * 10**places).denominator != 1:
             places += 1
-        return f"{value:.{places}f}"
+        digits = str(abs(value * 10**places).numerator).rjust(places + 1, "0")
+        return f"{'-' if value < 0 else ''}{digits[:-places]}.{digits[-places:]}"
     return f"{value.numerator}/{value.denominator}"
 
 

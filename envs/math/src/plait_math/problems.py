@@ -109,10 +109,10 @@ def _operand(rng: random.Random, spec: ProblemSpec) -> int:
     return -value if spec.negatives and value and rng.random() < 0.5 else value
 
 
-def _divisor(rng: random.Random, running: Fraction, spec: ProblemSpec) -> int:
-    """A divisor of the running product (an integer) within the operand size, so `/` is exact."""
+def _divisor(rng: random.Random, running: int, spec: ProblemSpec) -> int:
+    """A divisor of the running product within the operand size, so `/` is exact."""
     bound = 10**spec.max_digits - 1
-    value = abs(running.numerator)
+    value = abs(running)
     if value == 0:
         candidates = list(range(1, min(bound, 12) + 1))
     else:
@@ -125,15 +125,15 @@ def draw_problem(rng: random.Random, spec: ProblemSpec) -> Problem:
     terms = rng.randint(spec.min_terms, spec.max_terms)
     operands = [_operand(rng, spec)]
     operators: list[str] = []
-    term = Fraction(operands[0])  # the running product/quotient chain, for exact division
+    term = operands[0]  # the running product/quotient chain (an integer: divisions are exact)
     for _ in range(terms - 1):
         op = rng.choice(spec.operators)
         if op == "/":
             value = _divisor(rng, term, spec)
-            term /= value
+            term //= value
         else:
             value = _operand(rng, spec)
-            term = term * value if op == "*" else Fraction(value)
+            term = term * value if op == "*" else value
         operators.append(op)
         operands.append(value)
     return Problem(tuple(operands), tuple(operators))
