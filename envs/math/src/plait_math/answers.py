@@ -66,7 +66,7 @@ def parse_number_robust(text: str) -> Fraction | None:
 
     `$1,234.00` -> 1234, `18 dollars.` -> 18, `\\frac{36}{2}` -> 18, `3/4` -> 3/4, `-5` -> -5.
     """
-    if len(text) > 10 * MAX_NUMBER_CHARS:
+    if len(text) > 10 * MAX_NUMBER_CHARS:  # the answer is at the end; keep the work bounded
         text = text[-10 * MAX_NUMBER_CHARS:]
     text = _LATEX_FRAC.sub(r"\1/\2", text)
     text = _LATEX_NOISE.sub(" ", text)
@@ -83,11 +83,6 @@ def parse_number_robust(text: str) -> Fraction | None:
         if value is not None:
             best = (match.end(), value)
     return best[1] if best else None
-
-
-def last_number(text: str) -> Fraction | None:
-    """The last number anywhere in `text` (the lenient fallback)."""
-    return parse_number_robust(text)
 
 
 def _number(token: str) -> Fraction | None:
@@ -224,7 +219,7 @@ def verify(text: Any, expected: Fraction, answer_format: str, *, robust: bool = 
     if not isinstance(text, str):
         return Verdict(0.0, False, False, None, expected_text, None,
                        f"the answer is a {type(text).__name__}, not text")
-    fallback = last_number(text)
+    fallback = parse_number_robust(text)  # the last number anywhere in the reply
     fallback_text = None if fallback is None else format_number(fallback)
     marked = find_marked(text, answer_format)
     if marked.span is not None:
