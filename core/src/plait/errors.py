@@ -41,6 +41,11 @@ class ModelError(PlaitError):
     """A model cannot be found, loaded or converted, or does not fit its tokenizer."""
 
 
+class DataError(PlaitError, ValueError):
+    """Training or sampling input that does not fit the model or the loss (missing loss inputs,
+    token ids outside the vocabulary, empty prompts). A ValueError too, for callers that catch those."""
+
+
 class EngineError(PlaitError):
     """An engine is unreachable, crashed, or answered something it should not have."""
 
