@@ -1,0 +1,501 @@
+"""The "torch" inference engine: batched sampling with a KV cache, in-process.
+
+How it runs:
+
+- `sample()` queues a request and awaits it. A scheduler task takes every queued request (up to
+  `options.max_batch_size` sequences; a request's n samples always share a batch) and decodes
+  them together; requests that arrive while a batch runs go into the next one.
+- A batch is one prefill of the distinct prompts (left-padded), whose KV cache is then repeated
+  for the n samples of each prompt, followed by one decode step per token. Each step runs in a
+  worker thread, so the event loop stays free; between steps the scheduler checks for pause,
+  abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
+  as all of its samples are done.
+- Randomness: every sample has its own generator, seeded from the request's seed (or from the
+  engine's seed when the request has none) and the sample's index, and draws one uniform number
+  per token. Same seed + same weights -> same tokens, whatever else shares the batch (up to
+  floating-point noise in the logits, which can flip a draw that lands within ~1e-6 of a
+  boundary).
+- Logprobs are those of the sampled token under the raw model distribution (temperature 1,
+  before top-k/top-p), like vLLM's default, so they match the trainer's forward on the same
+  weights.
+- Stops: `SamplingParams.stop` None = the model's end-of-sequence token(s); [] = none; token ids
+  or strings otherwise (they replace the end-of-sequence default). Returned tokens include the
+  stop token; a stop string stops after the token that completes it.
+- Weight versions: every token is tagged with the version of the weights that produced it.
+  `apply_weights` takes effect between two decode steps, also for sequences in flight.
+- `pause("keep")` parks the running batch between steps (its KV cache kept) until `resume()`;
+  tokens decoded after a weight update in between carry the new version. `pause("abort")` ends
+  queued and running requests with what they have (stop reason "abort"). `pause("wait")` lets the
+  running batch finish. In every mode, requests sent while paused wait for `resume()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import random
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+import torch
+
+from plait.errors import DataError, EngineError
+from plait.models import ResolvedModel
+from plait.types import (
+    EngineHealth,
+    ModelInput,
+    PauseMode,
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    WeightUpdate,
+)
+from plait_torch import loading
+from plait_torch.ops import target_logprobs
+from plait_torch.options import TorchInferenceOptions
+from plait_torch.sampling import RowParams, choose_tokens
+
+log = structlog.get_logger("plait_torch.inference")
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The generator seed of sample `index` of a request seeded with `seed`."""
+    return int(np.random.SeedSequence([seed & _SEED_MASK, index]).generate_state(1, np.uint64)[0]) & _SEED_MASK
+
+
+@attrs.define(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    future: asyncio.Future[SampleResponse]
+    rows: list[_Row] = attrs.field(factory=list)
+
+    @property
+    def done(self) -> bool:
+        return all(row.stop_reason is not None for row in self.rows)
+
+    def response(self, current_version: int) -> SampleResponse:
+        """The result; a sample without tokens is tagged with `current_version`."""
+        return SampleResponse([
+            SampledSequence(row.tokens, row.logprobs, row.stop_reason or "abort",
+                            weight_version=row.versions[-1] if row.versions else current_version,
+                            token_versions=row.versions)
+            for row in self.rows
+        ])
+
+
+@attrs.define(eq=False)
+class _Row:
+    """One sequence being sampled."""
+
+    request: _Request
+    generator: torch.Generator
+    tokens: list[int] = attrs.field(factory=list)
+    logprobs: list[float] = attrs.field(factory=list)
+    versions: list[int] = attrs.field(factory=list)
+    stop_reason: str | None = None
+    text_checked: int = 0  # characters of decoded text already searched for stop strings
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+
+@attrs.define(eq=False)
+class _Batch:
+    requests: list[_Request]
+    rows: list[_Row]  # the unfinished rows, in KV-cache order
+    cache: Any = None
+    attention_mask: torch.Tensor | None = None  # (B, past) long
+    positions: torch.Tensor | None = None  # (B,) position id of the next token to feed
+    last_tokens: torch.Tensor | None = None  # (B,) the token to feed next
+    params: RowParams | None = None
+
+
+class TorchInferenceEngine:
+    """`plait.protocols.InferenceEngine` on PyTorch + transformers, in this process."""
+
+    def __init__(self, model: ResolvedModel, *, options: TorchInferenceOptions | None = None, seed: int = 0) -> None:
+        self.options = options or TorchInferenceOptions()
+        self.model_info = model
+        loading.set_threads(self.options.threads)
+        self.device = loading.select_device(self.options.device)
+        self.tokenizer = loading.load_tokenizer(model.tokenizer_path)
+        self.model = loading.load_causal_lm(model, dtype=loading.model_dtype(model), device=self.device,
+                                            attn_implementation=self.options.attn_implementation)
+        loading.check_tokenizer_fits(self.tokenizer, self.model, model)
+        self.model.eval().requires_grad_(False)
+        self.vocab_rows = loading.embedding_rows(self.model)
+        self.eos_ids = self._eos_ids()
+        self.max_model_len = self.options.max_model_len or int(
+            getattr(self.model.config, "max_position_embeddings", 0) or 4096)
+        self._required = dict(self.model.named_parameters())
+        self._aliases = dict(self.model.named_parameters(remove_duplicate=False))
+        self._version = 0
+        self._rng = random.Random(seed)
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduler: asyncio.Task[None] | None = None
+        self._closed = False
+        self._paused = False
+        self._pause_mode: PauseMode = "keep"
+        self._abort_running = False
+        self._batch_active = False
+        self._parked = False
+        self._failure: BaseException | None = None
+        log.info("inference engine ready", model=model.name, device=str(self.device), max_model_len=self.max_model_len)
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
+        self._bind()
+        request = self._make_request(prompt, num_samples, sampling_params)
+        async with self._cond:
+            self._queue.append(request)
+            self._cond.notify_all()
+        return await request.future
+
+    async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
+        self._bind()
+        ids = self._prompt_ids(prompt)
+        if len(ids) > self.max_model_len:
+            raise DataError(f"prompt of {len(ids)} tokens exceeds max_model_len {self.max_model_len}",
+                            fix="shorten the prompt or raise inference.options.max_model_len")
+        async with self._model_lock:
+            values = await asyncio.to_thread(self._prompt_logprobs, ids)
+        return [None, *values]
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        if mode not in ("keep", "abort", "wait"):
+            raise ValueError(f"pause mode must be 'keep', 'abort' or 'wait', got {mode!r}")
+        self._bind()
+        async with self._cond:
+            self._paused = True
+            self._pause_mode = mode
+            if mode == "abort":
+                while self._queue:  # not started yet: each sample ends empty
+                    request = self._queue.popleft()
+                    for row in request.rows:
+                        row.stop_reason = "abort"
+                    request.future.set_result(request.response(self._version))
+                self._abort_running = self._batch_active
+            self._cond.notify_all()
+            if mode == "keep":
+                await self._cond.wait_for(lambda: not self._batch_active or self._parked)
+            else:
+                await self._cond.wait_for(lambda: not self._batch_active)
+            self._abort_running = False
+
+    async def resume(self) -> None:
+        self._bind()
+        async with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    async def apply_weights(self, update: WeightUpdate) -> None:
+        if update.kind != "full":
+            raise EngineError(f"the torch inference engine takes full weight updates, got kind {update.kind!r}",
+                              fix="use a weight sync whose payload is 'full' with this engine")
+        self._bind()
+        async with self._model_lock:
+            await asyncio.to_thread(self._load_weights, update.tensors)
+            self._version = int(update.version)
+        log.debug("weights applied", version=update.version, tensors=len(update.tensors))
+
+    async def health(self) -> EngineHealth:
+        if self._closed:
+            return EngineHealth(False, self._version, "closed")
+        if self._failure is not None:
+            return EngineHealth(False, self._version, f"scheduler failed: {self._failure!r}")
+        state = "paused" if self._paused else "running"
+        return EngineHealth(True, self._version, f"{state}; queued requests: {len(self._queue)}")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._scheduler is not None and not self._scheduler.done():
+            self._scheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
+        while self._queue:
+            _fail(self._queue.popleft(), EngineError("the inference engine was closed"))
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: ModelInput) -> list[int]:
+        if not isinstance(prompt, ModelInput):
+            raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
+                            fix="wrap token ids with ModelInput.from_ints(ids)")
+        ids = prompt.to_ints()
+        if not ids:
+            raise DataError("empty prompt: sampling needs at least one prompt token",
+                            fix="render the prompt with the renderer (it starts with the chat template's tokens)")
+        loading.check_token_ids(torch.tensor(ids), self.vocab_rows, "prompt")
+        return ids
+
+    def _make_request(self, prompt: ModelInput, num_samples: int, params: SamplingParams) -> _Request:
+        if self._closed:
+            raise EngineError("the inference engine is closed", fix="build a new engine")
+        ids = self._prompt_ids(prompt)
+        if num_samples < 1:
+            raise DataError(f"num_samples must be >= 1, got {num_samples}")
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise DataError(f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.max_model_len}",
+                            fix="shorten the prompt or raise inference.options.max_model_len")
+        stop_ids, stop_strings = self._stops(params.stop)
+        max_tokens = min(params.max_tokens or room, room)
+        request = _Request(ids, params, max_tokens, stop_ids, stop_strings, self._loop.create_future())
+        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        request.rows = [_Row(request, torch.Generator().manual_seed(derive_seed(base_seed, i)))
+                        for i in range(num_samples)]
+        return request
+
+    def _stops(self, stop: Any) -> tuple[frozenset[int], tuple[str, ...]]:
+        if stop is None:
+            return self.eos_ids, ()
+        if isinstance(stop, str):
+            return frozenset(), (stop,)
+        items = tuple(stop)
+        if all(isinstance(s, str) for s in items):
+            if any(not s for s in items):
+                raise DataError("SamplingParams.stop contains an empty string", fix="remove it")
+            return frozenset(), items
+        if all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
+            return frozenset(int(s) for s in items), ()
+        raise DataError(f"SamplingParams.stop mixes strings and token ids: {items!r}",
+                        fix="give either stop strings or stop token ids")
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, Iterable):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        """Attach to the running event loop (again, when a previous loop has gone away)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed() and (self._queue or self._batch_active):
+            raise EngineError("this inference engine is busy in another event loop",
+                              fix="use one engine from one event loop at a time")
+        self._loop = loop
+        self._queue.clear()
+        self._batch_active = self._parked = self._abort_running = False
+        self._cond = asyncio.Condition()
+        self._model_lock = asyncio.Lock()
+        self._scheduler = loop.create_task(self._schedule(), name="plait-torch-scheduler")
+
+    async def _schedule(self) -> None:
+        try:
+            while True:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: bool(self._queue) and not self._paused)
+                    requests = self._take_batch()
+                    self._batch_active = True
+                try:
+                    await self._run_batch(requests)
+                except asyncio.CancelledError:
+                    for request in requests:
+                        _fail(request, EngineError("the inference engine was closed"))
+                    raise
+                except Exception as exc:  # a failed batch fails its requests, not the engine
+                    log.exception("batch failed", requests=len(requests))
+                    for request in requests:
+                        _fail(request, exc)
+                finally:
+                    async with self._cond:
+                        self._batch_active = self._parked = False
+                        self._cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    def _take_batch(self) -> list[_Request]:
+        requests = [self._queue.popleft()]
+        rows = len(requests[0].rows)
+        while self._queue and rows + len(self._queue[0].rows) <= self.options.max_batch_size:
+            rows += len(self._queue[0].rows)
+            requests.append(self._queue.popleft())
+        return requests
+
+    async def _run_batch(self, requests: list[_Request]) -> None:
+        batch = _Batch(requests, [row for request in requests for row in request.rows])
+        async with self._model_lock:
+            await asyncio.to_thread(self._prefill, batch, self._version)
+        self._resolve(batch)
+        while batch.rows:
+            if not await self._gate(batch):
+                return
+            async with self._model_lock:
+                await asyncio.to_thread(self._decode_step, batch, self._version)
+            self._resolve(batch)
+
+    async def _gate(self, batch: _Batch) -> bool:
+        """Between two decode steps: park while paused ("keep"), end the batch on abort."""
+        async with self._cond:
+            while self._paused and self._pause_mode != "wait":
+                if self._abort_running:
+                    for row in batch.rows:
+                        row.stop_reason = "abort"
+                    batch.rows = []
+                    self._resolve(batch)
+                    return False
+                self._parked = True
+                self._cond.notify_all()
+                await self._cond.wait()
+            self._parked = False
+        return True
+
+    def _resolve(self, batch: _Batch) -> None:
+        for request in batch.requests:
+            if request.future.done():
+                if request.future.cancelled():  # the caller went away: stop decoding its rows
+                    for row in request.rows:
+                        row.stop_reason = row.stop_reason or "abort"
+                continue
+            if request.done:
+                request.future.set_result(request.response(self._version))
+
+    # -- compute (worker thread) ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _prefill(self, batch: _Batch, version: int) -> None:
+        # One prefill per distinct prompt (the samples of a group usually share theirs); its KV
+        # cache is then repeated for every sample of that prompt.
+        distinct: dict[tuple[int, ...], int] = {}
+        for row in batch.rows:
+            distinct.setdefault(tuple(row.request.prompt), len(distinct))
+        prompts = list(distinct)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
+            ids[i, width - len(prompt):] = torch.tensor(prompt)
+            mask[i, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                         use_cache=True, logits_to_keep=1)
+        expand = torch.tensor([distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device)
+        cache.reorder_cache(expand)
+        batch.cache = cache
+        batch.attention_mask = mask[expand]
+        batch.positions = positions[expand, -1] + 1
+        rows = batch.rows
+        batch.params = RowParams(
+            temperature=torch.tensor([r.request.params.temperature for r in rows], device=self.device),
+            top_k=torch.tensor([max(r.request.params.top_k, 0) for r in rows], device=self.device),
+            top_p=torch.tensor([r.request.params.top_p for r in rows], device=self.device),
+        )
+        self._emit(batch, out.logits[:, -1][expand], version)
+
+    @torch.inference_mode()
+    def _decode_step(self, batch: _Batch, version: int) -> None:
+        batch.attention_mask = torch.cat(
+            [batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1)
+        out = self.model(input_ids=batch.last_tokens.unsqueeze(-1), attention_mask=batch.attention_mask,
+                         position_ids=batch.positions.unsqueeze(-1), cache=batch.cache, use_cache=True)
+        batch.positions = batch.positions + 1
+        self._emit(batch, out.logits[:, -1], version)
+
+    def _emit(self, batch: _Batch, logits: torch.Tensor, version: int) -> None:
+        """Choose every row's next token, record it, and drop the rows that finished."""
+        uniforms = torch.tensor([row.uniform() for row in batch.rows], device=self.device)
+        tokens, logprobs = choose_tokens(logits, batch.params, uniforms)
+        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            if row.stop_reason is not None:  # cancelled by its caller between steps
+                continue
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            row.versions.append(version)
+            row.stop_reason = self._stop_reason(row, token)
+        keep = [i for i, row in enumerate(batch.rows) if row.stop_reason is None]
+        if len(keep) < len(batch.rows):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            batch.rows = [batch.rows[i] for i in keep]
+            if keep:
+                batch.cache.reorder_cache(index)
+                batch.attention_mask = batch.attention_mask[index]
+                batch.positions = batch.positions[index]
+                batch.params = RowParams(batch.params.temperature[index], batch.params.top_k[index],
+                                         batch.params.top_p[index])
+            tokens = tokens[index]
+        batch.last_tokens = tokens
+
+    def _stop_reason(self, row: _Row, token: int) -> str | None:
+        request = row.request
+        if token in request.stop_ids:
+            return "stop"
+        if request.stop_strings and self._hit_stop_string(row):
+            return "stop"
+        if len(row.tokens) >= request.max_tokens:
+            return "length"
+        return None
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=False)
+        longest = max(len(s) for s in row.request.stop_strings)
+        start = max(0, row.text_checked - longest)
+        row.text_checked = len(text)
+        return any(s in text[start:] for s in row.request.stop_strings)
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, ids: list[int]) -> list[float]:
+        tokens = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=tokens, use_cache=False).logits
+        return target_logprobs(logits[0, :-1], tokens[0, 1:]).tolist()
+
+    @torch.no_grad()
+    def _load_weights(self, tensors: Mapping[str, Any]) -> None:
+        unknown = sorted(set(tensors) - set(self._aliases))
+        if unknown:
+            raise EngineError(f"weight update names {len(unknown)} unknown parameters, e.g. {unknown[:3]}",
+                              fix="export weights from a trainer of the same model (Hugging Face names)")
+        covered = {id(self._aliases[name]) for name in tensors}
+        missing = sorted(name for name, param in self._required.items() if id(param) not in covered)
+        if missing:
+            raise EngineError(f"full weight update lacks {len(missing)} parameters, e.g. {missing[:3]}",
+                              fix="send every parameter the trainer exports")
+        sources = {name: _as_tensor(value) for name, value in tensors.items()}
+        for name, source in sources.items():
+            if tuple(source.shape) != tuple(self._aliases[name].shape):
+                raise EngineError(f"weight {name!r} has shape {tuple(source.shape)}, the model's is "
+                                  f"{tuple(self._aliases[name].shape)}",
+                                  fix="export weights from a trainer of the same model")
+        for name, source in sources.items():
+            self._aliases[name].copy_(source)
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
+def _fail(request: _Request, exc: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(exc)

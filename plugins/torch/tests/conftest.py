@@ -1,0 +1,19 @@
+"""Fixtures for plait-torch's tests: the tiny Qwen3 checkpoint, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plait.models import ResolvedModel
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
+    """tiny-qwen3 built into a temporary directory (not the user's model cache)."""
+    from plait_torch.models import build_tiny_qwen3
+
+    path = Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3"
+    build_tiny_qwen3(path)
+    return ResolvedModel("tiny-qwen3", path, path)

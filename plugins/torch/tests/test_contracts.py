@@ -1,0 +1,37 @@
+"""plait-torch's engines against the core's contract kits, on the tiny Qwen3 model."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.models import ResolvedModel
+from plait.testing.inference import InferenceEngineContract
+from plait.testing.trainer import TrainerEngineContract
+from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
+
+
+class TestTorchTrainer(TrainerEngineContract):
+    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")
+
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    @pytest.fixture
+    def make_trainer(self, model: ResolvedModel):
+        from plait_torch.trainer import TorchTrainer
+
+        # A small micro-batch so that the kit's batches are split into several forward passes.
+        return lambda: TorchTrainer(model, options=TorchTrainerOptions(micro_batch_tokens=24), seed=0)
+
+
+class TestTorchInference(InferenceEngineContract):
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    @pytest.fixture
+    def make_engine(self, model: ResolvedModel):
+        from plait_torch.inference import TorchInferenceEngine
+
+        return lambda: TorchInferenceEngine(model, options=TorchInferenceOptions(), seed=0)

