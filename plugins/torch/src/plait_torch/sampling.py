@@ -37,8 +37,11 @@ def choose_tokens(logits: torch.Tensor, params: RowParams, uniforms: torch.Tenso
         scaled = _top_k(scaled, params.top_k[sampled])
         scaled = _top_p(scaled, params.top_p[sampled])
         cdf = torch.softmax(scaled, dim=-1).cumsum(-1)
-        # right=True picks the first token whose cumulative mass exceeds u: never a zero-mass token.
-        targets = (uniforms[sampled] * cdf[:, -1]).unsqueeze(-1)
+        # right=True picks the first token whose cumulative mass exceeds the target: never a
+        # zero-mass token, as long as the target stays below the total mass (u -> 1 in float32).
+        total = cdf[:, -1]
+        targets = torch.minimum(uniforms[sampled].float() * total, torch.nextafter(total, torch.zeros_like(total)))
+        targets = targets.unsqueeze(-1)
         tokens[sampled] = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     raw = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, raw

@@ -84,7 +84,7 @@ class TorchTrainer:
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.config.use_cache = False
         if self.options.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_activation_checkpointing(self.model)
         self.model.train()
         self.vocab_rows = loading.embedding_rows(self.model)
         self.flops = FlopsModel.of(self.model)
@@ -306,6 +306,14 @@ class TorchTrainer:
         with torch.no_grad():
             entropy_sum = float(token_entropy(logits.detach(), active).sum())
         return out, logprobs.detach(), entropy_sum, int(active.sum())
+
+
+def _enable_activation_checkpointing(hf_model: Any) -> None:
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf_model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _active_tokens(batch: _MicroBatch) -> torch.Tensor:

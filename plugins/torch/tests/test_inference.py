@@ -1,0 +1,156 @@
+"""plait-torch inference specifics beyond the contract kit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from plait.errors import DataError, EngineError
+from plait.models import ResolvedModel
+from plait.testing.trainer import random_tokens
+from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait_torch.inference import TorchInferenceEngine
+from plait_torch.options import TorchInferenceOptions
+
+VOCAB = 151936
+
+
+def run(engine: TorchInferenceEngine, body: Callable[[TorchInferenceEngine], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        try:
+            return await asyncio.wait_for(body(engine), 120)
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())
+
+
+def prompt(seed: int = 0, length: int = 6) -> ModelInput:
+    return ModelInput.from_ints(random_tokens(seed, length, VOCAB))
+
+
+def test_logprobs_equal_a_plain_transformers_forward(tiny_model: ResolvedModel) -> None:
+    from transformers import AutoModelForCausalLM
+
+    engine = TorchInferenceEngine(tiny_model)
+    response = run(engine, lambda e: e.sample(prompt(), 3, SamplingParams(max_tokens=6, stop=[], seed=4, temperature=1.5)))
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model.path), local_files_only=True).eval()
+    for seq in response.sequences:
+        ids = torch.tensor([prompt().to_ints() + list(seq.tokens)])
+        with torch.no_grad():
+            logp = torch.log_softmax(reference(ids).logits[0].double(), -1)
+        expected = [float(logp[prompt().length - 1 + i, t]) for i, t in enumerate(seq.tokens)]
+        np.testing.assert_allclose(seq.logprobs, expected, atol=1e-4)
+
+
+def count_forward_rows(engine: TorchInferenceEngine) -> list[int]:
+    """Records the batch size of every model forward the engine runs."""
+    calls: list[int] = []
+    forward = engine.model.forward
+
+    def counting_forward(*args: Any, **kwargs: Any) -> Any:
+        calls.append(int(kwargs["input_ids"].shape[0]))
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counting_forward
+    return calls
+
+
+def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None:
+    """Requests with the same prompt (a GRPO group) share one prefill; results stay per-seed."""
+    engine = TorchInferenceEngine(tiny_model)
+    calls = count_forward_rows(engine)
+
+    async def body(e: TorchInferenceEngine) -> list[tuple[int, ...]]:
+        group = await asyncio.gather(*[e.sample(prompt(), 1, SamplingParams(max_tokens=2, stop=[], seed=s)) for s in range(4)])
+        return [r.sequences[0].tokens for r in group]
+
+    tokens = run(engine, body)
+    assert calls[0] == 1, f"the prefill ran on {calls[0]} rows for one distinct prompt"
+    assert calls[1] == 4 and len(set(tokens)) == 4
+
+
+def test_max_model_len_bounds_prompt_and_completion(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(max_model_len=9))
+
+    async def body(e: TorchInferenceEngine) -> None:
+        seq = (await e.sample(prompt(length=6), 1, SamplingParams(max_tokens=10, stop=[]))).sequences[0]
+        assert len(seq.tokens) == 3 and seq.stop_reason == "length"
+        with pytest.raises(DataError, match="max_model_len 9"):
+            await e.sample(prompt(length=9), 1, SamplingParams(max_tokens=1))
+
+    run(engine, body)
+
+
+def test_a_cancelled_request_leaves_the_batch(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model)
+    calls = count_forward_rows(engine)
+
+    async def body(e: TorchInferenceEngine) -> None:
+        doomed = asyncio.ensure_future(e.sample(prompt(1), 2, SamplingParams(max_tokens=500, stop=[])))
+        kept = asyncio.ensure_future(e.sample(prompt(2), 1, SamplingParams(max_tokens=12, stop=[])))
+        await e.sample(prompt(3), 1, SamplingParams(max_tokens=1, stop=[]))  # the batch is running
+        doomed.cancel()
+        assert len((await kept).sequences[0].tokens) == 12
+        assert len((await e.sample(prompt(4), 1, SamplingParams(max_tokens=2, stop=[]))).sequences[0].tokens) == 2
+        assert (await e.health()).ok
+
+    run(engine, body)
+    # The cancelled rows were dropped, not decoded on to 500 tokens: the batch ended with the kept one.
+    assert len(calls) < 30, f"{len(calls)} forward passes"
+
+
+def test_bad_weight_updates_are_rejected_whole(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model)
+    weights = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
+    name = next(iter(weights))
+
+    async def body(e: TorchInferenceEngine) -> None:
+        before = (await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))).sequences[0]
+        bad_updates = {
+            "unknown": {**weights, "model.no_such.weight": weights[name]},
+            "lacks": {k: v for k, v in weights.items() if k != name},
+            "shape": {**weights, name: weights[name][:1]},
+        }
+        for problem, tensors in bad_updates.items():
+            broken = {k: (v * 0 if problem != "shape" else v) for k, v in tensors.items()}
+            with pytest.raises(EngineError, match=problem):
+                await e.apply_weights(WeightUpdate(7, broken))
+        with pytest.raises(EngineError, match="full"):
+            await e.apply_weights(WeightUpdate(7, weights, kind="delta"))
+        assert e.weight_version == 0
+        after = (await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))).sequences[0]
+        assert after.tokens == before.tokens and after.logprobs == before.logprobs, "a rejected update changed weights"
+        await e.apply_weights(WeightUpdate(3, {k: v.numpy() for k, v in weights.items()}))  # numpy arrays work
+        assert e.weight_version == 3
+
+    run(engine, body)
+
+
+def test_close_fails_pending_requests(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model)
+
+    async def main() -> None:
+        pending = asyncio.ensure_future(engine.sample(prompt(), 1, SamplingParams(max_tokens=2000, stop=[])))
+        await engine.sample(prompt(1), 1, SamplingParams(max_tokens=1, stop=[]))
+        await engine.close()
+        with pytest.raises(EngineError, match="closed"):
+            await pending
+        assert not (await engine.health()).ok
+        with pytest.raises(EngineError, match="closed"):
+            await engine.sample(prompt(), 1, SamplingParams(max_tokens=1))
+
+    asyncio.run(main())
+
+
+def test_one_engine_serves_successive_event_loops(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model)
+    params = SamplingParams(max_tokens=3, stop=[], seed=9)
+    first = asyncio.run(engine.sample(prompt(), 1, params))
+    second = asyncio.run(engine.sample(prompt(), 1, params))
+    assert first.sequences[0].tokens == second.sequences[0].tokens
