@@ -70,7 +70,7 @@ def test_activation_checkpointing_computes_the_same_gradients(tiny_model: Resolv
     norms = []
     for checkpointing in (False, True):
         trainer = TorchTrainer(tiny_model, options=TorchTrainerOptions(activation_checkpointing=checkpointing))
-        assert trainer.model.is_gradient_checkpointing == checkpointing
+        assert trainer.model.is_activation_checkpointing == checkpointing
         trainer.forward_backward(data, "cross_entropy")
         norms.append(trainer.optim_step(AdamParams()).metrics["grad_norm"])
     assert norms[0] == pytest.approx(norms[1], rel=1e-5)
@@ -137,3 +137,30 @@ def test_a_tokenizer_larger_than_the_embedding_fails_at_construction(tmp_path: P
         message = str(info.value)
         assert "151669 tokens" in message and "1000 embedding rows" in message
         assert info.value.fix and "tokenizer" in info.value.fix
+
+
+def test_chunked_output_head_equals_the_full_logits_path(tiny_model: ResolvedModel) -> None:
+    """Models whose logits are a plain projection of the decoder take the chunked output head;
+    others take full logits. Both give the same logprobs, entropy and gradients."""
+    data = [sft_datum(random_tokens(i, 9 + i, VOCAB)) for i in range(2)]
+    results = []
+    for chunked in (True, False):
+        trainer = TorchTrainer(tiny_model)
+        assert trainer._decoder is not None
+        if not chunked:
+            trainer._decoder = trainer._head = None
+        out = trainer.forward_backward(data, "cross_entropy")
+        results.append((datum_logprobs(out), out.metrics["entropy:mean"],
+                        trainer.optim_step(AdamParams()).metrics["grad_norm"]))
+    (lp_a, ent_a, norm_a), (lp_b, ent_b, norm_b) = results
+    for a, b in zip(lp_a, lp_b, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert ent_a == pytest.approx(ent_b, rel=1e-5) and norm_a == pytest.approx(norm_b, rel=1e-4)
+
+
+def test_a_biased_output_layer_takes_the_full_logits_path(tiny_model: ResolvedModel) -> None:
+    trainer = TorchTrainer(tiny_model)
+    head = trainer.model.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    trainer.model.set_output_embeddings(biased)
+    assert trainer._split_output_head() == (None, None)

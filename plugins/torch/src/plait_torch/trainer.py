@@ -41,7 +41,7 @@ from plait.types import (
     TrainerCapabilities,
 )
 from plait_torch import loading
-from plait_torch.ops import target_logprobs, token_entropy
+from plait_torch.ops import head_logprobs, target_logprobs, token_entropy
 from plait_torch.options import TorchTrainerOptions
 from plait_torch.perf import FlopsModel, PeakFlops, peak_flops
 
@@ -87,6 +87,7 @@ class TorchTrainer:
             _enable_activation_checkpointing(self.model)
         self.model.train()
         self.vocab_rows = loading.embedding_rows(self.model)
+        self._decoder, self._head = self._split_output_head()
         self.flops = FlopsModel.of(self.model)
         self._params = dict(self.model.named_parameters())  # tied parameters appear once
         first = AdamParams()
@@ -289,12 +290,23 @@ class TorchTrainer:
                      backward: bool) -> tuple[LossOutput, torch.Tensor, float, int]:
         autocast = (torch.autocast(self.device.type, dtype=self._autocast_dtype)
                     if self._autocast_dtype is not None else contextlib.nullcontext())
+        active = _active_tokens(batch)
         with autocast:
             # No attention mask: rows are right-padded, and causal attention never lets a real
             # position see the padding after it.
-            logits = self.model(input_ids=batch.input_ids).logits
-        logprobs = target_logprobs(logits, batch.inputs["target_tokens"])
-        logprobs = torch.where(batch.valid, logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
+            if self._decoder is not None:
+                hidden = self._decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state
+                rows, cols = batch.valid.nonzero(as_tuple=True)
+                flat, entropy = head_logprobs(hidden[rows, cols], self._head.weight,
+                                              batch.inputs["target_tokens"][rows, cols])
+                logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
+                entropy_sum = float(entropy[active[rows, cols]].sum())
+            else:
+                logits = self.model(input_ids=batch.input_ids, use_cache=False).logits
+                logprobs = target_logprobs(logits, batch.inputs["target_tokens"])
+                logprobs = torch.where(batch.valid, logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
+                with torch.no_grad():
+                    entropy_sum = float(token_entropy(logits.detach(), active).sum())
         try:
             out: LossOutput = loss(logprobs, batch.inputs, config)
         except (ValueError, KeyError) as exc:
@@ -302,10 +314,25 @@ class TorchTrainer:
                             fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
         if backward:
             out.loss.backward()
-        active = _active_tokens(batch)
-        with torch.no_grad():
-            entropy_sum = float(token_entropy(logits.detach(), active).sum())
         return out, logprobs.detach(), entropy_sum, int(active.sum())
+
+    def _split_output_head(self) -> tuple[Any, Any]:
+        """(decoder, output projection) when logits are exactly `decoder(x) @ head.weight.T`, so the
+        chunked output head applies; (None, None) for models that scale, cap or bias their logits."""
+        head = self.model.get_output_embeddings()
+        decoder = self.model.get_decoder()
+        if not isinstance(head, torch.nn.Linear) or head.bias is not None or decoder is self.model:
+            return None, None
+        probe = torch.arange(1, 9, device=self.device).unsqueeze(0) % self.vocab_rows
+        with torch.no_grad():
+            expected = self.model(input_ids=probe, use_cache=False).logits.float()
+            hidden = decoder(input_ids=probe, use_cache=False).last_hidden_state
+            actual = hidden.float() @ head.weight.float().T
+        tolerance = 1e-4 if head.weight.dtype == torch.float32 else 5e-2
+        if not torch.allclose(actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()):
+            log.info("the model transforms its logits; using the full-logits path", model=self.model_info.name)
+            return None, None
+        return decoder, head
 
 
 def _enable_activation_checkpointing(hf_model: Any) -> None:
