@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -114,6 +115,13 @@ def test_loading_something_else_is_a_clear_error(tiny_model: ResolvedModel, tmp_
     trainer = TorchTrainer(tiny_model)
     with pytest.raises(ModelError, match="not a plait-torch trainer state"):
         trainer.load_state(tiny_model.path)
+    trainer.save_state(tmp_path / "state")
+    meta_path = tmp_path / "state" / "plait_trainer.json"
+    meta = json.loads(meta_path.read_text())
+    meta["parameters"]["model.norm.weight"] = [7]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match=r"different model: 1 parameters differ .*model\.norm\.weight"):
+        trainer.load_state(tmp_path / "state")
 
 
 def small_vocab_checkpoint(dest: Path, vocab: int) -> ResolvedModel:

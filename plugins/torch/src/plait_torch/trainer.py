@@ -192,11 +192,14 @@ class TorchTrainer:
             raise ModelError(f"{path} is not a plait-torch trainer state (no {_META_FILE})",
                              fix="pass a directory written by save_state")
         meta = json.loads(meta_path.read_text())
+        saved = meta["parameters"]
         expected = {n: list(p.shape) for n, p in self._params.items()}
-        if meta["parameters"] != expected:
-            differing = sorted(set(meta["parameters"].items()) ^ set(expected.items()), key=str)[:3]
-            raise ModelError(f"trainer state {path} was saved from a different model (parameters differ: {differing})",
-                             fix="load it into a trainer built on the same model")
+        differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
+        if differing:
+            raise ModelError(
+                f"trainer state {path} was saved from a different model: {len(differing)} parameters differ "
+                f"in name or shape, e.g. {differing[:3]}",
+                fix="load it into a trainer built on the same model")
         from safetensors.torch import load_file
 
         weights: dict[str, torch.Tensor] = {}
@@ -208,7 +211,8 @@ class TorchTrainer:
         with torch.no_grad():
             for name, param in self._params.items():
                 param.copy_(weights[name])
-        state = torch.load(path / _STATE_FILE, map_location=self.device, weights_only=False)
+        # On the CPU: RNG states must stay CPU tensors; the optimizer moves its state to the parameters.
+        state = torch.load(path / _STATE_FILE, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         for name, param in self._params.items():
             grad = state["grads"].get(name)
