@@ -154,3 +154,17 @@ def test_one_engine_serves_successive_event_loops(tiny_model: ResolvedModel) -> 
     first = asyncio.run(engine.sample(prompt(), 1, params))
     second = asyncio.run(engine.sample(prompt(), 1, params))
     assert first.sequences[0].tokens == second.sequences[0].tokens
+
+
+def test_weights_applied_without_pause_take_effect_between_steps(tiny_model: ResolvedModel) -> None:
+    engine = TorchInferenceEngine(tiny_model)
+    weights = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
+
+    async def body(e: TorchInferenceEngine) -> tuple[int, ...]:
+        long = asyncio.ensure_future(e.sample(prompt(1), 1, SamplingParams(max_tokens=40, stop=[])))
+        await e.sample(prompt(2), 1, SamplingParams(max_tokens=1, stop=[]))  # the batch is running
+        await e.apply_weights(WeightUpdate(1, weights))
+        return (await long).sequences[0].versions()
+
+    versions = run(engine, body)
+    assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions)

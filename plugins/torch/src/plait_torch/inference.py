@@ -247,8 +247,6 @@ class TorchInferenceEngine:
         return ids
 
     def _make_request(self, prompt: ModelInput, num_samples: int, params: SamplingParams) -> _Request:
-        if self._closed:
-            raise EngineError("the inference engine is closed", fix="build a new engine")
         ids = self._prompt_ids(prompt)
         if num_samples < 1:
             raise DataError(f"num_samples must be >= 1, got {num_samples}")
@@ -293,6 +291,11 @@ class TorchInferenceEngine:
 
     def _bind(self) -> None:
         """Attach to the running event loop (again, when a previous loop has gone away)."""
+        if self._closed:
+            raise EngineError("the inference engine is closed", fix="build a new engine")
+        if self._failure is not None:
+            raise EngineError(f"the inference engine's scheduler failed: {self._failure!r}",
+                              fix="build a new engine (and report the failure)")
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
@@ -331,6 +334,8 @@ class TorchInferenceEngine:
             raise
         except BaseException as exc:
             self._failure = exc
+            while self._queue:  # nobody would serve them: fail them rather than leave them hanging
+                _fail(self._queue.popleft(), EngineError(f"the inference engine's scheduler failed: {exc!r}"))
             raise
 
     def _take_batch(self) -> list[_Request]:
