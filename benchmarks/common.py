@@ -58,8 +58,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write(name: str, result: dict[str, Any]) -> Path:
+def write(name: str, args: argparse.Namespace, result: dict[str, Any]) -> Path:
+    """results/<name>.json (results/<name>_smollm2.json for the --smollm2 variant)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = RESULTS / f"{name}{'_smollm2' if args.smollm2 else ''}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path

@@ -1,14 +1,17 @@
 """Sampling throughput: plait-torch's inference engine vs Hugging Face `generate`, same run.
 
 Both sample the same prompts to the same fixed length (no early stop) on the same weights and
-threads, temperature 1 without top-k/top-p. Two workloads:
+threads, temperature 1 without top-k/top-p. Two workloads of P*n sequences each:
 
-- "grouped": P prompts, each one request for n samples (`sample(prompt, n)`);
-- "separate": the same P*n samples as P*n concurrent one-sample requests, as the controller's
-  rollouts send them (the engine batches them and prefills each distinct prompt once).
+- groups: P prompts with n samples each (RL's shape). plait sends them as P requests for n
+  samples ("plait_grouped") and as P*n one-sample requests ("plait_separate", what the
+  controller's rollouts send); both prefill each distinct prompt once. HF `generate` gets the P
+  prompts with num_return_sequences=n (it prefills every copy).
+- distinct: P*n different prompts, one sample each: no prompt sharing, so this compares the
+  decode loops alone.
 
-HF `generate` gets the P prompts left-padded with num_return_sequences=n. Repeats alternate
-between the two sides; medians are reported, and the ratio of the medians.
+Both run their compute in a worker thread. Repeats alternate between the sides; medians are
+reported, and each side's ratio to HF.
 
     python benchmarks/sampling_throughput.py              # tiny Qwen3
     python benchmarks/sampling_throughput.py --smollm2    # SmolLM2-135M
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 
 import common
 import numpy as np
@@ -45,35 +49,41 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(model.path), local_files_only=True, dtype=torch.float32).eval()
     vocab = min(engine.vocab_rows, len(engine.tokenizer))
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, vocab, size=args.prompt_len).tolist() for _ in range(args.prompts)]
+    rows = args.prompts * args.samples
+    prompts = rng.integers(0, vocab, size=(args.prompts, args.prompt_len)).tolist()
+    distinct = rng.integers(0, vocab, size=(rows, args.prompt_len)).tolist()
     params = SamplingParams(max_tokens=args.new_tokens, stop=[], temperature=1.0)
-    expected_tokens = args.prompts * args.samples * args.new_tokens
+    expected_tokens = rows * args.new_tokens
 
-    async def plait_grouped() -> int:
-        responses = await asyncio.gather(*[engine.sample(ModelInput.from_ints(p), args.samples, params) for p in prompts])
+    async def plait_requests(requests: list[tuple[list[int], int]]) -> int:
+        responses = await asyncio.gather(*[engine.sample(ModelInput.from_ints(p), n, params) for p, n in requests])
         return sum(len(s.tokens) for r in responses for s in r.sequences)
 
-    async def plait_separate() -> int:
-        responses = await asyncio.gather(*[engine.sample(ModelInput.from_ints(p), 1, params)
-                                           for p in prompts for _ in range(args.samples)])
-        return sum(len(r.sequences[0].tokens) for r in responses)
-
-    input_ids = torch.tensor(prompts)  # same length: no padding needed
     eos = hf.generation_config.eos_token_id
 
-    def hf_generate() -> int:
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+
+    def hf_generate(batch: list[list[int]], n: int) -> int:
+        # In a worker thread, like the engine's compute: torch's threading behaves differently
+        # in the main thread (on a busy 2-core machine, 3x slower), which would skew the ratio.
+        return worker.submit(hf_generate_here, batch, n).result()
+
+    def hf_generate_here(batch: list[list[int]], n: int) -> int:
+        input_ids = torch.tensor(batch)  # same length: no padding needed
         with torch.inference_mode():
             out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
                               top_k=0, top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                              num_return_sequences=args.samples, pad_token_id=eos if isinstance(eos, int) else 0)
+                              num_return_sequences=n, pad_token_id=eos if isinstance(eos, int) else 0, use_cache=True)
         return int(out[:, input_ids.shape[1]:].numel())
 
     sides = {
-        "plait_grouped": lambda: asyncio.run(plait_grouped()),
-        "plait_separate": lambda: asyncio.run(plait_separate()),
-        "hf_generate": hf_generate,
+        "groups/plait_grouped": lambda: asyncio.run(plait_requests([(p, args.samples) for p in prompts])),
+        "groups/plait_separate": lambda: asyncio.run(plait_requests([(p, 1) for p in prompts for _ in range(args.samples)])),
+        "groups/hf_generate": lambda: hf_generate(prompts, args.samples),
+        "distinct/plait": lambda: asyncio.run(plait_requests([(p, 1) for p in distinct])),
+        "distinct/hf_generate": lambda: hf_generate(distinct, 1),
     }
-    for run in sides.values():  # warm-up (shorter would change nothing the timing needs)
+    for run in sides.values():  # warm-up
         assert run() == expected_tokens
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.repeats):
@@ -83,20 +93,21 @@ def main() -> None:
             seconds[name].append(elapsed)
 
     tokens_per_s = {name: expected_tokens / common.median(s) for name, s in seconds.items()}
+    ratios = {name: value / tokens_per_s[name.split("/")[0] + "/hf_generate"]
+              for name, value in tokens_per_s.items() if not name.endswith("hf_generate")}
     result = {
         "benchmark": "sampling_throughput", "model": model.name,
         "prompts": args.prompts, "samples_per_prompt": args.samples, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "tokens_per_run": expected_tokens, "repeats": args.repeats,
-        "seconds": seconds, "tokens_per_s": tokens_per_s,
-        "ratio_grouped_vs_hf": tokens_per_s["plait_grouped"] / tokens_per_s["hf_generate"],
-        "ratio_separate_vs_hf": tokens_per_s["plait_separate"] / tokens_per_s["hf_generate"],
+        "seconds": seconds, "tokens_per_s": tokens_per_s, "ratio_vs_hf_generate": ratios,
         "machine": common.machine(),
     }
-    path = common.write("sampling_throughput", result)
-    print(f"{model.name}, {args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens "
+    path = common.write("sampling_throughput", args, result)
+    print(f"{model.name}: {rows} sequences x {args.new_tokens} new tokens after {args.prompt_len}-token prompts "
           f"(medians of {args.repeats}):")
     for name, value in tokens_per_s.items():
-        print(f"  {name:15s} {value:8.1f} tokens/s  ({value / tokens_per_s['hf_generate']:.2f}x HF generate)")
+        ratio = f"  {ratios[name]:.2f}x HF generate" if name in ratios else ""
+        print(f"  {name:22s} {value:8.1f} tokens/s{ratio}")
     print(f"wrote {path}")
 
 

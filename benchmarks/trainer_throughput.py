@@ -3,7 +3,7 @@
 One run measures both sides of the ratio: the peak FLOP/s of square matmuls in the trainer's
 compute dtype (before and after the training runs; the higher is used), and the model FLOP/s that
 forward_backward + optim_step achieve on a fixed batch (6·N + attention term per token, see
-plait_torch.perf). Prints a summary and writes benchmarks/results/trainer_throughput.json.
+plait_torch.perf). Prints a summary and writes benchmarks/results/trainer_throughput[_smollm2].json.
 
     python benchmarks/trainer_throughput.py              # tiny Qwen3 (seconds)
     python benchmarks/trainer_throughput.py --smollm2    # SmolLM2-135M (minutes on 2 cores)
@@ -73,7 +73,7 @@ def main() -> None:
         "mfu": flops / step_s / peak,
         "machine": common.machine(),
     }
-    path = common.write("trainer_throughput", result)
+    path = common.write("trainer_throughput", args, result)
     print(f"{model.name}: {tokens / step_s:,.0f} train tokens/s (median step {step_s:.2f} s over {args.repeats}), "
           f"model {flops / step_s / 1e9:.1f} GFLOP/s vs peak {peak / 1e9:.1f} GFLOP/s ({peak_source}) "
           f"-> MFU {result['mfu']:.1%}\nwrote {path}")

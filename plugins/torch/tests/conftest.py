@@ -7,13 +7,10 @@ from pathlib import Path
 import pytest
 
 from plait.models import ResolvedModel
+from plait.testing.models import materialize_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     """tiny-qwen3 built into a temporary directory (not the user's model cache)."""
-    from plait_torch.models import build_tiny_qwen3
-
-    path = Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3"
-    build_tiny_qwen3(path)
-    return ResolvedModel("tiny-qwen3", path, path)
+    return materialize_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3")
