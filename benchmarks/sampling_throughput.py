@@ -23,7 +23,7 @@ import argparse
 import asyncio
 import concurrent.futures
 
-import common
+import engine_bench as common
 import numpy as np
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import common
+import engine_bench as common
 import numpy as np
 
 

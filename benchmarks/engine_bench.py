@@ -1,4 +1,4 @@
-"""Shared bits of the benchmarks: picking the model, timing, and writing results/<name>.json."""
+"""Shared bits of the engine benchmarks: picking the model, timing, and writing results/<name>.json."""
 
 from __future__ import annotations
 
