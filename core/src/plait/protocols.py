@@ -59,7 +59,11 @@ class TrainerEngine(Protocol):
         self, data: Sequence[Datum], loss_fn: str,
         loss_fn_config: Mapping[str, float] | None = None,
     ) -> ForwardBackwardOutput:
-        """Forward and backward; gradients accumulate across calls until `optim_step`."""
+        """Forward and backward; gradients accumulate across calls until `optim_step`.
+
+        The returned target "logprobs" are exact where the loss acts (the `mask` input when given,
+        else non-zero weights/advantages); an engine may skip the output layer elsewhere and
+        return 0 there. Call `forward` for the logprobs of every position."""
 
     def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
         """Apply accumulated gradients (AdamW), zero them, bump the weight version."""

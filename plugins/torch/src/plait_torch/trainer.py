@@ -300,7 +300,9 @@ class TorchTrainer:
             # position see the padding after it.
             if self._decoder is not None:
                 hidden = self._decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state
-                rows, cols = batch.valid.nonzero(as_tuple=True)
+                # A backward pass needs logprobs only where the loss acts; skipping the output head
+                # elsewhere (mostly the prompt) saves most of its cost for large vocabularies.
+                rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
                 flat, entropy = head_logprobs(hidden[rows, cols], self._head.weight,
                                               batch.inputs["target_tokens"][rows, cols])
                 logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
