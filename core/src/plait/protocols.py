@@ -146,15 +146,21 @@ class Renderer(Protocol):
         the sampled completion) is always a token prefix of rendering more of it."""
 
     def build_generation_prompt(
-        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
-    ) -> ModelInput: ...
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> ModelInput:
+        """The prompt that asks the model for its next `role` message. `tools` are shown to the
+        model the way the model family expects (e.g. in the system block)."""
 
     def build_supervised_example(
-        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE
+        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> tuple[ModelInput, list[float]]:
         """The full token sequence and a weight per token (1 = train on it)."""
 
-    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]: ...
+    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]:
+        """The assistant message in sampled tokens (tool calls parsed). A response whose tool
+        call cannot be read is MALFORMED, and its message keeps the raw text as content."""
 
     def stop_sequences(self) -> list[int] | list[str]: ...
 
@@ -163,7 +169,13 @@ class Renderer(Protocol):
         new_messages: Sequence[Message],
     ) -> list[int] | None:
         """Tokens that continue `prev_prompt_ids + prev_completion_ids` with `new_messages` and a
-        fresh generation prompt, reusing the previous ids verbatim; None when that is unsafe."""
+        fresh generation prompt, reusing the previous ids verbatim; None when that is unsafe.
+
+        The result starts with the previous ids unchanged. When the completion was cut off, the
+        end of the turn (e.g. `</think>`, `<|im_end|>`) is synthesised after it. None means the
+        model's own template would show the model something else next (it rewrites history, or
+        the completion cannot be closed cleanly); the caller then re-renders, and training data
+        starts a new datum there."""
 
 
 @runtime_checkable

@@ -1,21 +1,36 @@
 """A renderer driven by any Hugging Face chat template (Jinja, shipped in tokenizer_config.json).
 
-It renders exactly what `tokenizer.apply_chat_template` renders. Because an arbitrary template may
-rewrite history (drop reasoning, re-serialise tool calls), it does not claim the sequence-extension
-property and offers no bridge: multi-turn rollouts re-render and prefix-check instead. Model-family
-renderers (e.g. plait-qwen) can do better.
+It renders exactly what `tokenizer.apply_chat_template` renders, tools included (passed to the
+template as OpenAI-style function schemas). Sampled responses are parsed back into messages: a
+`<think>` block becomes `reasoning_content` when the template knows reasoning, and tool calls are
+read when the template writes a known format (see `plait.renderers.formats`).
+
+An arbitrary template may rewrite history (drop reasoning, re-serialise tool calls), so this
+renderer does not claim the sequence-extension property. Its `bridge_to_next_turn` checks, by
+rendering, that the template would show the model exactly the text it sampled followed by the new
+messages, and then appends only the new tokens (the approach of Miles' TITO tokenizer); otherwise
+it returns None and the rollout re-renders. Model-family renderers (e.g. plait-qwen) can do better.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
-from plait.types import Message, ModelInput, ParseTermination, TrainOnWhat
+from plait.renderers.formats import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    ToolCallFormat,
+    detect_tool_call_format,
+    openai_tool,
+    parse_tool_calls,
+    split_reasoning,
+)
+from plait.types import Message, ModelInput, ParseTermination, ToolSpec, TrainOnWhat
 
 
 @attrs.frozen
@@ -26,6 +41,8 @@ class ChatTemplateOptions:
     """A Jinja template that replaces the tokenizer's own."""
     template_kwargs: dict[str, Any] = attrs.field(factory=dict)
     """Extra variables passed to the template (e.g. enable_thinking = false)."""
+    tool_call_format: Literal["auto", "json", "xml", "none"] = "auto"
+    """How the model writes tool calls; "auto" recognises the format from the template."""
 
 
 def load_tokenizer(path: Any) -> Any:
@@ -41,6 +58,15 @@ def load_tokenizer(path: Any) -> Any:
         ) from exc
 
 
+def trained_span_end(tokens: Sequence[int], start: int, end: int, stop_ids: Sequence[int]) -> int:
+    """The end of a message's trained tokens: through its last stop token, so that what a
+    template writes after the stop (a newline the model never samples) is not trained."""
+    for position in range(end - 1, start - 1, -1):
+        if tokens[position] in stop_ids:
+            return position + 1
+    return end
+
+
 class ChatTemplateRenderer:
     has_extension_property = False
 
@@ -49,12 +75,23 @@ class ChatTemplateRenderer:
         self.options = options or ChatTemplateOptions()
         if self.options.chat_template is not None:
             tokenizer.chat_template = self.options.chat_template
-        if not getattr(tokenizer, "chat_template", None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
             raise ModelError(
                 "the tokenizer has no chat template",
                 fix="set renderer.options.chat_template, or use a renderer for the model family",
             )
+        if not isinstance(template, str):  # a dict of named templates: use the default one
+            template = str(template.get("default", ""))
+        self.tool_call_format: ToolCallFormat | None = (
+            detect_tool_call_format(template) if self.options.tool_call_format == "auto"
+            else None if self.options.tool_call_format == "none" else self.options.tool_call_format
+        )
+        self._knows_reasoning = THINK_CLOSE in template
         self._stop_ids = self._find_stop_ids()
+        probe = self._with_system([Message("user", "x")])
+        self._generation_suffix = self._render_text(probe, True)[len(self._render_text(probe, False)):]
+        self._prompt_opens_reasoning = self._generation_suffix.rstrip().endswith(THINK_OPEN)
 
     @classmethod
     def from_model(cls, model: ResolvedModel, *, options: ChatTemplateOptions | None = None) -> ChatTemplateRenderer:
@@ -78,9 +115,13 @@ class ChatTemplateRenderer:
             return [Message("system", self.options.system_prompt), *messages]
         return list(messages)
 
-    def _render_text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def _render_text(self, messages: Sequence[Message], add_generation_prompt: bool,
+                     tools: Sequence[ToolSpec] | None = None) -> str:
+        if not messages:
+            return ""
         return self.tokenizer.apply_chat_template(
             [m.to_hf() for m in messages], tokenize=False,
+            tools=[openai_tool(t) for t in tools] if tools else None,
             add_generation_prompt=add_generation_prompt, **self.options.template_kwargs,
         )
 
@@ -88,35 +129,40 @@ class ChatTemplateRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def build_generation_prompt(
-        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ModelInput:
         if role != "assistant":
             raise ValueError("the chat-template renderer only builds assistant generation prompts")
-        text = self._render_text(self._with_system(messages), add_generation_prompt=True)
+        text = self._render_text(self._with_system(messages), True, tools)
         return ModelInput.from_ints(self._encode(text + (prefill or "")))
 
     def build_supervised_example(
-        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE
+        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> tuple[ModelInput, list[float]]:
         messages = self._with_system(messages)
-        full = self._encode(self._render_text(messages, add_generation_prompt=False))
-        weights = [1.0 if train_on is TrainOnWhat.ALL_TOKENS else 0.0] * len(full)
-        assistant_turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        full = self._encode(self._render_text(messages, False, tools))
+        if train_on is TrainOnWhat.ALL_TOKENS:
+            return ModelInput.from_ints(full), [1.0] * len(full)
+        weights = [0.0] * len(full)
+        trained = [i for i, m in enumerate(messages) if m.role == "assistant"]
         if train_on is TrainOnWhat.LAST_ASSISTANT_MESSAGE:
-            assistant_turns = assistant_turns[-1:]
+            trained = trained[-1:]
         if train_on is TrainOnWhat.ALL_MESSAGES:
-            assistant_turns = list(range(len(messages)))
-        for index in assistant_turns if train_on is not TrainOnWhat.ALL_TOKENS else ():
-            start = len(self._encode(self._render_text(messages[:index], add_generation_prompt=True)))
-            through_turn = self._encode(self._render_text(messages[: index + 1], add_generation_prompt=False))
-            end = len(through_turn)
-            if full[:end] != through_turn:
+            trained = list(range(len(messages)))
+        for index in trained:
+            # An assistant turn is trained after its generation prompt; other messages whole.
+            before = self._render_text(messages[:index], messages[index].role == "assistant", tools)
+            start = len(self._encode(before))
+            through_turn = self._encode(self._render_text(messages[: index + 1], False, tools))
+            if full[: len(through_turn)] != through_turn:
                 raise ValueError(
                     "this chat template rewrites earlier turns, so per-turn weights are ambiguous; "
                     "build one example per turn instead"
                 )
-            for pos in range(start, min(end, len(full))):
-                weights[pos] = 1.0
+            for position in range(start, trained_span_end(full, start, len(through_turn), self._stop_ids)):
+                weights[position] = 1.0
         return ModelInput.from_ints(full), weights
 
     def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]:
@@ -127,7 +173,15 @@ class ChatTemplateRenderer:
                            else ParseTermination.STOP_SEQUENCE)
             tokens = tokens[:-1]
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
-        return Message("assistant", text), termination
+        reasoning, content = (split_reasoning(text, prompt_opened=self._prompt_opens_reasoning)
+                              if self._knows_reasoning else (None, text))
+        if self.tool_call_format is None:
+            return Message("assistant", content, reasoning_content=reasoning), termination
+        parsed = parse_tool_calls(content, self.tool_call_format, complete=termination.is_clean)
+        if parsed.error is not None:
+            return Message("assistant", content, reasoning_content=reasoning), ParseTermination.MALFORMED
+        return Message("assistant", parsed.content, reasoning_content=reasoning,
+                       tool_calls=parsed.calls), termination
 
     def stop_sequences(self) -> list[int]:
         return list(self._stop_ids)
@@ -136,4 +190,25 @@ class ChatTemplateRenderer:
         self, prev_prompt_ids: Sequence[int], prev_completion_ids: Sequence[int],
         new_messages: Sequence[Message],
     ) -> list[int] | None:
-        return None
+        if not new_messages or any(m.role not in ("user", "tool") for m in new_messages):
+            return None
+        completion = list(prev_completion_ids)
+        prompt_text = self.tokenizer.decode(list(prev_prompt_ids), skip_special_tokens=False)
+        if not prompt_text.endswith(self._generation_suffix):
+            return None  # not a prompt this renderer built
+        message, _ = self.parse_response(completion)
+        # Render the sampled turn as the latest reply of a probe conversation (what follows the
+        # turn does not depend on the history before it in any template we know of).
+        probe = self._with_system([Message("user", "x")])
+        before = self._render_text(probe, True)
+        with_turn = self._render_text([*probe, message], False)
+        after = self._render_text([*probe, message, *new_messages], True)
+        sampled = self.tokenizer.decode(completion, skip_special_tokens=False)
+        rendered_turn = with_turn[len(before):]
+        if not (with_turn.startswith(before) and rendered_turn.startswith(sampled)
+                and after.startswith(with_turn)):
+            return None  # the template shows the turn differently, now or once more follows
+        # What the template writes after the sampled text (the end-of-turn token when the
+        # response was cut off, the newline after it), then the new messages and the prompt.
+        delta = rendered_turn[len(sampled):] + after[len(with_turn):]
+        return [*prev_prompt_ids, *completion, *self._encode(delta)]
