@@ -2,9 +2,18 @@
 
 One episode opens a session on a task, renders the opening messages, samples, parses the response,
 and then either calls the tools the model asked for (feeding their results back for another turn)
-or hands the plain answer to the environment's terminal tool. Every prompt and completion is kept
-as token ids (see `plait.trajectory`). An environment that fails costs this one episode: the
-trajectory comes back with `error` set, and the session is always closed.
+or hands the plain answer to the environment's terminal tool. The environment's tools are shown to
+the model through the renderer. A response whose tool call cannot be parsed is answered with an
+error message (and counted); the episode goes on.
+
+Token-in-token-out: every prompt and completion is kept as token ids (see `plait.trajectory`).
+The next prompt extends the previous prompt and the sampled ids verbatim through the renderer's
+`bridge_to_next_turn`; only where the renderer declines is the conversation re-rendered, and the
+training data then starts a new datum. Limits: `max_turns` model calls, `sampling.max_tokens` per
+response and `max_episode_tokens` of context; hitting one sets the trajectory's truncated flag.
+
+An environment that fails costs this one episode: the trajectory comes back with `error` set, and
+the session is always closed.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import attrs
 import structlog
 
 from plait.protocols import Environment, EnvSession, InferenceEngine, Renderer
-from plait.trajectory import Trajectory, Turn
+from plait.trajectory import PromptSource, Trajectory, Turn
 from plait.types import (
     Message,
     ModelInput,
@@ -34,13 +43,22 @@ log = structlog.get_logger("plait.rollout")
 
 RewardReduce = Literal["sum", "last", "max", "mean"]
 
+MALFORMED_FEEDBACK = ("Error: your last message could not be parsed (malformed tool call). "
+                      "Write each tool call in the format the system prompt describes, and try again.")
+
 
 @attrs.frozen
 class EpisodeConfig:
     sampling: SamplingParams
+    """Per model call; `sampling.max_tokens` caps each response."""
     max_turns: int = 1
+    """Model calls per episode; an episode that wants more is marked truncated."""
     reward_reduce: RewardReduce = "sum"
+    """How the rewards of an episode's tool calls become its reward."""
     env_timeout_s: float = 300.0
+    max_episode_tokens: int | None = None
+    """Cap on the context: prompt plus every response and observation. Each response may use at
+    most what is left; an episode that reaches it is marked truncated."""
 
 
 def reduce_rewards(rewards: Sequence[float], rule: RewardReduce) -> float:
@@ -110,12 +128,19 @@ async def run_episode(
         session = await clock.run(env.open(task), config.env_timeout_s)
         messages = list(await clock.run(session.messages(), config.env_timeout_s))
         terminal = await clock.run(session.terminal_tool(), config.env_timeout_s)
-        prompt: ModelInput = renderer.build_generation_prompt(messages)
+        tools = list(await clock.run(session.tools(), config.env_timeout_s))
+        prompt: ModelInput = _render_prompt(renderer, messages, tools)
+        prompt_source: PromptSource = "render"
         for turn_index in range(config.max_turns):
-            response = await engine.sample(prompt, 1, config.sampling)
+            sampling = _sampling_within_budget(config, prompt.length)
+            if sampling is None:
+                state["truncated"] = True  # the context budget is spent
+                break
+            response = await engine.sample(prompt, 1, sampling)
             sequence = response.sequences[0]
             message, termination = renderer.parse_response(sequence.tokens)
-            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED))
+            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED,
+                              prompt_source))
             if sequence.stop_reason == "length":
                 state["truncated"] = True
             messages.append(message)
@@ -123,8 +148,7 @@ async def run_episode(
             new_messages: list[Message] = []
             if termination is ParseTermination.MALFORMED:
                 state["tool_errors"] += 1
-                new_messages.append(Message("user", "Error: your last message could not be parsed "
-                                                    "(malformed tool call). Try again."))
+                new_messages.append(Message("user", MALFORMED_FEEDBACK))
             elif message.tool_calls:
                 for call in message.tool_calls:
                     output = await clock.run(session.call(call.name, call.arguments), config.env_timeout_s)
@@ -153,7 +177,8 @@ async def run_episode(
                 state["truncated"] = True
                 break
             messages.extend(new_messages)
-            prompt = _next_prompt(renderer, prompt, sequence.tokens, messages, new_messages)
+            prompt, prompt_source = _next_prompt(renderer, prompt, sequence.tokens, messages,
+                                                 new_messages, tools)
         return result()
     except Exception as exc:  # the environment (or its session) failed: this episode only
         log.warning("episode failed", error=f"{type(exc).__name__}: {exc}", task=_short(task))
@@ -175,13 +200,38 @@ def _record(output: ToolOutput, rewards: list[float], state: dict[str, Any]) -> 
         state["finished"] = True
 
 
+def _render_prompt(renderer: Renderer, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelInput:
+    # Renderers written before tools joined the contract take no `tools` argument.
+    if tools:
+        return renderer.build_generation_prompt(messages, tools=tools)
+    return renderer.build_generation_prompt(messages)
+
+
+def _sampling_within_budget(config: EpisodeConfig, context_tokens: int) -> SamplingParams | None:
+    """The sampling parameters of the next call, with max_tokens cut to the context budget that
+    is left; None when nothing is left."""
+    if config.max_episode_tokens is None:
+        return config.sampling
+    left = config.max_episode_tokens - context_tokens
+    if left < 1:
+        return None
+    if config.sampling.max_tokens is not None and config.sampling.max_tokens <= left:
+        return config.sampling
+    return attrs.evolve(config.sampling, max_tokens=left)
+
+
 def _next_prompt(renderer: Renderer, prompt: ModelInput, completion: Sequence[int],
-                 messages: Sequence[Message], new_messages: Sequence[Message]) -> ModelInput:
-    """Extend the sampled tokens verbatim when the renderer can; otherwise re-render."""
+                 messages: Sequence[Message], new_messages: Sequence[Message],
+                 tools: Sequence[ToolSpec]) -> tuple[ModelInput, PromptSource]:
+    """Extend the sampled tokens verbatim when the renderer can; otherwise re-render.
+
+    A re-rendered prompt that does not extend the previous prompt + completion token for token
+    starts a new datum in `plait.trajectory.merge_turns` (checked there, never assumed here).
+    """
     bridged = renderer.bridge_to_next_turn(prompt.to_ints(), list(completion), new_messages)
     if bridged is not None:
-        return ModelInput.from_ints(bridged)
-    return renderer.build_generation_prompt(messages)
+        return ModelInput.from_ints(bridged), "bridge"
+    return _render_prompt(renderer, messages, tools), "render"
 
 
 def _short(task: Mapping[str, Any]) -> str:

@@ -9,12 +9,14 @@ prompt + completion token for token; where that breaks, a new datum begins — n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from plait.types import Datum, ModelInput, SampledSequence
+
+PromptSource = Literal["render", "bridge"]
 
 
 @attrs.frozen
@@ -25,6 +27,8 @@ class Turn:
     completion: SampledSequence
     parse_ok: bool = True
     """False when the completion could not be parsed (malformed tool call, ...)."""
+    prompt_source: PromptSource = "render"
+    """How the prompt was made: rendered from messages, or bridged from the previous turn's ids."""
 
 
 @attrs.frozen
@@ -57,6 +61,15 @@ class Trajectory:
     @property
     def prompt_tokens(self) -> int:
         return len(self.turns[0].prompt) if self.turns else 0
+
+    @property
+    def parse_errors(self) -> int:
+        """Responses that could not be parsed (also counted in `tool_errors`)."""
+        return sum(not turn.parse_ok for turn in self.turns)
+
+    @property
+    def bridged_turns(self) -> int:
+        return sum(turn.prompt_source == "bridge" for turn in self.turns)
 
 
 @attrs.frozen
