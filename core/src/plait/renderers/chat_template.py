@@ -58,6 +58,15 @@ def load_tokenizer(path: Any) -> Any:
         ) from exc
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
 def trained_span_end(tokens: Sequence[int], start: int, end: int, stop_ids: Sequence[int]) -> int:
     """The end of a message's trained tokens: through its last stop token, so that what a
     template writes after the stop (a newline the model never samples) is not trained."""
@@ -119,11 +128,16 @@ class ChatTemplateRenderer:
                      tools: Sequence[ToolSpec] | None = None) -> str:
         if not messages:
             return ""
-        return self.tokenizer.apply_chat_template(
-            [m.to_hf() for m in messages], tokenize=False,
-            tools=[openai_tool(t) for t in tools] if tools else None,
-            add_generation_prompt=add_generation_prompt, **self.options.template_kwargs,
-        )
+        from jinja2 import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(
+                [m.to_hf() for m in messages], tokenize=False,
+                tools=[openai_tool(t) for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt, **self.options.template_kwargs,
+            )
+        except TemplateError as exc:  # the template's own raise_exception(...)
+            raise ValueError(f"the chat template refuses this conversation: {exc}") from exc
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -152,9 +166,11 @@ class ChatTemplateRenderer:
         if train_on is TrainOnWhat.ALL_MESSAGES:
             trained = list(range(len(messages)))
         for index in trained:
-            # An assistant turn is trained after its generation prompt; other messages whole.
-            before = self._render_text(messages[:index], messages[index].role == "assistant", tools)
-            start = len(self._encode(before))
+            # An assistant turn is trained from where it leaves its generation prompt (a template
+            # may tokenize the turn's start differently, e.g. BPE-merge "\n\n"); others whole.
+            assistant = messages[index].role == "assistant"
+            before = self._encode(self._render_text(messages[:index], assistant, tools))
+            start = common_prefix_length(full, before) if assistant else len(before)
             through_turn = self._encode(self._render_text(messages[: index + 1], False, tools))
             if full[: len(through_turn)] != through_turn:
                 raise ValueError(
