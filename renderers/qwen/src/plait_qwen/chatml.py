@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import attrs
 
 from plait.errors import ModelError
-from plait.renderers.chat_template import trained_span_end
+from plait.renderers.chat_template import common_prefix_length, trained_span_end
 from plait.renderers.formats import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -296,11 +296,7 @@ class QwenRenderer:
             start, end = spans[index]
             if messages[index].role == "assistant":
                 # Train on what the model writes after the generation prompt.
-                turn = tokens[start:end]
-                shared = 0
-                while shared < min(len(turn), len(self._generation_ids)) and turn[shared] == self._generation_ids[shared]:
-                    shared += 1
-                start += shared
+                start += common_prefix_length(tokens[start:end], self._generation_ids)
             for position in range(start, trained_span_end(tokens, start, end, stops)):
                 weights[position] = 1.0
         return ModelInput.from_ints(tokens), weights
