@@ -132,7 +132,7 @@ async def run_episode(
         prompt: ModelInput = _render_prompt(renderer, messages, tools)
         prompt_source: PromptSource = "render"
         for turn_index in range(config.max_turns):
-            sampling = _sampling_within_budget(config, prompt.length)
+            sampling = sampling_within_budget(config, prompt.length)
             if sampling is None:
                 state["truncated"] = True  # the context budget is spent
                 break
@@ -207,7 +207,7 @@ def _render_prompt(renderer: Renderer, messages: Sequence[Message], tools: Seque
     return renderer.build_generation_prompt(messages)
 
 
-def _sampling_within_budget(config: EpisodeConfig, context_tokens: int) -> SamplingParams | None:
+def sampling_within_budget(config: EpisodeConfig, context_tokens: int) -> SamplingParams | None:
     """The sampling parameters of the next call, with max_tokens cut to the context budget that
     is left; None when nothing is left."""
     if config.max_episode_tokens is None:
