@@ -228,10 +228,15 @@ def _next_prompt(renderer: Renderer, prompt: ModelInput, completion: Sequence[in
     A re-rendered prompt that does not extend the previous prompt + completion token for token
     starts a new datum in `plait.trajectory.merge_turns` (checked there, never assumed here).
     """
+    previous = [*prompt.to_ints(), *completion]
     bridged = renderer.bridge_to_next_turn(prompt.to_ints(), list(completion), new_messages)
     if bridged is not None:
         return ModelInput.from_ints(bridged), "bridge"
-    return _render_prompt(renderer, messages, tools), "render"
+    rendered = _render_prompt(renderer, messages, tools)
+    if rendered.to_ints()[: len(previous)] != previous:
+        log.debug("re-rendered prompt does not extend the previous turn; its datum ends here",
+                  previous_tokens=len(previous), prompt_tokens=rendered.length)
+    return rendered, "render"
 
 
 def _short(task: Mapping[str, Any]) -> str:
