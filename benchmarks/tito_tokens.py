@@ -9,10 +9,9 @@ lasts exactly `max_turns` turns; token counts do not depend on the model's quali
 
 Reported per number of turns T (1, 2, 4, 8): datums, trained tokens (positions the trainer runs a
 forward/backward over: the sum of datum lengths), action tokens, and the split/merged ratio (O(T^2)
-against O(T) in the turns). For the 4-turn episode it also times a forward_backward of each datum
-set on plait-torch's trainer (median of 3). Writes benchmarks/results/tito_tokens.json.
+against O(T) in the turns). Writes benchmarks/results/tito_tokens.json.
 
-    python benchmarks/tito_tokens.py [--turns 1 2 4 8] [--repeats 3]
+    python benchmarks/tito_tokens.py [--turns 1 2 4 8]
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -69,25 +67,9 @@ def counts(datums: list[Datum]) -> dict[str, int]:
             "action_tokens": int(sum(d.loss_fn_inputs["mask"].to_numpy().sum() for d in datums))}
 
 
-def time_forward_backward(model: ResolvedModel, datums: list[Datum], repeats: int) -> float:
-    registry = get_registry()
-    trainer = registry.get("trainer_engine", "torch").load()(model, options=None, seed=0)
-    try:
-        trainer.forward_backward(datums, "importance_sampling")  # warm-up
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            trainer.forward_backward(datums, "importance_sampling")
-            seconds.append(time.perf_counter() - start)
-        return statistics.median(seconds)
-    finally:
-        trainer.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tito_tokens.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,26 +78,17 @@ def main() -> None:
         model = scripted_model(Path(tmp))
         engine = get_registry().get("inference_engine", "torch").load()(model, options=None, seed=0)
         by_turns: dict[str, Any] = {}
-        datum_sets: dict[str, list[Datum]] = {}
         for turns in args.turns:
             row: dict[str, Any] = {}
             for label, renderer_name in RENDERERS.items():
                 trajectory = asyncio.run(episode(model, engine, renderer_name, turns))
                 datums = trajectory_to_datums(trajectory, advantage=1.0)
                 row[label] = {**counts(datums), "bridged_turns": trajectory.bridged_turns}
-                if turns == 4:
-                    datum_sets[label] = datums
             row["trained_tokens_ratio_split_over_merged"] = round(
                 row["split"]["trained_tokens"] / row["merged"]["trained_tokens"], 3)
             by_turns[str(turns)] = row
             print(turns, row, flush=True)
         asyncio.run(engine.close())
-        timing = {}
-        if datum_sets:
-            for label, datums in datum_sets.items():
-                timing[f"{label}_forward_backward_s"] = round(time_forward_backward(model, datums, args.repeats), 4)
-            timing["ratio_split_over_merged"] = round(timing["split_forward_backward_s"] / timing["merged_forward_backward_s"], 3)
-            print("forward_backward", timing, flush=True)
 
     result = {
         "benchmark": "tito_tokens",
@@ -125,7 +98,6 @@ def main() -> None:
         "renderers": RENDERERS,
         "by_turns": by_turns,
         "four_turn_episode": by_turns.get("4"),
-        "four_turn_forward_backward": timing or None,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
