@@ -30,6 +30,7 @@ from plait.models import ResolvedModel
 from plait.plugins import get_registry
 from plait.renderers.chat_template import load_tokenizer
 from plait.rollout import EpisodeConfig, run_episode
+from plait.testing.models import materialize_model
 from plait.testing.scripted import build_scripted_qwen3, script_tokens
 from plait.trajectory import Trajectory, trajectory_to_datums
 from plait.types import Datum, SamplingParams
@@ -44,11 +45,7 @@ TURNS = 4
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from plait_torch.models import build_tiny_qwen3
-
-    path = Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3"
-    build_tiny_qwen3(path)
-    return path
+    return materialize_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3").path
 
 
 def scripted(base: Path, text: str, split: dict[str, list[str]] | None = None) -> tuple[ResolvedModel, list[int]]:
