@@ -199,7 +199,9 @@ class EngineHTTP:
             self._client = httpx.AsyncClient(
                 base_url=self.base_url, headers=self.headers,
                 timeout=httpx.Timeout(None, connect=self.connect_timeout_s),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                # Servers drop idle keep-alive connections (uvicorn after 5 s, httpx's own expiry):
+                # reusing one the server is closing loses the request, so expire them sooner.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0),
             )
             self._loop = loop
         return self._client

@@ -45,5 +45,9 @@ def tensor_metas(tensors: Mapping[str, Any]) -> list[TensorMeta]:
 
 def broadcast(process_group: Any, tensors: Mapping[str, Any]) -> None:
     """Broadcast `tensors` from rank 0, in order (blocking; run it in a thread)."""
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
     for tensor in tensors.values():
-        process_group.broadcast([tensor.detach().contiguous()], 0).wait()
+        process_group.broadcast([tensor.detach().contiguous()], options).wait()
