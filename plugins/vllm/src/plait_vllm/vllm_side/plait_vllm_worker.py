@@ -113,10 +113,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("gloo weight transfer not initialized: call /init_weight_transfer_engine first")
+        options = torch.distributed.BroadcastOptions()
+        options.rootRank = 0
         for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes,
                                            strict=True):
             tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
-            self.group.broadcast([tensor], 0).wait()
+            self.group.broadcast([tensor], options).wait()
             self.model.load_weights([(name, tensor)])
 
     def finish_weight_update(self) -> None:
