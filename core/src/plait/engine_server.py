@@ -17,6 +17,9 @@ Engine plugins that drive an HTTP server (vLLM, SGLang) share three things, kept
   (vLLM 0.26 queues them, 0.33 answers 503).
 - Small pieces of the wire both engines need: prompt checks, weight-version strings and spans,
   and `WeightStaging`, which writes a `WeightUpdate` as safetensors for the server to load.
+- `ServerOptions` and `ServerEngine`: the options and the lifecycle every such engine has
+  (launch or attach, lazy health wait, health, close, the pause gate, disk staging, in-flight
+  request count); an engine plugin subclasses both and adds its wire protocol.
 
 httpx is imported on use of `EngineHTTP`, so importing this module costs nothing.
 """
@@ -29,6 +32,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,11 +46,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 
+from plait.config import positive
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
-from plait.types import ModelInput, WeightUpdate
+from plait.types import EngineHealth, ModelInput, WeightUpdate
 
 log = structlog.get_logger("plait.engine_server")
 
@@ -410,3 +416,204 @@ class WeightStaging:
     def cleanup(self) -> None:
         if self._owned:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine lifecycle
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ServerOptions:
+    """Options every server-backed engine has (`inference.options` in a run config)."""
+
+    url: str | None = None
+    """Attach to a running server (e.g. "http://127.0.0.1:8000"); None launches one."""
+    python: str | None = None
+    """The interpreter that launches the server (None: see the engine's README)."""
+    host: str = "127.0.0.1"
+    port: int | None = None
+    """None = a free port."""
+    server_args: list[str] = attrs.field(factory=list)
+    """Extra command-line arguments for a launched server."""
+    env: dict[str, str] = attrs.field(factory=dict)
+    """Extra environment variables for a launched server."""
+    api_key: str | None = None
+    startup_timeout_s: float = attrs.field(default=900.0, validator=positive)
+    """How long a launched server may take to answer /health (minutes on a loaded 2-core machine)."""
+    request_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    """Deadline of one sampling request."""
+    control_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    """Deadline of pause, resume, weight loading and other control calls."""
+    pause_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """How long `sample` waits while the engine is paused (None = until resume)."""
+    log_path: str | None = None
+    """Where a launched server's output goes; None = a file in the temporary directory (logged)."""
+    weights_dir: str | None = None
+    """Where `apply_weights` stages safetensors for the server to load (it must be able to read
+    them); None = a temporary directory."""
+
+
+class ServerEngine:
+    """The lifecycle shared by inference engines that drive a server over HTTP.
+
+    A subclass sets `server_name`, builds the launch command in `launch_command`, reads what it
+    needs once the server answers in `_on_ready`, and implements sampling, pause and weight
+    loading on its wire.
+    """
+
+    server_name = "server"
+
+    def __init__(self, model: ResolvedModel, options: ServerOptions, seed: int) -> None:
+        self.model = model
+        self.options = options
+        self.vocab_size = model_vocab_size(model)
+        self._rng = random.Random(seed)
+        self._version = 0
+        self._gate = PauseGate()
+        self._paused_by_caller = False
+        self._update_lock: asyncio.Lock | None = None
+        self._inflight = 0
+        self._idle: asyncio.Condition | None = None
+        self._ready = False
+        self._ready_lock: asyncio.Lock | None = None
+        self._closed = False
+        self.server: ServerProcess | None = None
+        self._staging = WeightStaging(options.weights_dir, f"plait-{self.server_name.lower()}-weights-")
+        if options.url:
+            base_url = options.url
+        else:
+            port = options.port or free_port(options.host)
+            log_path = options.log_path or os.path.join(
+                tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log")
+            argv, env = self.launch_command(port, seed)
+            self.server = ServerProcess(self.server_name, argv, log_path=log_path, env=env)
+            base_url = f"http://{options.host}:{port}"
+        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
+        self.http = EngineHTTP(base_url, name=self.server_name, timeout_s=options.control_timeout_s,
+                               server=self.server, headers=headers)
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    async def _on_ready(self) -> None:
+        """Called once, when the server first answers /health."""
+
+    async def _status(self) -> str:
+        """One line for `health()`."""
+        return self.http.base_url
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    async def _healthy(self) -> bool:
+        response = await self.http.request("GET", "/health", timeout_s=10, accept=(200, 503))
+        return response.status_code == 200
+
+    async def _ensure_ready(self) -> None:
+        if self._closed:
+            raise EngineError(f"the {self.server_name} engine is closed", fix="build a new engine")
+        if self._ready:
+            if self.server is not None and not self.server.alive():
+                raise self.server.crash_error()
+            return
+        if self._ready_lock is None:
+            self._ready_lock = asyncio.Lock()
+        async with self._ready_lock:  # concurrent first requests share one start-up wait
+            if self._ready:
+                return
+            if self.server is not None:
+                await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
+            elif not await self._healthy():
+                raise EngineError(
+                    f"the {self.server_name} server at {self.http.base_url} is not healthy (GET /health answered 503)",
+                    fix="wait for it to finish starting, or check its log")
+            await self._on_ready()
+            self._ready = True
+
+    async def health(self) -> EngineHealth:
+        if self._closed:
+            return EngineHealth(False, self._version, "closed")
+        if self.server is not None and not self.server.alive():
+            return EngineHealth(False, self._version, f"server exited with code {self.server.exit_code}")
+        try:
+            if not await self._healthy():
+                return EngineHealth(False, self._version, "starting")
+            await self._ensure_ready()
+            detail = await self._status()
+        except EngineError as exc:
+            return EngineHealth(False, self._version, str(exc))
+        return EngineHealth(True, self._version, detail)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._gate.resume()  # waiting requests wake up and fail on the closed engine
+        await self.http.aclose()
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+        self._staging.cleanup()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _seed(self, seed: int | None) -> int:
+        return seed if seed is not None else self._rng.getrandbits(31)
+
+    @contextlib.asynccontextmanager
+    async def _request_slot(self) -> Any:
+        """Wait while paused, then count the request as in flight until it returns."""
+        await self._ensure_ready()
+        await self._gate.wait_open(self.options.pause_timeout_s)
+        await self._ensure_ready()
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if self._idle is not None:
+                async with self._idle:
+                    self._idle.notify_all()
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        """Return once none of this engine's requests is in flight."""
+        if self._idle is None:
+            self._idle = asyncio.Condition()
+        try:
+            async with self._idle:
+                await asyncio.wait_for(self._idle.wait_for(lambda: self._inflight == 0), timeout_s)
+        except TimeoutError:
+            raise EngineError(f"{self._inflight} requests were still running after {timeout_s:g} s",
+                              fix="raise the engine's request_timeout_s, or pause with mode 'abort'") from None
+
+    def _lock(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
+
+    # -- weights --------------------------------------------------------------------------
+
+    async def apply_weights(self, update: WeightUpdate) -> None:
+        """Full tensors go by disk (staged as safetensors, then loaded in place by the server);
+        an update without tensors only bumps the version (the weights came another way)."""
+        if not update.tensors:
+            await self.set_weight_version(update.version)
+            return
+        path = await self._staging.stage(update)
+        await self.load_weights_from_disk(str(path), update.version)
+        self._staging.prune(keep=path)
+
+    async def load_weights_from_disk(self, path: str, version: int) -> None:
+        raise NotImplementedError
+
+    async def set_weight_version(self, version: int) -> None:
+        raise NotImplementedError
