@@ -170,7 +170,7 @@ class FakeSGLang:
         self.pause_mode = "abort"
         self.waiting: collections.deque[Sequence_] = collections.deque()
         self.running: list[Sequence_] = []
-        self.prefix_cache: collections.OrderedDict[tuple[int, ...], tuple[Any, torch.Tensor]] = collections.OrderedDict()
+        self.prefix_cache: collections.OrderedDict[tuple[Any, ...], tuple[Any, torch.Tensor]] = collections.OrderedDict()
         self.loras: dict[str, dict[str, torch.Tensor]] = {}
         self.groups: dict[str, Any] = {}
         self.record = open(args.record, "a") if args.record else None  # noqa: SIM115
@@ -235,7 +235,7 @@ class FakeSGLang:
 
     def _prefill(self, seq: Sequence_) -> None:
         ids = seq.input_ids + seq.output_ids
-        key = tuple(ids)
+        key = (seq.lora, *ids)  # like SGLang's radix cache, one namespace per LoRA adapter
         wants_input_logprobs = seq.return_logprob and seq.logprob_start_len is not None and seq.logprob_start_len >= 0
         hit = self.prefix_cache.get(key) if not (wants_input_logprobs or seq.return_routed_experts) else None
         if hit is not None:  # KV as computed then, even if the weights changed since (unless flushed)
@@ -248,7 +248,7 @@ class FakeSGLang:
             logprobs = torch.log_softmax(logits[:-1].float(), -1)
             values = logprobs.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
             seq.input_logprobs = [None, *values][seq.logprob_start_len:len(seq.input_ids)]
-        if not seq.output_ids and not seq.lora:
+        if not seq.output_ids:
             self.prefix_cache[key] = (_copy_cache(seq.cache), seq.next_logits)
             while len(self.prefix_cache) > 64:
                 self.prefix_cache.popitem(last=False)
