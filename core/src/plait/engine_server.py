@@ -516,7 +516,8 @@ class ServerEngine:
         return self.http.base_url
 
     async def _healthy(self) -> bool:
-        response = await self.http.request("GET", "/health", timeout_s=10, accept=(200, 503))
+        timeout = min(10.0, self.options.control_timeout_s)
+        response = await self.http.request("GET", "/health", timeout_s=timeout, accept=(200, 503))
         return response.status_code == 200
 
     async def _ensure_ready(self) -> None:
