@@ -44,11 +44,25 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     return build_registered_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3")
 
 
-def fake_options(**overrides):
+def _fake_options(**overrides):
     from plait_sglang.options import SGLangOptions
 
     return SGLangOptions(**{"python": sys.executable, "launch_module": FAKE, "context_length": 1024,
                             "startup_timeout_s": 120.0, **overrides})
+
+
+@pytest.fixture(scope="session")
+def fake_options():
+    """(**options) -> SGLangOptions that launch the fake server from this interpreter."""
+    return _fake_options
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    python = sglang_venv() / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(f"no sglang venv at {sglang_venv()}: run scripts/ci/sglang.sh (or set PLAIT_SGLANG_VENV)")
+    return str(python)
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +77,7 @@ def fake_server(tiny_model: ResolvedModel, wire_log: Path, tmp_path_factory: pyt
     from plait_sglang.engine import SGLangEngine
 
     log_path = Path(tmp_path_factory.mktemp("sglang")) / "server.log"
-    engine = SGLangEngine(tiny_model, options=fake_options(log_path=str(log_path), enable_lora=True,
+    engine = SGLangEngine(tiny_model, options=_fake_options(log_path=str(log_path), enable_lora=True,
                                                            server_args=["--record", str(wire_log)]), seed=0)
     try:
         asyncio.run(engine._ensure_ready())
@@ -87,6 +101,6 @@ def make_attached(fake_server, tiny_model: ResolvedModel):
 
     def make(**overrides):
         reset_server(fake_server.base_url, tiny_model)
-        return SGLangEngine(tiny_model, options=fake_options(url=fake_server.base_url, **overrides), seed=0)
+        return SGLangEngine(tiny_model, options=_fake_options(url=fake_server.base_url, **overrides), seed=0)
 
     return make

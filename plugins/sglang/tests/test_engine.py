@@ -18,8 +18,6 @@ from plait.testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
 from plait.weight_broadcast import broadcast, open_group, tensor_metas
 
-from .conftest import fake_options
-
 pytestmark = pytest.mark.sglang
 VOCAB = 151936
 ATOL = 2e-3
@@ -240,7 +238,8 @@ def expected_routing(model: ResolvedModel, tokens: list[int]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.6"])
-def test_routed_experts_decode_or_a_clear_error(tiny_model: ResolvedModel, tmp_path: Path, version: str) -> None:
+def test_routed_experts_decode_or_a_clear_error(tiny_model: ResolvedModel, tmp_path: Path, version: str,
+                                               fake_options) -> None:
     """R3: SGLang's raw int32 routing, one (layers x top-k) row per forwarded position; a server
     from before R3 (0.5.6) is a clear error."""
     moe = build_tiny_moe(tmp_path / "moe")
@@ -268,7 +267,7 @@ def test_routed_experts_decode_or_a_clear_error(tiny_model: ResolvedModel, tmp_p
     run(body())
 
 
-def test_older_wire_without_version_spans(tiny_model: ResolvedModel, trainer) -> None:
+def test_older_wire_without_version_spans(tiny_model: ResolvedModel, trainer, fake_options) -> None:
     """SGLang 0.5.15 reports one weight_version per reply (no per-token spans) and has no
     contract gate; sampling, updates and version tags still work."""
     from plait_sglang.engine import SGLangEngine
@@ -284,6 +283,60 @@ def test_older_wire_without_version_spans(tiny_model: ResolvedModel, trainer) ->
             await engine.apply_weights(train_towards(trainer, prompt, target))
             after = await greedy(engine, prompt)
             assert after.tokens == (target,) and after.token_versions == (trainer.weight_version,)
+        finally:
+            await engine.close()
+
+    run(body())
+
+
+def test_disk_sync_writes_once_and_engines_load_from_disk(make_attached, trainer, tmp_path: Path) -> None:
+    """The core's "disk" weight sync: safetensors per version under its directory, loaded by the
+    engine's own disk endpoint; old versions pruned."""
+    from plait.sync import DiskSync, DiskSyncOptions
+
+    sync = DiskSync(options=DiskSyncOptions(directory=str(tmp_path / "weights"), keep=2))
+
+    async def body() -> None:
+        engine = make_attached()
+        pushed = []
+        try:
+            for step in range(3):
+                prompt = random_tokens(13 + step, 6, VOCAB)
+                target = (prompt[-1] + 21) % VOCAB
+                train_towards(trainer, prompt, target)
+                stats = await sync.push(trainer, [engine], trainer.weight_version)
+                pushed.append(f"v{stats.version}")
+                assert stats.version == trainer.weight_version == engine.weight_version and stats.bytes > 0
+                after = await greedy(engine, prompt)
+                assert after.token_versions == (trainer.weight_version,)
+                np.testing.assert_allclose(after.logprobs[0], last_logprob(trainer, [*prompt, *after.tokens]), atol=ATOL)
+            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == sorted(pushed[-2:])
+        finally:
+            await engine.close()
+
+    run(body())
+
+
+def test_launched_server_health_wait_and_crash(tiny_model: ResolvedModel, fake_options) -> None:
+    """A launched server answers 503 while starting (the engine waits); when it dies later,
+    the next request names its exit code instead of hanging."""
+    import os
+    import signal
+
+    from plait_sglang.engine import SGLangEngine
+
+    async def body() -> None:
+        engine = SGLangEngine(tiny_model, options=fake_options(server_args=["--startup-delay", "2"]), seed=0)
+        try:
+            health = await engine.health()
+            assert not health.ok  # still starting
+            await greedy(engine, [1, 2, 3])
+            assert (await engine.health()).ok
+            os.killpg(engine.server.pid, signal.SIGKILL)
+            engine.server.process.wait(10)
+            with pytest.raises(EngineError, match=r"exited with code -9"):
+                await greedy(engine, [1, 2, 3])
+            assert "exited" in (await engine.health()).detail
         finally:
             await engine.close()
 

@@ -21,18 +21,8 @@ import pytest
 from plait.testing.trainer import random_tokens
 from plait.types import ModelInput, SamplingParams
 
-from .conftest import sglang_venv
-
 pytestmark = pytest.mark.sglang
 CHECKER = Path(__file__).parent / "sglang_side" / "check_wire.py"
-
-
-@pytest.fixture(scope="session")
-def sglang_python() -> str:
-    python = sglang_venv() / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no sglang venv at {sglang_venv()}: run scripts/ci/sglang.sh (or set PLAIT_SGLANG_VENV)")
-    return str(python)
 
 
 def test_fake_wire_matches_sglang_contract(make_attached, wire_log: Path, sglang_python: str, tmp_path: Path) -> None:

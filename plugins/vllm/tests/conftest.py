@@ -77,3 +77,17 @@ def reset_server(url: str, model: ResolvedModel) -> None:
         reply.raise_for_status()
         client.post("/update_weight_version", json={"new_version": "0"}).raise_for_status()
         client.post("/reset_prefix_cache").raise_for_status()
+
+
+@pytest.fixture
+def make_attached(vllm_server, tiny_model: ResolvedModel):
+    """(**options) -> an engine attached to the session's server, on the initial weights."""
+    from plait_vllm.engine import VLLMEngine
+    from plait_vllm.options import VLLMOptions
+
+    def make(**options):
+        reset_server(vllm_server.base_url, tiny_model)
+        options = {"max_model_len": 1024, "plait_worker_extension": True, **options}
+        return VLLMEngine(tiny_model, options=VLLMOptions(url=vllm_server.base_url, **options), seed=0)
+
+    return make

@@ -18,8 +18,6 @@ from plait.testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_d
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
 from plait.weight_broadcast import broadcast, open_group, tensor_metas
 
-from .conftest import reset_server
-
 pytestmark = pytest.mark.vllm
 log = structlog.get_logger("test_weights")
 
@@ -28,16 +26,8 @@ VOCAB = 151936
 
 
 @pytest.fixture
-def engine(vllm_server, tiny_model: ResolvedModel):
-    from plait_vllm.engine import VLLMEngine
-    from plait_vllm.options import VLLMOptions
-
-    def make(**options):
-        reset_server(vllm_server.base_url, tiny_model)
-        return VLLMEngine(tiny_model, options=VLLMOptions(url=vllm_server.base_url, max_model_len=1024,
-                                                         plait_worker_extension=True, **options), seed=0)
-
-    return make
+def engine(make_attached):
+    return make_attached
 
 
 @pytest.fixture
