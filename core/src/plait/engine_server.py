@@ -236,7 +236,7 @@ class EngineHTTP:
             ) from exc
         if response.status_code in accept:
             return response
-        if response.status_code in (404, 405):
+        if response.status_code in (404, 405) and error_message(response) in ROUTE_NOT_FOUND:
             raise EngineError(
                 f"the {self.name} server at {self.base_url} has no endpoint {what} "
                 f"(HTTP {response.status_code}); this engine version lacks it, or it is disabled",
@@ -268,6 +268,10 @@ class EngineHTTP:
             with contextlib.suppress(RuntimeError):  # its event loop may be gone
                 await self._client.aclose()
         self._client = None
+
+
+ROUTE_NOT_FOUND = frozenset({"Not Found", "Method Not Allowed", ""})
+"""What web frameworks answer for a path or method they have no route for."""
 
 
 def error_message(response: Any) -> str:
