@@ -4,7 +4,6 @@ rule, weights by disk / version bump / gloo broadcast, LoRA, routed experts, ver
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 from plait.engine_server import free_port
 from plait.errors import EngineError
 from plait.models import ResolvedModel
+from plait.testing.lora import merged_logprob, write_random_lora
 from plait.testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
 from plait.weight_broadcast import broadcast, open_group, tensor_metas
@@ -154,44 +154,8 @@ def test_version_bump_and_gloo_broadcast(make_attached, trainer) -> None:
     run(body())
 
 
-def write_lora(model: ResolvedModel, dest: Path, rank: int = 4) -> dict[str, torch.Tensor]:
-    """A PEFT-format adapter on q_proj and v_proj of every layer; its merged deltas by weight name."""
-    from safetensors.torch import save_file
-
-    config = json.loads((Path(model.path) / "config.json").read_text())
-    generator = torch.Generator().manual_seed(0)
-    tensors, deltas = {}, {}
-    hidden, head_dim = config["hidden_size"], config["head_dim"]
-    outs = {"q_proj": config["num_attention_heads"] * head_dim, "v_proj": config["num_key_value_heads"] * head_dim}
-    for layer in range(config["num_hidden_layers"]):
-        for module, out in outs.items():
-            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            a = torch.randn(rank, hidden, generator=generator) * 0.3
-            b = torch.randn(out, rank, generator=generator) * 0.3
-            tensors[f"{name}.lora_A.weight"], tensors[f"{name}.lora_B.weight"] = a, b
-            deltas[f"model.layers.{layer}.self_attn.{module}.weight"] = (16 / rank) * b @ a
-    dest.mkdir(parents=True)
-    save_file(tensors, str(dest / "adapter_model.safetensors"))
-    (dest / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"],
-        "base_model_name_or_path": str(model.path), "bias": "none", "lora_dropout": 0.0}))
-    return deltas
-
-
-def merged_logprob(model: ResolvedModel, deltas: dict[str, torch.Tensor], tokens: list[int]) -> float:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
-    params = dict(hf.named_parameters())
-    with torch.no_grad():
-        for name, delta in deltas.items():
-            params[name] += delta
-        logits = hf(torch.tensor([tokens[:-1]])).logits[0, -1]
-    return float(torch.log_softmax(logits, -1)[tokens[-1]])
-
-
 def test_lora_adapters_load_sample_and_unload(make_attached, tiny_model: ResolvedModel, tmp_path: Path) -> None:
-    deltas = write_lora(tiny_model, tmp_path / "adapter")
+    deltas = write_random_lora(tiny_model, tmp_path / "adapter")
     prompt = random_tokens(10, 8, VOCAB)
 
     async def body() -> None:
