@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+import engine_bench as common
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def main() -> None:
         "ratio_plait_vllm_over_vllm_offline": served["tokens_per_s_median"] / offline["tokens_per_s_median"],
         "ratio_plait_vllm_over_plait_torch": served["tokens_per_s_median"] / torch_side["tokens_per_s_median"],
     }
-    path = common.write("engines", result)
+    path = common.write("engines", args, result)
     print(json.dumps({k: v for k, v in result.items() if k.startswith("ratio")}, indent=2))
     for side in ("vllm_offline", "plait_vllm", "plait_torch"):
         print(f"{side:14s} {result[side]['tokens_per_s_median']:8.1f} tokens/s")

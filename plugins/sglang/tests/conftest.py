@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.models import ModelSource, ResolvedModel, _load_callable
+from plait.models import ResolvedModel
+from plait.testing.models import materialize_model
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = "plait_sglang.fake_server"
@@ -26,22 +27,9 @@ def sglang_venv() -> Path:
     return Path(os.environ.get("PLAIT_SGLANG_VENV") or REPO / ".venvs" / "sglang")
 
 
-def build_registered_model(name: str, dest: Path) -> ResolvedModel:
-    """Build a registered model (e.g. plait-torch's tiny-qwen3) into `dest`, not the user's cache."""
-    from plait.errors import UnknownComponentError
-    from plait.plugins import get_registry
-
-    try:
-        source: ModelSource = get_registry().get("model", name).load()
-    except UnknownComponentError as exc:
-        pytest.skip(f"model {name!r} is not registered (it comes with plait-torch): {exc.fix}")
-    _load_callable(source.materialize)(dest)
-    return ResolvedModel(name, dest, dest)
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
-    return build_registered_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3")
+    return materialize_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3")
 
 
 def _fake_options(**overrides):
