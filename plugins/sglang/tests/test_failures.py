@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plait_sglang.engine import decode_routed_experts, stop_params
-from plait_sglang.options import SGLangOptions
 
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.testing.server_engine import ServerEngineFailureContract
+from plait_sglang.engine import decode_routed_experts, stop_params
+from plait_sglang.options import SGLangOptions
 
 
 @pytest.fixture

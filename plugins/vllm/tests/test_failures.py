@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plait_vllm.engine import decode_routed_experts, server_command, stop_params
-from plait_vllm.options import VLLMOptions
 
 from plait.errors import DataError
 from plait.models import ResolvedModel
 from plait.testing.server_engine import ServerEngineFailureContract
+from plait_vllm.engine import decode_routed_experts, server_command, stop_params
+from plait_vllm.options import VLLMOptions
 
 
 @pytest.fixture

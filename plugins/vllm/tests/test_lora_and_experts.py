@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plait_vllm.engine import decode_routed_experts
 
 from plait.errors import EngineError
 from plait.models import ResolvedModel
 from plait.testing.lora import merged_logprob, write_random_lora
 from plait.testing.trainer import random_tokens
 from plait.types import ModelInput, SamplingParams
+from plait_vllm.engine import decode_routed_experts
 
 pytestmark = pytest.mark.vllm
 VOCAB = 151936
