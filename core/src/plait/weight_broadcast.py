@@ -1,9 +1,10 @@
 """The trainer's side of a weight broadcast to inference engines (`BroadcastWeightReceiver`).
 
-Rendezvous: rank 0 (the trainer) owns a `TCPStore` at `group.master_address:master_port`; every
-rank builds its process group on a `PrefixStore` named "plait-weights" over it. plait's engines
+Rendezvous (gloo): rank 0 (the trainer) owns a `TCPStore` at `group.master_address:master_port`;
+every rank builds its gloo group on a `PrefixStore` named "plait-weights" over it. plait's engines
 join the same way (vLLM through plait's worker extension, the SGLang fake server directly), so
-one trainer-side helper serves both. Imports torch on use.
+one trainer-side helper serves both on CPU. NCCL groups on GPUs rendezvous the engine's own way
+(see `open_group`). Imports torch on use.
 
     group = BroadcastGroup("127.0.0.1", port, rank_offset=1, world_size=1 + ranks, backend="gloo")
     pg, _ = await asyncio.gather(asyncio.to_thread(open_group, group, 0),
@@ -30,12 +31,12 @@ def open_group(group: BroadcastGroup, rank: int, timeout_s: float = 600.0) -> An
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=rank == 0,
                           timeout=timeout)
-    prefixed = dist.PrefixStore(STORE_PREFIX, store)
-    if group.backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, group.world_size, timeout)
-    if group.backend == "nccl":
-        return dist.ProcessGroupNCCL(prefixed, rank, group.world_size)
-    raise ValueError(f"broadcast backend must be 'gloo' or 'nccl', got {group.backend!r}")
+    if group.backend != "gloo":
+        # NCCL groups rendezvous the engine's own way (vLLM: its StatelessProcessGroup, whose
+        # trainer side is vLLM's NCCLTrainerWeightTransferEngine; SGLang: torch's tcp://
+        # init_method under the group name); this helper speaks only plait's gloo rendezvous.
+        raise ValueError(f"plait.weight_broadcast.open_group speaks gloo; got backend {group.backend!r}")
+    return dist.ProcessGroupGloo(dist.PrefixStore(STORE_PREFIX, store), rank, group.world_size, timeout)
 
 
 def tensor_metas(tensors: Mapping[str, Any]) -> list[TensorMeta]:
