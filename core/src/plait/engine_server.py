@@ -475,7 +475,6 @@ class ServerEngine:
         self._rng = random.Random(seed)
         self._version = 0
         self._gate = PauseGate()
-        self._paused_by_caller = False
         self._update_lock: asyncio.Lock | None = None
         self._inflight = 0
         self._idle: asyncio.Condition | None = None
