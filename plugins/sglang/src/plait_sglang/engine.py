@@ -213,7 +213,6 @@ class SGLangEngine(ServerEngine):
             raise ValueError(f"pause mode must be 'keep', 'abort' or 'wait', got {mode!r}")
         await self._ensure_ready()
         self._gate.pause()
-        self._paused_by_caller = True
         self._pause_mode = mode
         if mode == "wait":  # SGLang has no such mode: hold new requests, let ours finish
             await self._wait_idle(self.options.request_timeout_s)
@@ -227,7 +226,6 @@ class SGLangEngine(ServerEngine):
         if self._server_paused:
             await self.http.request("POST", "/continue_generation", json={})
             self._server_paused = False
-        self._paused_by_caller = False
         self._pause_mode = None
         self._gate.resume()
 

@@ -142,6 +142,7 @@ class VLLMEngine(ServerEngine):
         options = options or VLLMOptions()
         self.worker_extension = bool(options.plait_worker_extension) if options.url else True
         self._served_model: str | None = None
+        self._paused_by_caller = False
         super().__init__(model, options, seed)
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
