@@ -57,8 +57,9 @@ def test_server_dies_with_its_launcher(tmp_path: Path, how: str) -> None:
     assert alive(server_pid)
     if how == "killed":
         launcher.kill()
+    rest = launcher.stdout.read()
     launcher.wait(30)
-    assert wait_gone(server_pid), f"server {server_pid} outlived its launcher ({how})"
+    assert wait_gone(server_pid, timeout=30), f"server {server_pid} outlived its launcher ({how}): {rest}"
 
 
 def test_start_up_crash_is_reported_with_the_log(tmp_path: Path) -> None:
