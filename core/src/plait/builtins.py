@@ -27,6 +27,8 @@ def plait_register_metric_sinks(register: Any) -> None:
 def plait_register_weight_syncs(register: Any) -> None:
     register("in_process", "plait.sync:InProcessSync", options="plait.sync:InProcessSyncOptions",
              description="full weights handed over in memory (trainer and engine in one process)")
+    register("disk", "plait.sync:DiskSync", options="plait.sync:DiskSyncOptions",
+             description="full weights written once as safetensors; engines load them from disk")
 
 
 @hookimpl

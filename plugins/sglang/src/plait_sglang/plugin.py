@@ -1,0 +1,13 @@
+"""plait-sglang's plugin module: what it registers, by lazy "module:attribute" targets only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.hookspecs import hookimpl
+
+
+@hookimpl
+def plait_register_inference_engines(register: Any) -> None:
+    register("sglang", "plait_sglang.engine:SGLangEngine", options="plait_sglang.options:SGLangOptions",
+             description="an SGLang HTTP server (launched or attached by URL), token-in-token-out")

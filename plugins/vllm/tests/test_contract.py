@@ -1,0 +1,22 @@
+"""plait-vllm against the core's inference-engine contract kit, on a real vLLM server."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.models import ResolvedModel
+from plait.testing.inference import InferenceEngineContract
+
+pytestmark = pytest.mark.vllm
+
+
+class TestVLLMEngine(InferenceEngineContract):
+    timeout_s = 300.0
+
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    @pytest.fixture
+    def make_engine(self, make_attached):
+        return make_attached

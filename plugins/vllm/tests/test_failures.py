@@ -1,0 +1,61 @@
+"""plait-vllm's bounded failures (the core's server-engine failure contract), and its wire
+helpers; no vLLM needed."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plait.errors import DataError
+from plait.models import ResolvedModel
+from plait.testing.server_engine import ServerEngineFailureContract
+from plait_vllm.engine import decode_routed_experts, server_command, stop_params
+from plait_vllm.options import VLLMOptions
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> ResolvedModel:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 100, "num_hidden_layers": 2}))
+    return ResolvedModel("config-only", tmp_path, tmp_path)
+
+
+class TestVLLMFailures(ServerEngineFailureContract):
+    ready_routes = {"GET /v1/models": {"data": [{"id": "m"}]}, "GET /weight_info": {"weight_version": "default"}}
+
+    @pytest.fixture
+    def make_engine(self, model: ResolvedModel):
+        from plait_vllm.engine import VLLMEngine
+
+        return lambda **options: VLLMEngine(model, options=VLLMOptions(**options), seed=0)
+
+
+def test_stop_translation() -> None:
+    assert stop_params(None) == {}
+    assert stop_params([]) == {"ignore_eos": True}
+    assert stop_params(["\n", "x"]) == {"ignore_eos": True, "stop": ["\n", "x"], "detokenize": True}
+    assert stop_params((5, 6)) == {"ignore_eos": True, "stop_token_ids": [5, 6]}
+    with pytest.raises(DataError, match="mixes"):
+        stop_params(["a", 3])
+
+
+def test_routed_experts_are_npy_base64() -> None:
+    routing = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    buffer = io.BytesIO()
+    np.save(buffer, routing)
+    decoded = decode_routed_experts(base64.b64encode(buffer.getvalue()).decode())
+    np.testing.assert_array_equal(decoded.to_numpy(), routing)
+    assert decode_routed_experts(None) is None
+
+
+def test_launch_command(model: ResolvedModel) -> None:
+    argv = server_command(model, VLLMOptions(python="/venv/bin/python", weight_transfer_backend="gloo",
+                                             enable_lora=True, server_args=["--foo"]), 8001, 3)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "gloo"}'
+    assert "--enable-scale-out" in argv and "--enable-lora" in argv and argv[-1] == "--foo"
+    assert argv[argv.index("--worker-extension-cls") + 1] == "plait_vllm_worker.PlaitWorkerExtension"
