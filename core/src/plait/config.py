@@ -221,7 +221,13 @@ class RLSection:
     top_p: float = 1.0
     top_k: int = -1
     max_turns: int = attrs.field(default=1, validator=positive)
+    """Model calls per episode (tool calls in between); more are cut and marked truncated."""
+    max_episode_tokens: int | None = attrs.field(default=None, validator=positive)
+    """Context budget of an episode: prompt plus every response and observation."""
     reward_reduce: Literal["sum", "last", "max", "mean"] = "sum"
+    """How the rewards of an episode's tool calls become its reward."""
+    env_timeout_s: float = attrs.field(default=300.0, validator=positive)
+    """Longest an environment call may take; past it the episode fails (and only it)."""
     micro_batch_size: int = attrs.field(default=16, validator=positive)
     """Datums per forward_backward call (bounds activation memory)."""
 

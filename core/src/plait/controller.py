@@ -130,6 +130,8 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "rewar
     metrics["env/turns_per_episode"] = mean([t.num_turns for t in valid])
     metrics["env/errors"] = float(len(trajectories) - len(valid))
     metrics["env/tool_errors"] = float(sum(t.tool_errors for t in trajectories))
+    metrics["env/parse_errors"] = float(sum(t.parse_errors for t in trajectories))
+    metrics["env/bridged_turns"] = float(sum(t.bridged_turns for t in trajectories))
     metrics["env/truncated"] = mean([float(t.truncated) for t in valid])
     metrics["data/prompt_tokens"] = mean([t.prompt_tokens for t in valid])
     metrics["data/response_tokens"] = mean([t.completion_tokens for t in valid])
@@ -158,7 +160,8 @@ class Controller:
     def _episode_config(self, temperature: float, seed: int) -> EpisodeConfig:
         rl = self.config.rl
         return EpisodeConfig(sampling=self._sampling(temperature, seed), max_turns=rl.max_turns,
-                             reward_reduce=rl.reward_reduce)
+                             reward_reduce=rl.reward_reduce, env_timeout_s=rl.env_timeout_s,
+                             max_episode_tokens=rl.max_episode_tokens)
 
     async def rollout_groups(self, split: str, indices: Sequence[int], group_size: int,
                              temperature: float, seed_base: int) -> list[list[Trajectory]]:
