@@ -42,6 +42,7 @@ LAUNCHER = textwrap.dedent("""
     server = ServerProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"],
                            log_path=sys.argv[1])
     print(server.pid, flush=True)
+    sys.stdin.readline()  # the test checks the server is up before the launcher goes on
     if sys.argv[2] == "hang":
         time.sleep(120)
 """)
@@ -52,9 +53,11 @@ def test_server_dies_with_its_launcher(tmp_path: Path, how: str) -> None:
     """Normal interpreter exit (atexit) and a SIGKILLed launcher (PR_SET_PDEATHSIG) both take
     the server down."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "log"), "hang" if how == "killed" else "exit"],
-                                stdout=subprocess.PIPE, text=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     server_pid = next(int(line) for line in launcher.stdout if line.strip().isdigit())  # logs go to stdout too
     assert alive(server_pid)
+    launcher.stdin.write("go\n")
+    launcher.stdin.flush()
     if how == "killed":
         launcher.kill()
     rest = launcher.stdout.read()
