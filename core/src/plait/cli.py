@@ -83,12 +83,12 @@ def plugins(as_json: bool) -> None:
 @cli.command()
 def models() -> None:
     """List the model names `model.name` accepts (besides checkpoint directories)."""
-    from plait.models import cache_dir
+    from plait.models import cached_model_dir, is_cached
     from plait.plugins import get_registry
 
     for factory in get_registry().all("model"):
         source = factory.load()
-        cached = (cache_dir() / "models" / factory.name / ".plait-complete").is_file()
+        cached = is_cached(cached_model_dir(factory.name, source))
         click.echo(f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]")
 
 

@@ -36,6 +36,9 @@ class ModelSource:
     """Hugging Face hub repository, used when the hub is reachable."""
     materialize: str | Callable[[Path], None] | None = None
     """Offline recipe: writes a Hugging Face checkpoint directory at the given path."""
+    revision: str = ""
+    """Names the recipe's version in the cache directory, so a changed recipe builds anew
+    instead of reusing what an older one cached."""
 
 
 @attrs.frozen
@@ -89,10 +92,18 @@ def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "floa
             fix=exc.fix or "give a checkpoint directory, or install the plugin that registers the name",
         ) from None
     source: ModelSource = factory.load()
-    dest = cache_dir() / "models" / name
-    if not (dest / _COMPLETE_MARKER).is_file():
+    dest = cached_model_dir(name, source)
+    if not is_cached(dest):
         _fetch(name, source, dest)
     return ResolvedModel(name, dest, Path(tokenizer) if tokenizer else dest, dtype)
+
+
+def cached_model_dir(name: str, source: ModelSource) -> Path:
+    return cache_dir() / "models" / (f"{name}@{source.revision}" if source.revision else name)
+
+
+def is_cached(model_dir: Path) -> bool:
+    return (model_dir / _COMPLETE_MARKER).is_file()
 
 
 def _fetch(name: str, source: ModelSource, dest: Path) -> None:

@@ -20,6 +20,9 @@ from plait.logs import console
 class StepProgress:
     """`with StepProgress(total=N) as p: p.phase("rollout"); ...; p.advance(metrics)`."""
 
+    STATUS = (("reward/mean", "reward"), ("loss", "loss"))
+    """(metric key, label) shown beside the bar, those present in the step's metrics."""
+
     def __init__(self, total: int, completed: int = 0, title: str = "train") -> None:
         self._progress = Progress(
             TextColumn("[bold]{task.fields[title]}"), BarColumn(), MofNCompleteColumn(),
@@ -41,5 +44,5 @@ class StepProgress:
         self._progress.update(self._task, phase=name)
 
     def advance(self, metrics: Mapping[str, float]) -> None:
-        status = f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""
+        status = ", ".join(f"{label} {metrics[key]:.3f}" for key, label in self.STATUS if key in metrics)
         self._progress.update(self._task, advance=1, phase="", status=status)
