@@ -6,10 +6,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-markers=(-m "not gpu")
+pytest_args=(-m "not gpu" --durations=30)  # the slowest tests listed, to keep CI within its limit
 if [ "${1:-}" = "--fast" ]; then
     shift
-    markers=()  # the default markers in pyproject.toml leave out slow and service-bound tests
+    pytest_args=()  # the default markers in pyproject.toml leave out slow and service-bound tests
 else
     for setup in scripts/ci/*.sh; do
         [ -e "$setup" ] || continue
@@ -21,7 +21,7 @@ dirs=()
 for d in core/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests tests; do
     [ -d "$d" ] && dirs+=("$d")
 done
-"$VENV/bin/python" -m pytest "${dirs[@]}" "${markers[@]}" -q "$@"
+"$VENV/bin/python" -m pytest "${dirs[@]}" "${pytest_args[@]}" -q "$@"
 rc=$?
 [ "$rc" -eq 5 ] && rc=0  # "no tests collected" is not a failure
 exit "$rc"
