@@ -283,25 +283,56 @@ class TrainerCapabilities:
 
 
 @attrs.frozen(eq=False)
+class TensorPatch:
+    """Overwrites of some elements of one tensor: the entries of a `WeightUpdate(kind="delta")`.
+
+    Positions are row-major offsets into the flattened tensor, stored gap-encoded: `gaps` is a 1-D
+    unsigned integer tensor (uint8, uint16 or int32, the narrowest that fits) whose running sum
+    gives the ascending positions (the first gap is the first position). `values` holds the new
+    value of each position, in the receiver's dtype, and *replaces* the old one (an overwrite, not
+    an addition, so nothing drifts). `gaps=None` is a dense entry: `values` is the whole tensor,
+    flattened. An entry with no gaps and no values changes nothing (it still names the tensor for
+    the update's checksum). See `plait.weight_patch` for diffing, applying and packing.
+    """
+
+    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    values: Any
+    gaps: Any | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.gaps is None
+
+
+@attrs.frozen(eq=False)
 class WeightUpdate:
     """Weights on their way from a trainer to an inference engine.
 
     `tensors` maps Hugging Face parameter names to tensors (any array type the receiver accepts).
-    With `kind="delta"`, `tensors` holds sparse overwrites (see the weight-sync plugins).
+    With `kind="delta"`, `tensors` maps names to `TensorPatch` overwrites of some tensors;
+    `base_version`, when set, is the version the receiver must hold for the patches to apply
+    (sparse patches change a known base; dense entries do not need one). `checksum`, when set, is
+    `plait.weight_patch.checksum` of every tensor the update names, as they must be after it
+    applies: a receiver that holds other bits must refuse the update loudly.
     """
 
     version: int
     tensors: Mapping[str, Any]
     kind: Literal["full", "delta"] = "full"
     checksum: str | None = None
+    base_version: int | None = None
 
 
 @attrs.frozen
 class SyncStats:
+    """One push: bytes sent, wall seconds, the fraction of elements sent (1 for full payloads),
+    and `full_bytes`, what a full push in the same dtype would have sent (0 = not measured)."""
+
     version: int
     bytes: int
     seconds: float
     delta_fraction: float = 1.0
+    full_bytes: int = 0
 
 
 @attrs.frozen
