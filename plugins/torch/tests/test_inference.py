@@ -121,7 +121,7 @@ def test_bad_weight_updates_are_rejected_whole(tiny_model: ResolvedModel) -> Non
             broken = {k: (v * 0 if problem != "shape" else v) for k, v in tensors.items()}
             with pytest.raises(EngineError, match=problem):
                 await e.apply_weights(WeightUpdate(7, broken))
-        with pytest.raises(EngineError, match="full"):
+        with pytest.raises(EngineError, match="TensorPatch"):
             await e.apply_weights(WeightUpdate(7, weights, kind="delta"))
         assert e.weight_version == 0
         after = (await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))).sequences[0]

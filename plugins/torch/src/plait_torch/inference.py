@@ -22,7 +22,10 @@ How it runs:
   or strings otherwise (they replace the end-of-sequence default). Returned tokens include the
   stop token; a stop string stops after the token that completes it.
 - Weight versions: every token is tagged with the version of the weights that produced it.
-  `apply_weights` takes effect between two decode steps, also for sequences in flight.
+  `apply_weights` takes effect between two decode steps, also for sequences in flight. It takes
+  full updates and delta updates (sparse overwrites, `plait.weight_patch`; a delta's values must
+  be in the dtype the engine serves, and it applies only to its `base_version`); when the update
+  carries a checksum, the engine checks its weights against it afterwards and raises on a mismatch.
 - `pause("keep")` parks the running batch between steps (its KV cache kept) until `resume()`;
   tokens decoded after a weight update in between carry the new version. `pause("abort")` ends
   queued and running requests with what they have (stop reason "abort"). `pause("wait")` lets the
@@ -43,6 +46,7 @@ import numpy as np
 import structlog
 import torch
 
+from plait import weight_patch
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
@@ -205,14 +209,15 @@ class TorchInferenceEngine:
             self._cond.notify_all()
 
     async def apply_weights(self, update: WeightUpdate) -> None:
-        if update.kind != "full":
-            raise EngineError(f"the torch inference engine takes full weight updates, got kind {update.kind!r}",
-                              fix="use a weight sync whose payload is 'full' with this engine")
         self._bind()
         async with self._model_lock:
-            await asyncio.to_thread(self._load_weights, update.tensors)
+            if update.kind == "delta":
+                await asyncio.to_thread(self._patch_weights, update)
+            else:
+                await asyncio.to_thread(self._load_weights, update.tensors)
+                self._verify(update)
             self._version = int(update.version)
-        log.debug("weights applied", version=update.version, tensors=len(update.tensors))
+        log.debug("weights applied", version=update.version, kind=update.kind, tensors=len(update.tensors))
 
     async def health(self) -> EngineHealth:
         if self._closed:
@@ -495,6 +500,29 @@ class TorchInferenceEngine:
                                   fix="export weights from a trainer of the same model")
         for name, source in sources.items():
             self._aliases[name].copy_(source)
+
+
+    @torch.no_grad()
+    def _patch_weights(self, update: WeightUpdate) -> None:
+        """Overwrite the elements a delta update names (plait.weight_patch), then check the checksum."""
+        if update.base_version is not None and update.base_version != self._version:
+            raise EngineError(f"delta weight update {update.version} patches version {update.base_version}, "
+                              f"but this engine holds version {self._version}",
+                              fix="send full weights to an engine that missed a version (the core's syncs do)")
+        try:
+            weight_patch.apply_update(self._aliases, update)
+        except ValueError as exc:
+            raise EngineError(f"delta weight update {update.version} does not apply: {exc}",
+                              fix="set sync.options.dtype to the dtype this engine serves "
+                                  f"({weight_patch.dtype_name(loading.model_dtype(self.model_info))}), and resend full weights") from exc
+
+    def _verify(self, update: WeightUpdate) -> None:
+        try:
+            weight_patch.verify(self._aliases, update)
+        except ValueError as exc:
+            raise EngineError(f"full weight update {update.version}: {exc}",
+                              fix="set sync.options.dtype to the dtype this engine serves "
+                                  f"({weight_patch.dtype_name(loading.model_dtype(self.model_info))})") from exc
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
