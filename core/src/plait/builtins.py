@@ -26,9 +26,12 @@ def plait_register_metric_sinks(register: Any) -> None:
 @hookimpl
 def plait_register_weight_syncs(register: Any) -> None:
     register("in_process", "plait.sync:InProcessSync", options="plait.sync:InProcessSyncOptions",
-             description="full weights handed over in memory (trainer and engine in one process)")
+             description="weights (full, bucketed or delta) handed to engines in this process")
     register("disk", "plait.sync:DiskSync", options="plait.sync:DiskSyncOptions",
-             description="full weights written once as safetensors; engines load them from disk")
+             description="weights (full, bucketed or delta patches) written once as safetensors; engines load them from disk")
+    register("distributed", "plait.distributed_sync:DistributedSync",
+             options="plait.distributed_sync:DistributedSyncOptions",
+             description="weights over a torch.distributed group (gloo/NCCL) to WeightReceiver processes")
 
 
 @hookimpl
