@@ -33,6 +33,7 @@ from plait.types import (
     Message,
     ModelInput,
     ParseTermination,
+    SampledSequence,
     SamplingParams,
     ToolError,
     ToolOutput,
@@ -136,8 +137,7 @@ async def run_episode(
             if sampling is None:
                 state["truncated"] = True  # the context budget is spent
                 break
-            response = await engine.sample(prompt, 1, sampling)
-            sequence = response.sequences[0]
+            sequence = await sample_through_aborts(engine, prompt, sampling)
             message, termination = renderer.parse_response(sequence.tokens)
             turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED,
                               prompt_source))
@@ -189,6 +189,24 @@ async def run_episode(
                 await asyncio.wait_for(session.close(), config.env_timeout_s)
             except Exception as exc:
                 log.warning("session close failed", error=f"{type(exc).__name__}: {exc}")
+
+
+async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sampling: SamplingParams) -> SampledSequence:
+    """One completion of `prompt`. A sequence that a pause("abort") ended (an in-flight weight
+    update) is continued by a new request from where it stopped, its tokens so far appended to
+    the prompt, so a partial rollout is never lost; its tokens keep the versions that made them."""
+    sequence = (await engine.sample(prompt, 1, sampling)).sequences[0]
+    while sequence.stop_reason == "abort":
+        budget = None if sampling.max_tokens is None else sampling.max_tokens - len(sequence.tokens)
+        if budget is not None and budget <= 0:
+            return attrs.evolve(sequence, stop_reason="length")
+        seed = None if sampling.seed is None else sampling.seed + len(sequence.tokens)
+        more = (await engine.sample(prompt.append_ints(sequence.tokens), 1,
+                                    attrs.evolve(sampling, max_tokens=budget, seed=seed))).sequences[0]
+        sequence = SampledSequence(
+            sequence.tokens + more.tokens, sequence.logprobs + more.logprobs, more.stop_reason,
+            weight_version=more.weight_version, token_versions=sequence.versions() + more.versions())
+    return sequence
 
 
 def _record(output: ToolOutput, rewards: list[float], state: dict[str, Any]) -> None:
