@@ -207,6 +207,9 @@ class EnvSection:
 @attrs.frozen
 class RLSection:
     steps: int = attrs.field(default=20, validator=positive)
+    schedule: Literal["sync", "async"] = "sync"
+    """sync: sample, then train, then sync weights, in turn. async: sampling runs on while the
+    trainer trains, within `off_policy.max_staleness`; weights are updated in flight."""
     groups_per_batch: int = attrs.field(default=8, validator=positive)
     """Prompts per step."""
     group_size: int = attrs.field(default=8, validator=positive)
@@ -230,6 +233,51 @@ class RLSection:
     """Longest an environment call may take; past it the episode fails (and only it)."""
     micro_batch_size: int = attrs.field(default=16, validator=positive)
     """Datums per forward_backward call (bounds activation memory)."""
+
+
+def _at_least_one(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
+    if value != 0 and value < 1:
+        raise ValueError(f"{attribute.name} must be 0 (off) or >= 1, got {value}")
+
+
+def _at_most_one(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{attribute.name} must be 0 (off) or in (0, 1], got {value}")
+
+
+@attrs.frozen
+class OffPolicySection:
+    """How far behind the policy training data may be, and how it is corrected for that.
+
+    The importance weight of a sampled token is w = pi_train / pi_rollout, with pi_train the
+    trainer's probability at the weights about to be updated (one extra forward pass per step)
+    and pi_rollout the sampler's. With a correction, advantages are multiplied by w (truncated
+    at `truncate`), tokens or sequences whose w falls outside [mask_below, mask_above] are left
+    out, and the loss's own ratio starts from pi_train (decoupled PPO / TIS)."""
+
+    max_staleness: int = attrs.field(default=1, validator=non_negative)
+    """async: the most weight versions a sampled token may lag the policy that trains on it
+    (0 = every batch is sampled by the weights it trains)."""
+    update_pause: Literal["keep", "abort", "wait"] = "keep"
+    """async: how engines pause for an in-flight weight update. keep: running sequences continue
+    with the new weights (each token tagged with its version); abort: they stop and are continued
+    by a new request under the new weights; wait: they finish under the old weights first."""
+    update_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    """async: the longest wait for an engine to pause or resume around a weight update."""
+    correction: Literal["none", "token", "sequence"] = "none"
+    """none: the loss sees the sampler's logprobs as they are. token / sequence: weight and mask
+    per token, or per sequence (w = product of its tokens' weights)."""
+    truncate: float = attrs.field(default=2.0, validator=_at_least_one)
+    """Importance weights above this are cut to it (truncated IS); 0 = no truncation."""
+    mask_below: float = attrs.field(default=0.0, validator=_at_most_one)
+    """Tokens (or sequences) with a weight below this are not trained on; 0 = off."""
+    mask_above: float = attrs.field(default=0.0, validator=_at_least_one)
+    """Tokens (or sequences) with a weight above this are not trained on; 0 = off."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.mask_above and self.truncate and self.mask_above <= self.truncate:
+            raise ValueError(f"mask_above ({self.mask_above}) must exceed truncate ({self.truncate}), "
+                             "or nothing is ever truncated")
 
 
 @attrs.frozen
@@ -266,6 +314,7 @@ class RunConfig:
     sync: SyncSection = attrs.field(factory=SyncSection)
     env: EnvSection = attrs.field(factory=EnvSection)
     rl: RLSection = attrs.field(factory=RLSection)
+    off_policy: OffPolicySection = attrs.field(factory=OffPolicySection)
     eval: EvalSection = attrs.field(factory=EvalSection)
     checkpoint: CheckpointSection = attrs.field(factory=CheckpointSection)
     metrics: MetricsSection = attrs.field(factory=MetricsSection)
