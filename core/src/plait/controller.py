@@ -11,12 +11,15 @@ through its protocol only, so the same code drives in-process engines and remote
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import time
-from collections.abc import Sequence
+import zlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ import structlog
 
 from plait.advantages import group_advantages, is_constant
 from plait.config import RunConfig, unstructure
-from plait.errors import PlaitError
+from plait.errors import PlaitError, WeightSyncError
 from plait.metrics import MetricSink, mean, merge_metrics, pass_at_k
 from plait.models import ResolvedModel, resolve_model
 from plait.plugins import build, get_registry
@@ -38,6 +41,16 @@ from plait.types import AdamParams, Datum, SamplingParams
 log = structlog.get_logger("plait.controller")
 
 CHECKPOINT_DIR = "checkpoints"
+LEDGER_FILE = "trained.jsonl"
+CRASH_ENV = "PLAIT_CRASH_AT"
+
+
+def crash_point(point: str, step: int) -> None:
+    """Fault injection for crash-safety tests: with PLAIT_CRASH_AT="<point>:<step>" the process
+    SIGKILLs itself here (points: rollout, trained, sync, checkpoint, checkpointed)."""
+    if os.environ.get(CRASH_ENV) == f"{point}:{step}":
+        log.warning("crashing on purpose", point=point, step=step)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @attrs.define
@@ -139,7 +152,9 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "rewar
 
 
 class Controller:
-    """Runs one policy (trainer + inference engines) on one environment, synchronously."""
+    """Runs one policy (trainer + inference engines) on one environment, synchronously.
+
+    The asynchronous schedule (`plait.async_schedule.AsyncController`) subclasses it."""
 
     def __init__(self, config: RunConfig, components: Components, run_dir: Path) -> None:
         self.config = config
@@ -147,6 +162,7 @@ class Controller:
         self.run_dir = run_dir
         self.step = 0
         self.samples_seen = 0
+        self.attempt = 0  # how many times this run has been started (resumes count)
         self.history: list[dict[str, float]] = []
         self.eval_history: list[tuple[int, float]] = []
 
@@ -216,10 +232,60 @@ class Controller:
         ))
         return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
+    def correct_off_policy(self, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
+        """Importance weights w = pi_train / pi_rollout of every sampled token, from one forward
+        pass at the weights about to be updated; advantages times the truncated w, extreme w
+        masked, and the loss's ratio taken against pi_train (see `OffPolicySection`)."""
+        op = self.config.off_policy
+        if op.correction == "none" or not datums:
+            return list(datums), {}
+        rl = self.config.rl
+        train_logprobs: list[np.ndarray] = []
+        for start in range(0, len(datums), rl.micro_batch_size):
+            out = self.c.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
+            train_logprobs.extend(o["logprobs"].to_numpy().astype(np.float64) for o in out.loss_fn_outputs)
+        corrected, raw, applied, masked = [], [], [], []
+        for datum, lp in zip(datums, train_logprobs, strict=True):
+            inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+            sampled = inputs["mask"] > 0
+            log_w = np.where(sampled, lp - inputs["logprobs"], 0.0)
+            if op.correction == "sequence":
+                log_w = np.where(sampled, log_w[sampled].sum(), 0.0)
+            w = np.exp(np.minimum(log_w, 80.0))  # 80: far above any useful bound, below float overflow
+            drop = sampled & (((w < op.mask_below) if op.mask_below else False) |
+                              ((w > op.mask_above) if op.mask_above else False))
+            weight = np.minimum(w, op.truncate) if op.truncate else w
+            weight = np.where(drop, 0.0, weight)
+            raw.append(w[sampled])
+            applied.append(weight[sampled & ~drop])
+            masked.append(drop[sampled])
+            inputs["advantages"] = inputs["advantages"] * weight
+            inputs["logprobs"] = np.where(sampled, lp, 0.0)
+            inputs["mask"] = (sampled & ~drop).astype(np.float32)
+            corrected.append(Datum(datum.model_input, inputs))
+        w_all, applied_all, masked_all = np.concatenate(raw), np.concatenate(applied), np.concatenate(masked)
+        lp_all = np.concatenate([lp[d.loss_fn_inputs["mask"].to_numpy() > 0] for d, lp in zip(datums, train_logprobs, strict=True)])
+        q_all = np.concatenate([d.loss_fn_inputs["logprobs"].to_numpy()[d.loss_fn_inputs["mask"].to_numpy() > 0] for d in datums])
+        return corrected, {
+            "policy/importance_weight_max": float(w_all.max()) if w_all.size else 1.0,
+            "policy/importance_weight_mean": float(w_all.mean()) if w_all.size else 1.0,
+            "policy/mismatch_kl": float((q_all - lp_all).mean()) if q_all.size else 0.0,
+            "policy/is_weight_applied_max": float(applied_all.max()) if applied_all.size else 0.0,
+            "policy/is_truncated_fraction": float((w_all > op.truncate).mean()) if op.truncate and w_all.size else 0.0,
+            "policy/is_masked_fraction": float(masked_all.mean()) if masked_all.size else 0.0,
+        }
+
     async def sync_weights(self) -> dict[str, float]:
-        stats = await self.c.sync.push(self.c.trainer, self.c.engines, self.c.trainer.weight_version)
+        version = self.c.trainer.weight_version
+        stats = await self.c.sync.push(self.c.trainer, self.c.engines, version)
+        for index, engine in enumerate(self.c.engines):
+            if engine.weight_version != version:
+                raise WeightSyncError(
+                    f"inference engine #{index} ({type(engine).__name__}) holds weight version "
+                    f"{engine.weight_version} after sync method {self.config.sync.method!r} pushed version {version}",
+                    fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)")
         return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
-                "sync/delta_fraction": stats.delta_fraction}
+                "sync/delta_fraction": stats.delta_fraction, "sync/full_bytes": float(stats.full_bytes)}
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -258,9 +324,18 @@ class Controller:
         datums, data_metrics = self.build_datums(groups)
         metrics.update(data_metrics)
         t1 = time.perf_counter()
+        trained_version = self.c.trainer.weight_version
+        datums, correction = self.correct_off_policy(datums)
         train_metrics = self.train_on(datums) if datums else self._skip_optim()
         t_train = time.perf_counter() - t1
         metrics.update(self._policy_metrics(train_metrics, trajectories, t_train))
+        metrics.update(correction)
+        self.record_trained([
+            TrainedSample(self.step * rl.groups_per_batch + g, j, task_index, self.attempt, trajectory)
+            for g, (task_index, group) in enumerate(zip(indices, groups, strict=True))
+            for j, trajectory in enumerate(group)
+        ], trained_version)
+        crash_point("trained", self.step)
 
         t2 = time.perf_counter()
         metrics.update(await self.sync_weights())
@@ -327,36 +402,70 @@ class Controller:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint holds beside the trainer state (taken in the event loop, so that
+        it is consistent; written by `save_checkpoint`, possibly in a thread)."""
+        return {"step": self.step, "samples_seen": self.samples_seen, "attempt": self.attempt,
+                "weight_version": self.c.trainer.weight_version, "eval_history": self.eval_history}
+
+    def save_checkpoint(self, state: dict[str, Any] | None = None) -> Path:
+        """Trainer state and `state` (default: `checkpoint_state()`) under checkpoints/step_N,
+        written to a temporary directory, fsynced and renamed into place: a crash at any moment
+        leaves the previous checkpoint or this one, complete."""
+        state = self.checkpoint_state() if state is None else state
         root = self.run_dir / CHECKPOINT_DIR
         final = root / f"step_{self.step:06d}"
         tmp = root / f".tmp-step_{self.step:06d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.c.trainer.save_state(tmp / "trainer")
-        state = {"step": self.step, "samples_seen": self.samples_seen,
-                 "weight_version": self.c.trainer.weight_version, "eval_history": self.eval_history}
-        (tmp / "controller.json").write_text(json.dumps(state))
+        _write_synced(tmp / "controller.json", json.dumps(state))
+        _fsync_dir(tmp)
+        crash_point("checkpoint", self.step)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        _fsync_dir(root)
+        crash_point("checkpointed", self.step)
         for old in sorted(root.glob("step_*"))[:-self.config.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def load_checkpoint(self) -> bool:
-        checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("step_*"))
+        root = self.run_dir / CHECKPOINT_DIR
+        for leftover in root.glob(".tmp-step_*"):  # a save that a crash interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+        checkpoints = sorted(root.glob("step_*"))
         if not checkpoints:
-            _truncate_metrics(self.run_dir / "metrics.jsonl", -1)  # leftovers of a run that saved nothing
+            for name in ("metrics.jsonl", LEDGER_FILE):  # leftovers of a run that saved nothing
+                _truncate_metrics(self.run_dir / name, -1)
             return False
         latest = checkpoints[-1]
         state = json.loads((latest / "controller.json").read_text())
         self.c.trainer.load_state(latest / "trainer")
         self.step = int(state["step"])
         self.samples_seen = int(state["samples_seen"])
+        self.attempt = int(state.get("attempt", 0)) + 1
         self.eval_history = [tuple(x) for x in state.get("eval_history", [])]
-        _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
-        log.info("resumed from checkpoint", checkpoint=str(latest), step=self.step)
+        self.restore_state(state)
+        for name in ("metrics.jsonl", LEDGER_FILE):
+            _truncate_metrics(self.run_dir / name, self.step)
+        log.info("resumed from checkpoint", checkpoint=str(latest), step=self.step, attempt=self.attempt)
         return True
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Take back what `checkpoint_state` added (the sync schedule adds nothing)."""
+
+    def record_trained(self, samples: Sequence[TrainedSample], weight_version: int) -> None:
+        """Append what this step trained on (at `weight_version`) to trained.jsonl; truncated with
+        the metrics on resume, so it lists what the weights have seen."""
+        record = {"step": self.step, "weight_version": weight_version, "samples": [s.ledger_entry() for s in samples]}
+        with (self.run_dir / LEDGER_FILE).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    @contextlib.asynccontextmanager
+    async def rollouts_in_background(self, sampler: TaskSampler) -> AsyncIterator[None]:
+        """The sync schedule samples inside `train_step`; the async one runs a producer here."""
+        yield
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -371,30 +480,35 @@ class Controller:
         if resume and self.load_checkpoint() and self.step >= self.config.rl.steps:
             log.info("this run is already complete; pass --no-resume to start it over", steps=self.step)
         await self.sync_weights()  # engines start from exactly the trainer's weights
-        rl, ec = self.config.rl, self.config.eval
+        rl = self.config.rl
         sampler = TaskSampler(await self.c.env.num_tasks(self.config.env.train_split), self.config.run.seed)
         run_start = time.perf_counter()
         with StepProgress(total=rl.steps, completed=self.step, title=self.config.run.name) as progress:
             if self.step == 0:
                 progress.phase("eval")
                 self._record_eval(0, await self.evaluate())
-            while self.step < rl.steps:
-                progress.phase("rollout/train")
-                metrics = await self.train_step(sampler)
-                self.step += 1
-                if (ec.every and self.step % ec.every == 0) or self.step == rl.steps:
-                    progress.phase("eval")
-                    t_eval = time.perf_counter()
-                    metrics.update(await self.evaluate())
-                    metrics["time/eval"] = time.perf_counter() - t_eval
-                    self.eval_history.append((self.step, metrics["eval/accuracy"]))
-                self.log_metrics(self.step, metrics)
-                progress.advance(metrics)
-                every = self.config.checkpoint.every
-                if (every and self.step % every == 0) or self.step == rl.steps:
-                    progress.phase("checkpoint")
-                    self.save_checkpoint()
+            async with self.rollouts_in_background(sampler):
+                await self._loop(sampler, progress)
         return self.summary(time.perf_counter() - run_start)
+
+    async def _loop(self, sampler: TaskSampler, progress: Any) -> None:
+        rl, ec = self.config.rl, self.config.eval
+        while self.step < rl.steps:
+            progress.phase("rollout/train")
+            metrics = await self.train_step(sampler)
+            self.step += 1
+            if (ec.every and self.step % ec.every == 0) or self.step == rl.steps:
+                progress.phase("eval")
+                t_eval = time.perf_counter()
+                metrics.update(await self.evaluate())
+                metrics["time/eval"] = time.perf_counter() - t_eval
+                self.eval_history.append((self.step, metrics["eval/accuracy"]))
+            self.log_metrics(self.step, metrics)
+            progress.advance(metrics)
+            every = self.config.checkpoint.every
+            if (every and self.step % every == 0) or self.step == rl.steps:
+                progress.phase("checkpoint")
+                await asyncio.to_thread(self.save_checkpoint, self.checkpoint_state())
 
     def _record_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.eval_history.append((step, metrics["eval/accuracy"]))
@@ -413,6 +527,9 @@ class Controller:
         return summary
 
     async def close(self) -> None:
+        close_sync = getattr(self.c.sync, "close", None)  # syncs that hold a group or files
+        if close_sync is not None:
+            await close_sync()
         for engine in self.c.engines:
             await engine.close()
         self.c.trainer.close()
@@ -434,6 +551,40 @@ def _record_step(line: str) -> int:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return 1 << 62  # torn line: drop it
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@attrs.frozen
+class TrainedSample:
+    """One sample a step trained on, and where it came from (for the ledger and for resume)."""
+
+    position: int
+    """The prompt's place in the run's task order (`TaskSampler`); group g of step s is s * groups_per_batch + g."""
+    index: int
+    """Its number within the prompt's group."""
+    task_index: int
+    attempt: int
+    """The start of the run (0, then one more per resume) whose process sampled it."""
+    trajectory: Trajectory
+
+    def ledger_entry(self) -> list[int]:
+        tokens = [t for turn in self.trajectory.turns for t in turn.completion.tokens]
+        digest = zlib.crc32(json.dumps(tokens).encode())
+        return [self.position, self.index, self.task_index, self.attempt, digest]
 
 
 def _scale_advantages(datum: Datum, factor: float) -> Datum:
@@ -458,7 +609,12 @@ def run_training(config: RunConfig, *, config_path: Path | None = None, resume: 
     get_registry()  # load plugins before the (slow) model resolution, so errors come early
     run_dir = prepare_run_dir(config, resume=resume)
     components = build_components(config, run_dir)
-    controller = Controller(config, components, run_dir)
+    if config.rl.schedule == "async":
+        from plait.async_schedule import AsyncController
+
+        controller: Controller = AsyncController(config, components, run_dir)
+    else:
+        controller = Controller(config, components, run_dir)
 
     async def main() -> dict[str, Any]:
         try:
