@@ -32,6 +32,7 @@ from plait.config import RunConfig, unstructure
 from plait.errors import PlaitError, WeightSyncError
 from plait.metrics import MetricSink, mean, merge_metrics, pass_at_k
 from plait.models import ResolvedModel, resolve_model
+from plait.off_policy import importance_correction
 from plait.plugins import build, get_registry
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
 from plait.rollout import EpisodeConfig, run_episode
@@ -233,47 +234,17 @@ class Controller:
         return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
     def correct_off_policy(self, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
-        """Importance weights w = pi_train / pi_rollout of every sampled token, from one forward
-        pass at the weights about to be updated; advantages times the truncated w, extreme w
-        masked, and the loss's ratio taken against pi_train (see `OffPolicySection`)."""
-        op = self.config.off_policy
-        if op.correction == "none" or not datums:
+        """`plait.off_policy.importance_correction` with the trainer's logprobs from one forward
+        pass at the weights about to be updated; the data as it is when `off_policy.correction`
+        is "none"."""
+        if self.config.off_policy.correction == "none" or not datums:
             return list(datums), {}
         rl = self.config.rl
         train_logprobs: list[np.ndarray] = []
         for start in range(0, len(datums), rl.micro_batch_size):
             out = self.c.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
-            train_logprobs.extend(o["logprobs"].to_numpy().astype(np.float64) for o in out.loss_fn_outputs)
-        corrected, raw, applied, masked = [], [], [], []
-        for datum, lp in zip(datums, train_logprobs, strict=True):
-            inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
-            sampled = inputs["mask"] > 0
-            log_w = np.where(sampled, lp - inputs["logprobs"], 0.0)
-            if op.correction == "sequence":
-                log_w = np.where(sampled, log_w[sampled].sum(), 0.0)
-            w = np.exp(np.minimum(log_w, 80.0))  # 80: far above any useful bound, below float overflow
-            drop = sampled & (((w < op.mask_below) if op.mask_below else False) |
-                              ((w > op.mask_above) if op.mask_above else False))
-            weight = np.minimum(w, op.truncate) if op.truncate else w
-            weight = np.where(drop, 0.0, weight)
-            raw.append(w[sampled])
-            applied.append(weight[sampled & ~drop])
-            masked.append(drop[sampled])
-            inputs["advantages"] = inputs["advantages"] * weight
-            inputs["logprobs"] = np.where(sampled, lp, 0.0)
-            inputs["mask"] = (sampled & ~drop).astype(np.float32)
-            corrected.append(Datum(datum.model_input, inputs))
-        w_all, applied_all, masked_all = np.concatenate(raw), np.concatenate(applied), np.concatenate(masked)
-        lp_all = np.concatenate([lp[d.loss_fn_inputs["mask"].to_numpy() > 0] for d, lp in zip(datums, train_logprobs, strict=True)])
-        q_all = np.concatenate([d.loss_fn_inputs["logprobs"].to_numpy()[d.loss_fn_inputs["mask"].to_numpy() > 0] for d in datums])
-        return corrected, {
-            "policy/importance_weight_max": float(w_all.max()) if w_all.size else 1.0,
-            "policy/importance_weight_mean": float(w_all.mean()) if w_all.size else 1.0,
-            "policy/mismatch_kl": float((q_all - lp_all).mean()) if q_all.size else 0.0,
-            "policy/is_weight_applied_max": float(applied_all.max()) if applied_all.size else 0.0,
-            "policy/is_truncated_fraction": float((w_all > op.truncate).mean()) if op.truncate and w_all.size else 0.0,
-            "policy/is_masked_fraction": float(masked_all.mean()) if masked_all.size else 0.0,
-        }
+            train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
+        return importance_correction(datums, train_logprobs, self.config.off_policy)
 
     async def sync_weights(self) -> dict[str, float]:
         version = self.c.trainer.weight_version
@@ -456,9 +427,11 @@ class Controller:
         """Take back what `checkpoint_state` added (the sync schedule adds nothing)."""
 
     def record_trained(self, samples: Sequence[TrainedSample], weight_version: int) -> None:
-        """Append what this step trained on (at `weight_version`) to trained.jsonl; truncated with
-        the metrics on resume, so it lists what the weights have seen."""
-        record = {"step": self.step, "weight_version": weight_version, "samples": [s.ledger_entry() for s in samples]}
+        """Append what this step trained on (at `weight_version`) to trained.jsonl, numbered as
+        its metrics (the step count after it); truncated with them on resume, so it lists exactly
+        what the checkpointed weights have seen."""
+        record = {"step": self.step + 1, "weight_version": weight_version, "attempt": self.attempt,
+                  "samples": [s.ledger_entry() for s in samples]}
         with (self.run_dir / LEDGER_FILE).open("a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -1,0 +1,66 @@
+"""Off-policy correction: importance weights of sampled tokens, truncated and masked.
+
+w = pi_train / pi_rollout per sampled token (or per sequence: the product over its tokens), with
+pi_train the trainer's probability at the weights about to be updated and pi_rollout the
+sampler's. Advantages are multiplied by min(w, truncate) (truncated IS); tokens (sequences) whose
+w falls outside [mask_below, mask_above] are left out of the loss; and the loss's own ratio is
+taken against pi_train from then on (decoupled PPO / TIS). Options: `plait.config.OffPolicySection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from plait.config import OffPolicySection
+from plait.types import Datum
+
+_MAX_LOG_WEIGHT = 80.0  # far above any useful bound, below float64 overflow of exp()
+
+
+def importance_correction(datums: Sequence[Datum], train_logprobs: Sequence[np.ndarray],
+                          options: OffPolicySection) -> tuple[list[Datum], dict[str, float]]:
+    """`datums` corrected with the trainer's logprobs (one array per datum, aligned with its
+    loss_fn_inputs), and the `policy/importance_weight_*`, `policy/mismatch_kl` and
+    `policy/is_*` metrics over their sampled tokens."""
+    corrected: list[Datum] = []
+    raw, applied, masked, rollout_lp, train_lp = [], [], [], [], []
+    for datum, lp in zip(datums, train_logprobs, strict=True):
+        inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+        lp = np.asarray(lp, dtype=np.float64)
+        sampled = inputs["mask"] > 0
+        log_w = np.where(sampled, lp - inputs["logprobs"], 0.0)
+        if options.correction == "sequence":
+            log_w = np.where(sampled, log_w[sampled].sum(), 0.0)
+        w = np.exp(np.minimum(log_w, _MAX_LOG_WEIGHT))
+        drop = np.zeros_like(sampled)
+        if options.mask_below:
+            drop |= sampled & (w < options.mask_below)
+        if options.mask_above:
+            drop |= sampled & (w > options.mask_above)
+        weight = np.minimum(w, options.truncate) if options.truncate else w
+        weight = np.where(drop, 0.0, weight)
+        raw.append(w[sampled])
+        applied.append(weight[sampled & ~drop])
+        masked.append(drop[sampled])
+        rollout_lp.append(inputs["logprobs"][sampled])
+        train_lp.append(lp[sampled])
+        inputs["advantages"] = inputs["advantages"] * weight
+        inputs["logprobs"] = np.where(sampled, lp, 0.0)
+        inputs["mask"] = (sampled & ~drop).astype(np.float32)
+        corrected.append(Datum(datum.model_input, inputs))
+    w_all = np.concatenate(raw) if raw else np.zeros(0)
+    if not w_all.size:
+        return corrected, {}
+    applied_all, masked_all = np.concatenate(applied), np.concatenate(masked)
+    diff = np.concatenate(rollout_lp) - np.concatenate(train_lp)
+    return corrected, {
+        "policy/importance_weight_max": float(w_all.max()),
+        "policy/importance_weight_mean": float(w_all.mean()),
+        "policy/mismatch_kl": float(diff.mean()),
+        "policy/mismatch_kl_k2": float(0.5 * (diff**2).mean()),
+        "policy/is_weight_applied_max": float(applied_all.max()) if applied_all.size else 0.0,
+        "policy/is_truncated_fraction": float((w_all > options.truncate).mean()) if options.truncate else 0.0,
+        "policy/is_masked_fraction": float(masked_all.mean()),
+    }
