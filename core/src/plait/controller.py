@@ -163,7 +163,9 @@ class Controller:
         self.run_dir = run_dir
         self.step = 0
         self.samples_seen = 0
-        self.attempt = 0  # how many times this run has been started (resumes count)
+        # 0 for a fresh start, else the loaded checkpoint's attempt + 1: a sample whose attempt is
+        # lower than the process's was sampled before the checkpoint it resumed from
+        self.attempt = 0
         self.history: list[dict[str, float]] = []
         self.eval_history: list[tuple[int, float]] = []
 
@@ -287,6 +289,7 @@ class Controller:
         groups = await self.rollout_groups(self.config.env.train_split, indices, rl.group_size,
                                            rl.temperature, seed_base)
         t_rollout = time.perf_counter() - t0
+        crash_point("rollout", self.step)
         trajectories = [t for g in groups for t in g]
         metrics = rollout_metrics(groups)
         metrics["time/verify"] = _union_seconds([iv for t in trajectories for iv in t.env_seconds])
@@ -551,7 +554,7 @@ class TrainedSample:
     """Its number within the prompt's group."""
     task_index: int
     attempt: int
-    """The start of the run (0, then one more per resume) whose process sampled it."""
+    """The sampling process's `Controller.attempt`."""
     trajectory: Trajectory
 
     def ledger_entry(self) -> list[int]:
