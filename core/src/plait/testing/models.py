@@ -28,3 +28,28 @@ def materialize_model(name: str, dest: Path) -> ResolvedModel:
     dest.mkdir(parents=True, exist_ok=True)
     _load_callable(source.materialize)(dest)
     return ResolvedModel(name, dest, dest)
+
+
+def build_resized_qwen3(base: Path, dest: Path, seed: int = 0, **config: int) -> ResolvedModel:
+    """A random-init Qwen3 at `dest` with `base`'s tokenizer and config, `config` overriding its
+    sizes (e.g. tiny-qwen3 widened and deepened into a ~50M-parameter model for weight-sync tests)."""
+    import json
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    base, dest = Path(base), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and not item.name.endswith(".safetensors") and item.name != "config.json":
+            (dest / item.name).write_bytes(item.read_bytes())
+    fields = json.loads((base / "config.json").read_text())
+    for derived in ("layer_types", "architectures", "transformers_version", "model_type"):
+        fields.pop(derived, None)  # recomputed for the new sizes
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        Qwen3ForCausalLM(Qwen3Config(**{**fields, **config})).save_pretrained(str(dest), safe_serialization=True)
+    finally:
+        torch.random.set_rng_state(state)
+    return ResolvedModel(dest.name, dest, dest)
