@@ -244,3 +244,33 @@ def test_delta_sync_of_a_50m_model_after_adam_steps(tiny_model, tmp_path):
     assert first.bytes < 0.15 * first.full_bytes, first
     for stats in later:
         assert 0 < stats.bytes <= 0.05 * stats.full_bytes, stats
+
+
+def test_an_aborted_sequence_is_continued_under_the_new_weights(trainer, bf16_model):
+    """pause("abort") -> delta push -> resume: `sample_through_aborts` (what episodes sample with)
+    continues the aborted sequence with a new request; no token is lost and each keeps its version."""
+    from plait.rollout import sample_through_aborts
+
+    engine = TorchInferenceEngine(bf16_model, seed=0)
+    sync = InProcessSync(options=InProcessSyncOptions(payload="delta", dtype="bfloat16"))
+
+    async def body() -> None:
+        await sync.push(trainer, [engine], trainer.weight_version)
+        old = engine.weight_version
+        request = asyncio.create_task(sample_through_aborts(
+            engine, ModelInput.from_ints([1, 2, 3, 4]), SamplingParams(max_tokens=40, stop=[], seed=3)))
+        while not engine._batch_active:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        await engine.pause("abort")
+        rl_step(trainer, 60)
+        await sync.push(trainer, [engine], trainer.weight_version)
+        await engine.resume()
+        sequence = await request
+        versions = sequence.versions()
+        assert len(sequence.tokens) == len(sequence.logprobs) == 40 and sequence.stop_reason == "length"
+        assert versions[0] == old and versions[-1] == trainer.weight_version != old
+        assert list(versions) == sorted(versions)
+        await engine.close()
+
+    run(body())
