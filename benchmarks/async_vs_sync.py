@@ -12,7 +12,7 @@ Reported per schedule: samples trained per second (samples / the summed `time/to
 training steps, evaluations excluded), reward over the first and last steps, the largest
 staleness and importance weight seen, and the trainer's stall time; and the async/sync ratio.
 
-    python benchmarks/async_vs_sync.py [--config examples/arith_tiny.toml] [--steps 12]
+    python benchmarks/async_vs_sync.py [--config examples/arith_tiny.toml] [--steps 8] [--env-delay-s 10]
 
 Writes benchmarks/results/async_vs_sync.json.
 """
@@ -48,7 +48,7 @@ def variant(base: RunConfig, schedule: str, args: argparse.Namespace, out_dir: P
         base,
         run=attrs.evolve(base.run, name=f"async-vs-sync-{schedule}", out_dir=str(out_dir), log_level="warning"),
         env=env,
-        rl=attrs.evolve(base.rl, schedule=schedule, steps=args.steps),
+        rl=attrs.evolve(base.rl, schedule=schedule, steps=args.steps, groups_per_batch=args.groups_per_batch),
         off_policy=attrs.evolve(base.off_policy, max_staleness=args.max_staleness, correction="token",
                                 truncate=2.0, mask_above=10.0),
         eval=attrs.evolve(base.eval, every=0, tasks=args.eval_tasks),
@@ -88,8 +88,9 @@ def measure(config: RunConfig) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "arith_tiny.toml")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--env-delay-s", type=float, default=6.0)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--groups-per-batch", type=int, default=8)
+    parser.add_argument("--env-delay-s", type=float, default=10.0)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=16)
     parser.add_argument("-s", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -113,7 +114,7 @@ def main() -> None:
         "benchmark": "async_vs_sync", "machine": platform.platform(), "cpus": os.cpu_count(),
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "overrides": args.overrides, "env_delay_s": args.env_delay_s, "max_staleness": args.max_staleness,
-        "model": base.model.name, "groups_per_batch": base.rl.groups_per_batch, "group_size": base.rl.group_size,
+        "model": base.model.name, "groups_per_batch": args.groups_per_batch, "group_size": base.rl.group_size,
         "async_over_sync_samples_per_s": ratio, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
