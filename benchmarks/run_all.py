@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "trainer_throughput": (["trainer_throughput.py"], None),
     "sampling_throughput": (["sampling_throughput.py"], None),
     "tito_tokens": (["tito_tokens.py"], None),
+    "delta_sync": (["delta_sync.py"], None),
+    "async_vs_sync": (["async_vs_sync.py"], None),
     "engines": (["engines.py"], venv(VLLM_VENV, "scripts/ci/vllm.sh")),
     "ors_server": (["ors_server.py"], venv(OPENREWARD_VENV, "scripts/ci/sdk.sh")),
     "docker_sandbox": (["docker_sandbox.py"], docker_engine),
