@@ -1,0 +1,14 @@
+"""Training building blocks shared by the torch-based trainer engines (plait-torch, plait-fsdp2, ...).
+
+Everything here imports torch, so nothing in `plait` imports this package: `import plait` and
+plugin discovery stay torch-free. A trainer plugin imports the modules it uses:
+
+- `plait.training.layout`: a call's data as micro-batches of rows: padded, packed (several
+  sequences per row, no attention across them) or prefix-shared (a token tree per row).
+- `plait.training.scorer`: a Hugging Face causal LM as a module that returns target logprobs at
+  selected positions, with the chunked output head where the model allows it.
+- `plait.training.step`: forward / forward_backward over micro-batches with a plait loss.
+- `plait.training.checkpointing`: activation checkpointing (full or selective) on decoder layers.
+- `plait.training.ops`, `plait.training.perf`: the chunked output head; FLOPs and peak FLOP/s.
+- `plait.training.state`: RNG state and atomic checkpoint directories.
+"""

@@ -1,0 +1,96 @@
+"""Tensor operations every torch trainer and inference engine share (so their logprobs agree).
+
+`head_logprobs` is the trainer's output layer: target logprobs and exact entropies straight from
+the last hidden states and the output projection, a few dozen positions at a time, so the full
+(tokens x vocab) logits are never materialised. For small models with large vocabularies (Qwen's
+151936) those logits and their gradient are most of a step's memory traffic; chunking keeps each
+piece in cache and recomputes the projection in the backward pass instead of storing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Positions per chunk of the output head: about this many bytes of float32 logits at a time.
+_CHUNK_BYTES = 32 * 2**20
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] in float32, without materialising the full log-softmax."""
+    logits = logits.float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def chunk_rows(vocab: int) -> int:
+    return max(1, _CHUNK_BYTES // (4 * vocab))
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target logprobs (differentiable) and entropies (not) of `hidden @ weight.T`, in float32.
+
+    `hidden` (N, H) final hidden states, `weight` (V, H) the output projection, `targets` (N,).
+    """
+    return _HeadLogprobs.apply(hidden, weight, targets)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> Any:
+        rows = chunk_rows(weight.shape[0])
+        n = hidden.shape[0]
+        logprobs = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.float()
+            for start in range(0, n, rows):
+                end = min(start + rows, n)
+                logits = hidden[start:end].float() @ w.T
+                shift = logits.amax(-1, keepdim=True)
+                logits.sub_(shift)
+                exp = logits.exp()
+                total = exp.sum(-1)
+                log_total = total.log()
+                logprobs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - log_total
+                # H = log Z - sum(p * x), shift-invariant; p = exp / Z
+                entropy[start:end] = log_total - (exp * logits).sum(-1) / total
+                lse[start:end] = log_total + shift.squeeze(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: Any) -> Any:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        rows = chunk_rows(weight.shape[0])
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.float()
+            grad_weight = torch.zeros_like(w) if need_weight else None
+            for start in range(0, hidden.shape[0], rows):
+                end = min(start + rows, hidden.shape[0])
+                h = hidden[start:end].float()
+                g = grad_logprobs[start:end].float()
+                # d logprob / d logits = onehot(target) - softmax(logits)
+                grad_logits = (h @ w.T).sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
+                grad_logits[torch.arange(end - start, device=h.device), targets[start:end]] += g
+                if need_hidden:
+                    grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
+                if need_weight:
+                    grad_weight.addmm_(grad_logits.T, h)
+        return grad_hidden, (grad_weight.to(weight.dtype) if need_weight else None), None
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Exact entropy of the next-token distribution of each row of `logits` (N, V), a few dozen
+    rows at a time so that the float32 copies stay small."""
+    step = chunk_rows(logits.shape[-1])
+    out = [logits.new_zeros(0, dtype=torch.float32)]
+    for start in range(0, logits.shape[0], step):
+        logp = torch.log_softmax(logits[start:start + step].float(), dim=-1)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out)

@@ -1,0 +1,64 @@
+"""Pieces of a trainer's saved state: RNG states, and checkpoint directories that appear atomically."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A fresh name next to `path` to write into before `replace_dir(tmp, path)`."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def fsync_tree(root: Path) -> None:
+    for file in root.rglob("*"):
+        if file.is_file():
+            with file.open("rb") as handle:
+                os.fsync(handle.fileno())
+    fsync_dir(root)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_dir(tmp: Path, dest: Path) -> None:
+    """Move the complete `tmp` to `dest`. An existing `dest` is moved aside first and removed
+    afterwards: a crash in between leaves the complete old state as `.NAME.old-*`, never a torn one."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
+        dest.rename(old)
+    tmp.rename(dest)
+    fsync_dir(dest.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
