@@ -3,7 +3,7 @@
 One run measures both sides of the ratio: the peak FLOP/s of square matmuls in the trainer's
 compute dtype (before and after the training runs; the higher is used), and the model FLOP/s that
 forward_backward + optim_step achieve on a fixed batch (6·N + attention term per token, see
-plait_torch.perf). Prints a summary and writes benchmarks/results/trainer_throughput[_smollm2].json.
+plait.training.perf). Prints a summary and writes benchmarks/results/trainer_throughput[_smollm2].json.
 
     python benchmarks/trainer_throughput.py              # tiny Qwen3 (seconds)
     python benchmarks/trainer_throughput.py --smollm2    # SmolLM2-135M (minutes on 2 cores)
@@ -27,9 +27,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from plait.testing.trainer import sft_datum
+    from plait.training.perf import measure_matmul_flops
     from plait.types import AdamParams
     from plait_torch.options import TorchTrainerOptions
-    from plait_torch.perf import measure_matmul_flops
     from plait_torch.trainer import TorchTrainer
 
     model = common.resolve(args)

@@ -13,11 +13,13 @@ import torch
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
-from plait.testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
+from plait.testing.trainer import SMOOTH_ADAM, datum_logprobs, random_tokens, rl_datum, sft_datum
+from plait.training.checkpointing import decoder_layers
+from plait.training.perf import peak_flops
+from plait.training.scorer import TokenScorer, split_output_head
 from plait.types import AdamParams
 from plait_torch import models
 from plait_torch.options import TorchTrainerOptions
-from plait_torch.perf import peak_flops
 from plait_torch.trainer import TorchTrainer
 
 VOCAB = models.TINY_QWEN3_CONFIG["vocab_size"]
@@ -66,15 +68,60 @@ def test_peak_flops_is_measured_once_per_process(tiny_model: ResolvedModel) -> N
     assert peak_flops.cache_info().hits == hits + 1
 
 
-def test_activation_checkpointing_computes_the_same_gradients(tiny_model: ResolvedModel) -> None:
+@pytest.mark.parametrize("checkpointing", [True, "selective"])
+def test_activation_checkpointing_recomputes_layers_and_keeps_the_gradients(tiny_model: ResolvedModel,
+                                                                             checkpointing: bool | str) -> None:
     data = [sft_datum(random_tokens(i, 10, VOCAB)) for i in range(2)]
-    norms = []
-    for checkpointing in (False, True):
-        trainer = TorchTrainer(tiny_model, options=TorchTrainerOptions(activation_checkpointing=checkpointing))
-        assert trainer.model.is_activation_checkpointing == checkpointing
+    norms, passes = [], []
+    for setting in (False, checkpointing):
+        trainer = TorchTrainer(tiny_model, options=TorchTrainerOptions(activation_checkpointing=setting))
+        calls = []
+        decoder_layers(trainer.model)[0].mlp.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
         trainer.forward_backward(data, "cross_entropy")
+        passes.append(len(calls))
         norms.append(trainer.optim_step(AdamParams()).metrics["grad_norm"])
+    assert passes[1] == 2 * passes[0], "with checkpointing, the backward pass runs each layer again"
     assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+
+
+def grpo_data(groups: int = 2, samples: int = 4, prompt: int = 24, response: int = 5) -> list:
+    rng = np.random.default_rng(0)
+    data = []
+    for g in range(groups):
+        head = rng.integers(0, VOCAB, prompt + 3 * g).tolist()
+        for j in range(samples):
+            completion = rng.integers(0, VOCAB, response + j).tolist()
+            data.append(rl_datum(head + completion, len(head), [-11.0 - 0.1 * j] * len(completion), (-1.0) ** j))
+    return data
+
+
+def test_packing_and_prefix_sharing_train_like_padded_rows(tiny_model: ResolvedModel) -> None:
+    data = grpo_data()
+    runs = {}
+    for name, options in {
+        "padded": TorchTrainerOptions(packing=False, prefix_sharing=False),
+        "packed": TorchTrainerOptions(prefix_sharing=False),
+        "default": TorchTrainerOptions(),
+    }.items():
+        trainer = TorchTrainer(tiny_model, options=options)
+        assert (trainer.capabilities.packing, trainer.capabilities.prefix_sharing) == (options.packing, options.prefix_sharing)
+        forward = datum_logprobs(trainer.forward(data, "ppo"))
+        out = trainer.forward_backward(data, "ppo")
+        norm = trainer.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
+        runs[name] = forward, out.metrics, norm, {n: t.clone() for n, t in trainer.export_weights()}
+    padded_lp, padded_metrics, padded_norm, padded_weights = runs["padded"]
+    for name in ("packed", "default"):
+        lp, metrics, norm, weights = runs[name]
+        for a, b in zip(padded_lp, lp, strict=True):
+            np.testing.assert_allclose(b, a, atol=1e-5)
+        assert metrics["loss:sum"] == pytest.approx(padded_metrics["loss:sum"], rel=1e-5)
+        assert norm == pytest.approx(padded_norm, rel=1e-4)
+        for key, tensor in padded_weights.items():
+            torch.testing.assert_close(weights[key], tensor, rtol=1e-4, atol=1e-6)
+    shared = runs["default"][1]
+    # 2 groups x 4 samples: each prompt computed once instead of 4 times
+    assert shared["prefix_shared_tokens:sum"] == 3 * 24 + 3 * 27
+    assert shared["forward_tokens:sum"] < padded_metrics["forward_tokens:sum"] / 2
 
 
 def test_bfloat16_models_keep_float32_master_weights(tiny_model: ResolvedModel) -> None:
@@ -154,9 +201,9 @@ def test_chunked_output_head_equals_the_full_logits_path(tiny_model: ResolvedMod
     results = []
     for chunked in (True, False):
         trainer = TorchTrainer(tiny_model)
-        assert trainer._decoder is not None
+        assert trainer.scorer.chunked_head
         if not chunked:
-            trainer._decoder = trainer._head = None
+            trainer._runner.scorer = TokenScorer(trainer.model, chunked_head=False)
         out = trainer.forward_backward(data, "cross_entropy")
         results.append((datum_logprobs(out), out.metrics["entropy:mean"],
                         trainer.optim_step(AdamParams()).metrics["grad_norm"]))
@@ -171,4 +218,4 @@ def test_a_biased_output_layer_takes_the_full_logits_path(tiny_model: ResolvedMo
     head = trainer.model.get_output_embeddings()
     biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
     trainer.model.set_output_embeddings(biased)
-    assert trainer._split_output_head() == (None, None)
+    assert split_output_head(trainer.model) == (None, None)

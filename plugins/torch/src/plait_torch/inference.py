@@ -49,6 +49,8 @@ import torch
 from plait import weight_patch
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
+from plait.training.ops import target_logprobs
+from plait.training.step import check_token_ids
 from plait.types import (
     EngineHealth,
     ModelInput,
@@ -59,7 +61,6 @@ from plait.types import (
     WeightUpdate,
 )
 from plait_torch import loading
-from plait_torch.ops import target_logprobs
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 
@@ -248,7 +249,7 @@ class TorchInferenceEngine:
         if not ids:
             raise DataError("empty prompt: sampling needs at least one prompt token",
                             fix="render the prompt with the renderer (it starts with the chat template's tokens)")
-        loading.check_token_ids(torch.tensor(ids), self.vocab_rows, "prompt")
+        check_token_ids(np.asarray(ids), self.vocab_rows, "prompt")
         return ids
 
     def _make_request(self, prompt: ModelInput, num_samples: int, params: SamplingParams) -> _Request:

@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 import torch
 
-from plait.errors import DataError, ModelError
+from plait.errors import ModelError
 from plait.models import ResolvedModel
 
 log = structlog.get_logger("plait_torch")
@@ -91,16 +91,4 @@ def check_tokenizer_fits(tokenizer: Any, hf_model: Any, model: ResolvedModel) ->
             f"({model.path}) has only {rows} embedding rows, so token ids {rows}..{vocab - 1} would fail",
             fix="use the model's own tokenizer (unset model.tokenizer), or resize the model's embeddings "
                 f"(model.resize_token_embeddings({vocab})), train them, and save the checkpoint",
-        )
-
-
-def check_token_ids(ids: torch.Tensor, vocab_rows: int, what: str) -> None:
-    if ids.numel() == 0:
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_rows:
-        bad = low if low < 0 else high
-        raise DataError(
-            f"{what} contains token id {bad}, outside the model's vocabulary [0, {vocab_rows})",
-            fix="tokenize with the model's own tokenizer (model.tokenizer must match the model)",
         )

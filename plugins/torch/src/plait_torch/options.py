@@ -21,8 +21,16 @@ class TorchTrainerOptions:
     micro_batch_tokens: int = attrs.field(default=2048, validator=positive)
     """Padded tokens (rows x longest row) per forward/backward chunk. Bounds activation memory:
     the logits alone take micro_batch_tokens x vocab x 4 bytes (and as much again for their grad)."""
-    activation_checkpointing: bool = False
-    """Recompute each layer's activations in the backward pass: less memory, ~30% more compute."""
+    packing: bool = True
+    """Pack several sequences into one row (own position ids, no attention across them) instead
+    of padding each row to the longest; rows are as wide as the longest sequence of the call."""
+    prefix_sharing: bool = True
+    """Compute positions that several datums share from their start (a GRPO group's prompt, a
+    conversation's history) once, forward and backward. Needs sdpa or eager attention."""
+    activation_checkpointing: bool | Literal["full", "selective"] = False
+    """Recompute activations in the backward pass: "full" (or true) keeps only each decoder
+    layer's input (least memory, ~30% more compute); "selective" keeps matmul and attention
+    outputs and recomputes the cheap ops in between."""
     mixed_precision: bool = True
     """With model.dtype = bfloat16: keep float32 master weights and optimizer state and run
     forward/backward under bfloat16 autocast. False stores the weights themselves in bfloat16.
