@@ -18,7 +18,7 @@ def test_tiny_qwen3_has_the_promised_shape(tiny_model: ResolvedModel) -> None:
     assert config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["head_dim"] >= 32, "vLLM's CPU attention needs head_dim >= 32"
     assert config["vocab_size"] == 151936 and config["tie_word_embeddings"] is True
-    from plait_torch.loading import load_tokenizer
+    from plait.training.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model.tokenizer_path)
     assert len(tokenizer) == 151669 and tokenizer.eos_token_id == 151645  # the real Qwen3 tokenizer

@@ -49,6 +49,7 @@ import torch
 from plait import weight_patch
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
+from plait.training import loading
 from plait.training.ops import target_logprobs
 from plait.training.step import check_token_ids
 from plait.types import (
@@ -60,7 +61,6 @@ from plait.types import (
     SamplingParams,
     WeightUpdate,
 )
-from plait_torch import loading
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 

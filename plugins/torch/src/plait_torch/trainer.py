@@ -24,6 +24,7 @@ import torch
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
+from plait.training import loading
 from plait.training.checkpointing import apply_activation_checkpointing
 from plait.training.layout import LayoutOptions
 from plait.training.perf import FlopsModel, PeakFlops, peak_flops
@@ -43,7 +44,6 @@ from plait.types import (
     OptimStepResult,
     TrainerCapabilities,
 )
-from plait_torch import loading
 from plait_torch.options import TorchTrainerOptions
 
 log = structlog.get_logger("plait_torch.trainer")

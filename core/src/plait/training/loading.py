@@ -1,4 +1,4 @@
-"""Loading a Hugging Face causal LM and its tokenizer for plait-torch's engines."""
+"""Loading a Hugging Face causal LM and its tokenizer for the torch-based engines."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from plait.errors import ModelError
 from plait.models import ResolvedModel
 
-log = structlog.get_logger("plait_torch")
+log = structlog.get_logger("plait.training")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -39,7 +39,7 @@ def model_dtype(model: ResolvedModel) -> torch.dtype:
         return DTYPES[model.dtype]
     except KeyError:
         raise ModelError(
-            f"model dtype {model.dtype!r} is not supported by plait-torch",
+            f"model dtype {model.dtype!r} is not supported by the torch engines",
             fix=f"set model.dtype to one of {', '.join(DTYPES)}",
         ) from None
 
