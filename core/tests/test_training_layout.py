@@ -14,6 +14,7 @@ from plait.training.layout import (  # noqa: E402
     MicroBatch,
     attention_mask,
     plan_micro_batches,
+    split_for_ranks,
 )
 
 
@@ -133,3 +134,22 @@ def test_packing_fills_rows_as_wide_as_the_longest_sequence() -> None:
     assert [tuple(b.input_ids.shape) for b in packed] == [(3, 40)]  # 40 | 30+10 | 10+8+2
     padded = build(sequences, LayoutOptions(1000))
     assert [tuple(b.input_ids.shape) for b in padded] == [(6, 40)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(sequences=token_batches(), ranks=st.integers(1, 4), sharing=st.booleans())
+def test_split_for_ranks_gives_every_datum_to_one_rank(sequences: list[list[int]], ranks: int, sharing: bool) -> None:
+    tokens = [np.asarray(s, dtype=np.int64) for s in sequences]
+    shares = split_for_ranks(tokens, LayoutOptions(64, prefix_sharing=sharing), ranks)
+    assert len(shares) == ranks
+    assert sorted(i for share in shares for i in share) == list(range(len(sequences)))
+
+
+def test_split_for_ranks_keeps_groups_together_and_balances_them() -> None:
+    # Every sample starts with the same "system prompt" token; groups share 10 more tokens.
+    sequences = [[7, *s] for s in grpo_batch(groups=4, samples=4, prompt=10, response=3)]
+    tokens = [np.asarray(s, dtype=np.int64) for s in sequences]
+    shares = split_for_ranks(tokens, LayoutOptions(64, prefix_sharing=True), 2)
+    assert [len(share) for share in shares] == [8, 8]
+    for share in shares:
+        assert all(i // 4 * 4 + k in share for i in share for k in range(4)), "a group on one rank"

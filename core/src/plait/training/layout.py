@@ -171,6 +171,24 @@ def plan_rows(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[R
     return [build_row(sequences, g, share=share) for g in groups]
 
 
+def split_for_ranks(sequences: Sequence[np.ndarray], options: LayoutOptions, ranks: int) -> list[list[int]]:
+    """Datum indices for each of `ranks` data-parallel processes: datums that share a prefix stay
+    together (when sharing), and every process gets about as many tokens to compute."""
+    units = _units(sequences, options.prefix_sharing)
+    total = sum(_unit_size(sequences, *u) for u in units)
+    # A unit much larger than a fair share (everything starts with the same system prompt) is cut
+    # at its weakest links, like a unit too large for a row.
+    fair = max(max(len(s) for s in sequences), -(-total // ranks))
+    chunks = [chunk for members, shared in units for chunk in _split(sequences, members, shared, fair)]
+    loads = [0] * ranks
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    for members, shared in sorted(chunks, key=lambda c: -_unit_size(sequences, *c)):
+        rank = loads.index(min(loads))
+        shares[rank].extend(members)
+        loads[rank] += _unit_size(sequences, members, shared)
+    return [sorted(share) for share in shares]
+
+
 def plan_micro_batches(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[list[RowPlan]]:
     """Rows grouped into micro-batches of at most `micro_batch_tokens` rows x width, widest first
     (so that rows of similar width share a micro-batch and little padding is added)."""

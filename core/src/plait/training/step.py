@@ -24,7 +24,7 @@ import torch
 from plait.errors import DataError
 from plait.losses import LossOutput, check_inputs
 from plait.metrics import merge_metrics
-from plait.training.layout import LayoutOptions, MicroBatch, plan_micro_batches
+from plait.training.layout import INT_INPUTS, LayoutOptions, MicroBatch, plan_micro_batches
 from plait.training.perf import FlopsModel
 from plait.training.scorer import TokenScorer
 from plait.types import Datum, ForwardBackwardOutput, TensorData
@@ -59,6 +59,21 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
     except ValueError as exc:
         raise DataError(str(exc), fix="add the missing loss_fn_inputs to every datum") from None
     return keys
+
+
+def check_loss_config(loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None) -> Any:
+    """The loss function, after a trial run on one zero token: an unknown loss name or a config
+    the loss rejects fails before any forward pass (which, split across processes, could not be
+    abandoned halfway)."""
+    loss = lookup_loss(loss_fn)
+    zero = torch.zeros(1)
+    trial = {k: zero.long() if k in INT_INPUTS else zero for k in keys}
+    try:
+        loss(zero, trial, dict(loss_fn_config or {}))
+    except (ValueError, KeyError) as exc:
+        raise DataError(f"loss {loss_fn!r} rejected its inputs: {exc}",
+                        fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+    return loss
 
 
 def check_token_ids(ids: Any, vocab_rows: int, what: str) -> None:
@@ -127,15 +142,17 @@ class StepRunner:
         """`agree_on_passes(n)`: for processes that must run forward passes in lockstep (FSDP):
         given this process's number of micro-batches, the number every process runs; the missing
         ones are run on a one-token dummy whose loss is zero."""
-        loss = lookup_loss(loss_fn)
-        keys = check_data(data, loss_fn)
         config = dict(loss_fn_config or {})
+        # A process of a lockstep group may get no data at all; it still runs its share of passes.
+        keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
+        loss = check_loss_config(loss_fn, keys, config) if keys else lookup_loss(loss_fn)
         tokens = [np.asarray(d.model_input.to_ints(), dtype=np.int64) for d in data]
         inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
-        check_token_ids(np.concatenate(tokens), self.vocab_rows, "model_input")
-        check_token_ids(np.concatenate([i["target_tokens"] for i in inputs]), self.vocab_rows,
-                        "loss_fn_inputs['target_tokens']")
-        plans = plan_micro_batches(tokens, self.layout)
+        if data:
+            check_token_ids(np.concatenate(tokens), self.vocab_rows, "model_input")
+            check_token_ids(np.concatenate([i["target_tokens"] for i in inputs]), self.vocab_rows,
+                            "loss_fn_inputs['target_tokens']")
+        plans = plan_micro_batches(tokens, self.layout) if data else []
         passes = agree_on_passes(len(plans)) if agree_on_passes is not None else len(plans)
         logprobs: dict[int, np.ndarray] = {}
         parts: list[tuple[dict[str, float], int]] = []
