@@ -1,0 +1,1 @@
+"""plait-fsdp2: the FSDP2 trainer engine (`trainer.engine = "fsdp2"`)."""
