@@ -32,7 +32,13 @@ from plait.training.perf import FlopsModel
 from plait.training.state import fsync_tree, replace_dir, temporary_sibling
 from plait.training.step import check_data, check_loss_config, check_token_ids, to_output
 from plait.training.workers import WorkerGroup, tensor_from_wire
-from plait.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResult, TrainerCapabilities
+from plait.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    OptimStepResult,
+    TrainerCapabilities,
+)
 from plait_fsdp2.options import FSDP2Options
 from plait_fsdp2.rank import META_FILE, STATE_FORMAT, RankInfo, RankSetup
 
