@@ -1,0 +1,1 @@
+"""plait-megatron: Hugging Face <-> Megatron-core weights and models for Qwen3."""
