@@ -18,6 +18,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arith_tiny.toml"
 STEPS = 30
 
 
+@pytest.mark.timeout(1800)  # the first run also builds tiny-qwen3-arith (minutes)
 def test_tiny_model_learns_arith_on_two_fsdp2_ranks(tmp_path: Path) -> None:
     for module in ("plait_torch", "plait_math", "plait_fsdp2"):
         pytest.importorskip(module)
