@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The distributions of this repository, in dependency order.
-DISTS := core sdk plugins/torch plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen
+DISTS := core sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen
 
 .PHONY: help venv demo test check lint bench clean
 

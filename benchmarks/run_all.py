@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "trainer_throughput": (["trainer_throughput.py"], None),
     "sampling_throughput": (["sampling_throughput.py"], None),
     "tito_tokens": (["tito_tokens.py"], None),
+    "prefix_sharing": (["prefix_sharing.py"], None),
     "delta_sync": (["delta_sync.py"], None),
     "async_vs_sync": (["async_vs_sync.py"], None),
     "engines": (["engines.py"], venv(VLLM_VENV, "scripts/ci/vllm.sh")),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install what the trainer plugins' tests need beyond scripts/install.sh: plait-fsdp2 and
-# plait-megatron (editable) and megatron-core. Idempotent; for a fresh Debian 12 machine as root.
+# Install megatron-core for plait-megatron's tests (scripts/install.sh installs plait-fsdp2 and
+# plait-megatron themselves). Idempotent; for a fresh Debian 12 machine as root.
 #
 #   bash scripts/ci/trainers.sh                     # into ${VENV:-.venv}
 #
@@ -10,7 +10,6 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${VENV:-.venv}
 [[ "$venv" = /* ]] || venv="$repo/$venv"
-PIP=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-"${PIP[@]}" --no-deps -e "$repo/plugins/fsdp2" -e "$repo/plugins/megatron"
-"$venv/bin/python" -c "import megatron.core" 2>/dev/null || "${PIP[@]}" --no-deps "megatron-core==0.16.1"
-echo "[trainers.sh] plait-fsdp2, plait-megatron and megatron-core installed into $venv"
+"$venv/bin/python" -c "import megatron.core" 2>/dev/null \
+    || "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "megatron-core==0.16.1"
+echo "[trainers.sh] megatron-core installed into $venv"
