@@ -5,8 +5,6 @@ the test-sized example (examples/arith_tiny.toml) still learns when run async.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +14,10 @@ pytest.importorskip("plait_math", reason="needs the arithmetic environment (plai
 
 from plait.config import load_config
 from plait.controller import LEDGER_FILE, run_training
-from plait.errors import UnknownComponentError
-from plait.plugins import get_registry
 from plait.testing.models import materialize_model
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arith_tiny.toml"
 STEPS, GROUPS, GROUP_SIZE = 5, 2, 4
 
 
@@ -59,27 +54,15 @@ def test_staleness_stays_within_its_bound(max_staleness, pause, tiny_qwen3, tmp_
         assert record["weight_version"] == ledger[0]["weight_version"] + record["step"] - 1
 
 
-def test_arith_tiny_learns_async(tmp_path):
+@pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
+def test_arith_tiny_learns_async(run_arith_tiny):
     """examples/arith_tiny.toml with rl.schedule = "async" (staleness <= 2, token-level truncated IS):
-    reward rises, staleness and applied importance weights stay in bounds."""
-    if not EXAMPLE.is_file():
-        pytest.skip("examples/arith_tiny.toml is not in this checkout")
-    try:
-        get_registry().get("model", "tiny-qwen3-arith")
-    except UnknownComponentError:
-        pytest.skip("no installed plugin registers model tiny-qwen3-arith")
-    run = subprocess.run([sys.executable, "-m", "plait.cli", "run", str(EXAMPLE), "--no-resume",
-                          "-s", f"run.out_dir={tmp_path}", "-s", "rl.schedule=async",
-                          "-s", "off_policy.max_staleness=2", "-s", "off_policy.correction=token",
-                          "-s", "off_policy.truncate=2.0", "-s", "off_policy.mask_above=10.0"],
-                         capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stderr[-3000:]
-    steps = metrics_of(tmp_path / "arith-tiny")
-    rewards = [m["reward/mean"] for m in steps]
-    start, final = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    # Measured with the tiny-qwen3-arith recipe of 2026-11-29 14:57: async 0.00 -> 0.14, sync on
-    # the same model 0.00 -> 0.18 (last 5 steps); tighten once the recipe is final.
-    assert final >= start + 0.1, f"reward {start:.2f} -> {final:.2f} over the first/last 5 steps; rewards: {rewards}"
+    it learns (a little slower than the sync run: measured best 10-step reward 0.74 against 0.83,
+    held-out accuracy 0 -> 0.70), and staleness and applied importance weights stay in bounds."""
+    run = run_arith_tiny("rl.schedule=async", "off_policy.max_staleness=2", "off_policy.correction=token",
+                         "off_policy.truncate=2.0", "off_policy.mask_above=10.0")
+    run.assert_learned(min_reward=0.65, min_accuracy=0.6)
+    steps = [m for m in run.metrics if m["step"] > 0 and "reward/mean" in m]
     for m in steps:
         assert m["async/staleness_max"] <= 2, m
         if "policy/is_weight_applied_max" in m:

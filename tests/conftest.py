@@ -1,0 +1,60 @@
+"""Shared by the end-to-end tests: running the test-sized example (examples/arith_tiny.toml)
+through `plait run` with config overrides, and the bar it must clear."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ARITH_TINY = REPO / "examples" / "arith_tiny.toml"
+ARITH_TINY_STEPS = 60
+
+
+@attrs.frozen
+class ArithTinyRun:
+    run_dir: Path
+    output: str
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [m["reward/mean"] for m in self.metrics if "reward/mean" in m]
+
+    def assert_learned(self, min_reward: float = 0.8, min_accuracy: float = 0.7) -> None:
+        """From below 0.1 (first-step reward and held-out greedy accuracy) to a mean reward of
+        `min_reward` over 10 consecutive steps, and held-out accuracy of `min_accuracy`."""
+        rewards = self.rewards
+        assert len(rewards) == ARITH_TINY_STEPS, f"{len(rewards)} steps ran"
+        assert rewards[0] < 0.1, f"the task must start hard for the model: first-step reward {rewards[0]}"
+        best = max(sum(rewards[i:i + 10]) / 10 for i in range(len(rewards) - 9))
+        assert best >= min_reward, f"best 10-step mean reward {best:.3f} < {min_reward}; rewards: {rewards}"
+        accuracy = [m["eval/accuracy"] for m in self.metrics if "eval/accuracy" in m]
+        assert accuracy[0] < 0.1 and max(accuracy[1:]) >= min_accuracy, f"held-out accuracy {accuracy}"
+
+
+@pytest.fixture
+def run_arith_tiny(tmp_path: Path) -> Callable[..., ArithTinyRun]:
+    """`run_arith_tiny("trainer.engine=fsdp2", ...)` runs the example with these overrides."""
+    for module in ("plait_torch", "plait_math"):
+        pytest.importorskip(module)
+
+    def run(*overrides: str, timeout_s: float = 2400) -> ArithTinyRun:
+        args = [arg for item in [f"run.out_dir={tmp_path}", *overrides] for arg in ("-s", item)]
+        done = subprocess.run([sys.executable, "-m", "plait.cli", "run", str(ARITH_TINY), "--no-resume", *args],
+                              capture_output=True, text=True, timeout=timeout_s)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_dir = tmp_path / "arith-tiny"
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return ArithTinyRun(run_dir, done.stdout + done.stderr, metrics, summary)
+
+    return run
