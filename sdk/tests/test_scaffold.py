@@ -57,6 +57,9 @@ def test_plait_env_new_passes_its_own_tests_in_a_fresh_venv(tmp_path: Path) -> N
                           capture_output=True, text=True, check=True).stdout.strip()
     (Path(site) / "_plait_test_deps.pth").write_text("\n".join(_dependency_dirs()) + "\n")
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PLAIT_PLUGINS")}
+    # The dependency dirs may be a venv where every plait distribution is installed editable: their
+    # entry points show through, their code does not. Only the two this venv installs may load.
+    clean["PLAIT_PLUGINS"] = "sdk,myenv"
     probe = subprocess.run([python, "-c", "import plait"], capture_output=True, text=True, env=clean)
     assert probe.returncode != 0, "the fresh venv must not see plait before installing it"
 

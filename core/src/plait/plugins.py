@@ -49,12 +49,12 @@ KIND_HOOKS: dict[str, str] = {
 
 # Where well-known names live, so that an unknown name can say what to install.
 KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
-    "trainer_engine": {"torch": "plait-torch", "fsdp2": "plait-fsdp2", "megatron": "plait-megatron"},
+    "trainer_engine": {"torch": "plait-torch", "fsdp2": "plait-fsdp2"},
     "inference_engine": {"torch": "plait-torch", "vllm": "plait-vllm", "sglang": "plait-sglang"},
     "renderer": {"qwen3": "plait-qwen", "qwen3_keep_reasoning": "plait-qwen", "qwen3_instruct_2507": "plait-qwen",
                  "qwen3_5": "plait-qwen", "qwen3_5_keep_reasoning": "plait-qwen"},
     "env": {"math.": "plait-math", "docker.": "plait-docker", "code.": "plait-docker"},
-    "model": {"smollm2-135m-instruct": "plait-torch", "tiny-qwen3": "plait-torch"},
+    "model": {"smollm2-135m-instruct": "plait-torch", "tiny-qwen3": "plait-torch", "tiny-qwen3-arith": "plait-torch"},
 }
 
 
