@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from plait.plugins import build
+
+pytest.importorskip("plait_docker", reason="needs the Docker sandboxes (plait-docker)")
+pytest.importorskip("plait_torch", reason="needs the reference engines (plait-torch)")
 from plait_docker.engine import LABEL_OWNER_PID, LABEL_SANDBOX, connect
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
