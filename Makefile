@@ -6,10 +6,11 @@ PIP := $(PY) -m pip
 # The distributions of this repository, in dependency order.
 DISTS := core sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen
 
-.PHONY: help venv demo test check lint bench clean
+.PHONY: help venv demo demo-tiny test check lint bench clean
 
 help:
 	@echo "make demo   - install everything into $(VENV) and run the main example (GRPO on SmolLM2-135M, ~15 min)"
+	@echo "make demo-tiny - the test-sized run: a tiny Qwen3 learns a strict answer format (~3 min)"
 	@echo "make test   - install everything and run the whole test suite (what CI runs)"
 	@echo "make check  - the fast default suite (run before every commit)"
 	@echo "make lint   - ruff"
@@ -23,6 +24,9 @@ venv: $(VENV)/.installed
 
 demo: venv
 	$(VENV)/bin/plait run examples/arith_smollm2.toml
+
+demo-tiny: venv
+	$(VENV)/bin/plait run examples/arith_tiny.toml
 
 test: venv
 	bash scripts/test.sh
