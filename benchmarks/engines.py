@@ -33,8 +33,6 @@ from pathlib import Path
 import engine_bench as common
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-
 OFFLINE = '''
 import json, sys, time
 from vllm import LLM, SamplingParams
@@ -62,8 +60,7 @@ if __name__ == "__main__":
 
 
 def vllm_python(args: argparse.Namespace) -> str:
-    venv = Path(os.environ.get("PLAIT_VLLM_VENV") or REPO / ".venvs" / "vllm")
-    python = args.vllm_python or str(venv / "bin" / "python")
+    python = args.vllm_python or str(common.vllm_venv() / "bin" / "python")
     if not Path(python).is_file():
         raise SystemExit(f"no vLLM interpreter at {python}: run scripts/ci/vllm.sh or pass --vllm-python")
     return python

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine_bench import vllm_venv
+
 ROOT = Path(__file__).resolve().parents[1]
-# where scripts/ci/vllm.sh and scripts/ci/sdk.sh put their venvs (the benchmarks read the same)
-VLLM_VENV = Path(os.environ.get("PLAIT_VLLM_VENV") or ROOT / ".venvs" / "vllm")
+# where scripts/ci/sdk.sh puts the openreward venv (benchmarks/ors_server.py reads the same)
 OPENREWARD_VENV = Path(os.environ.get("ORS_VENVS") or ROOT / ".venvs") / "openreward"
 
 
@@ -43,7 +44,7 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "prefix_sharing": (["prefix_sharing.py"], None),
     "delta_sync": (["delta_sync.py"], None),
     "async_vs_sync": (["async_vs_sync.py"], None),
-    "engines": (["engines.py"], venv(VLLM_VENV, "scripts/ci/vllm.sh")),
+    "engines": (["engines.py"], venv(vllm_venv(), "scripts/ci/vllm.sh")),
     "ors_server": (["ors_server.py"], venv(OPENREWARD_VENV, "scripts/ci/sdk.sh")),
     "docker_sandbox": (["docker_sandbox.py"], docker_engine),
 }
