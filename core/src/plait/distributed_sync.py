@@ -93,15 +93,13 @@ class WeightStore:
 
     async def apply_weights(self, update: WeightUpdate) -> None:
         if update.kind == "delta":
-            if update.base_version is not None and update.base_version != self._version:
-                raise WeightSyncError(f"delta {update.version} patches version {update.base_version}, "
-                                      f"this store holds {self._version}")
             fresh = {n: p.values.reshape(p.shape).clone() for n, p in update.tensors.items()
                      if n not in self.tensors and p.dense}
             try:
-                weight_patch.apply_update({**self.tensors, **fresh}, update)
+                weight_patch.apply_update({**self.tensors, **fresh}, update, held_version=self._version)
             except ValueError as exc:
-                raise WeightSyncError(f"weight update {update.version} does not apply: {exc}") from exc
+                raise WeightSyncError(f"weight update {update.version} does not apply: {getattr(exc, 'message', exc)}",
+                                      fix=getattr(exc, "fix", None)) from exc
             self.tensors.update(fresh)
         else:
             self.tensors.update({name: torch.as_tensor(t).clone() for name, t in update.tensors.items()})

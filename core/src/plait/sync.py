@@ -5,11 +5,12 @@ Every sync method (`sync.method`) is a transport; its options choose the other t
 - **payload** (`sync.options.payload`): `full` sends every tensor in one update; `bucketed` streams
   them in updates of at most `bucket_mb` (dense `TensorPatch` entries, so each bucket replaces the
   tensors it names); `delta` diffs against what was sent last and sends only changed elements as
-  sparse overwrites (`plait.weight_patch`), falling back to a full update for a receiver that
-  does not hold the previous version. `dtype` casts the trainer's weights to the dtype the
-  engine serves before anything is compared or sent: set it to "bfloat16" for an engine that
-  serves bfloat16 weights from float32 master weights, or a delta finds nearly every element
-  changed.
+  sparse patches (`plait.weight_patch`: a one-byte step of the bit pattern for a bfloat16 element
+  that crossed a rounding boundary, else the new value), falling back to a full update for a
+  receiver that does not hold the previous version. `dtype` casts the trainer's weights to the
+  dtype the engine serves before anything is compared or sent: set it to "bfloat16" for an
+  engine that serves bfloat16 weights from float32 master weights, or a delta finds nearly every
+  element changed.
 - **layout** (`sync.options.layout`): `hf` = Hugging Face names and shapes; `tp` = each rank's
   tensor-parallel shard (`plait.weight_layout`), for receivers that hold one shard each.
 - **transport** (the method): `in_process` hands updates to each engine's `apply_weights`; `disk`
@@ -237,7 +238,7 @@ class WeightPublisher:
                 assert self._snapshots is not None
                 patches = self._diff(self._snapshots[rank], tensors)
                 changed = sum(weight_patch.patch_elements(p) for p in patches.values())
-                delta = self._bucket(patches, tensors, version, base_version=base)
+                delta = self._bucket(patches, tensors, version, base_version=base, base=self._snapshots[rank])
             pushes.append(Push(version, base, delta, self._full_factory(tensors, version), elements, changed,
                                full_bytes))
         if self.options.payload == "delta":
@@ -282,8 +283,9 @@ class WeightPublisher:
         return full_updates
 
     def _bucket(self, patches: Mapping[str, TensorPatch], tensors: Mapping[str, Any], version: int, *,
-                base_version: int | None) -> list[WeightUpdate]:
-        """Delta updates of at most `bucket_mb` each (a larger single patch gets its own)."""
+                base_version: int | None, base: Mapping[str, Any] | None = None) -> list[WeightUpdate]:
+        """Delta updates of at most `bucket_mb` each (a larger single patch gets its own); `base`:
+        the tensors of `base_version` the patches were made against."""
         from plait import weight_patch
 
         limit = self.options.bucket_mb * 2**20
@@ -296,10 +298,13 @@ class WeightPublisher:
                 size = 0
             buckets[-1][name] = patch
             size += nbytes
-        return [self._update(bucket, tensors, version, kind="delta", base_version=base_version) for bucket in buckets]
+        return [self._update(bucket, tensors, version, kind="delta", base_version=base_version,
+                             base_checksum=None if base is None else weight_patch.base_checksum(base, bucket))
+                for bucket in buckets]
 
     def _update(self, entries: Mapping[str, Any], tensors: Mapping[str, Any], version: int, *,
-                kind: Literal["full", "delta"], base_version: int | None = None) -> WeightUpdate:
+                kind: Literal["full", "delta"], base_version: int | None = None,
+                base_checksum: str | None = None) -> WeightUpdate:
         """An update of `entries`; its checksum is that of the new `tensors` it names."""
         checksum = None
         if self.options.send_checksum:
@@ -307,7 +312,7 @@ class WeightPublisher:
 
             checksum = weight_patch.checksum((name, tensors[name]) for name in entries)
         return WeightUpdate(version=version, tensors=dict(entries), kind=kind, checksum=checksum,
-                            base_version=base_version)
+                            base_version=base_version, base_checksum=base_checksum)
 
 
 def update_nbytes(update: WeightUpdate) -> int:
@@ -458,7 +463,8 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
 
     A single full update is `model.safetensors` with Hugging Face names (loadable by any engine).
     Otherwise every update is `patch-XXXX.safetensors`: its `plait.weight_patch.pack` pieces as
-    tensors `NAME::gaps` / `NAME::values` (dense entries have no gaps), and the pack header (JSON)
+    tensors `NAME::gaps` / `NAME::values` / `NAME::escaped` (`plait.weight_patch.piece_names`:
+    dense entries have no gaps, patches of values no escaped values), and the pack header (JSON)
     in the file's metadata under "plait". `update.json` lists the files in apply order, written last
     so that a reader never sees a half-written version.
     """
@@ -475,12 +481,7 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
     else:
         for index, update in enumerate(updates):
             header, pieces = weight_patch.pack(update)
-            named: dict[str, Any] = {}
-            it = iter(pieces)
-            for entry in header["tensors"]:
-                if entry.get("gaps") is not None:
-                    named[f"{entry['name']}::gaps"] = next(it)
-                named[f"{entry['name']}::values"] = next(it)
+            named = dict(zip(weight_patch.piece_names(header), pieces, strict=True))
             filename = PATCH_FILE.format(index=index)
             save_safetensors(named, directory, filename=filename, metadata={"plait": weight_patch.header_json(header)})
             files.append({"file": filename})
@@ -513,11 +514,7 @@ def read_updates(directory: Path) -> list[WeightUpdate]:
                                             checksum=item.get("checksum")))
                 continue
             header = json.loads(f.metadata()["plait"])
-            pieces = []
-            for entry in header["tensors"]:
-                if entry.get("gaps") is not None:
-                    pieces.append(f.get_tensor(f"{entry['name']}::gaps"))
-                pieces.append(f.get_tensor(f"{entry['name']}::values"))
+            pieces = [f.get_tensor(name) for name in weight_patch.piece_names(header)]
         updates.append(weight_patch.unpack(header, pieces))
     return updates
 
@@ -550,9 +547,8 @@ def apply_patch_to_checkpoint(patch_dir: Path, checkpoint_dir: Path) -> None:
         tensors = load_file(str(base))
     version = held
     for update in read_updates(patch_dir):
-        if update.base_version is not None and update.base_version != version:
-            state = "no checkpoint" if held is None else f"version {version}"
-            raise WeightSyncError(f"{checkpoint_dir} holds {state}, but the patches of version {update.version} "
+        if update.base_version is not None and version is None:
+            raise WeightSyncError(f"{checkpoint_dir} holds no checkpoint, but the patches of version {update.version} "
                                   f"were made against version {update.base_version}",
                                   fix="push full weights (a new sync does), or apply the versions in order")
         for name, patch in update.tensors.items():
@@ -562,9 +558,10 @@ def apply_patch_to_checkpoint(patch_dir: Path, checkpoint_dir: Path) -> None:
                                           fix="push full weights first (a new sync does)")
                 tensors[name] = patch.values.reshape(patch.shape).clone()
         try:
-            weight_patch.apply_update(tensors, update)
+            weight_patch.apply_update(tensors, update, held_version=version)
         except ValueError as exc:
-            raise WeightSyncError(f"patching {checkpoint_dir} to version {update.version} failed: {exc}",
-                                  fix="push full weights (a new sync does)") from exc
+            raise WeightSyncError(f"patching {checkpoint_dir} to version {update.version} failed: "
+                                  f"{getattr(exc, 'message', exc)}",
+                                  fix=getattr(exc, "fix", None) or "push full weights (a new sync does)") from exc
         version = update.version
     save_safetensors(tensors, checkpoint_dir, metadata={_VERSION_KEY: str(version)})
