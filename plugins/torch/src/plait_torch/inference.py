@@ -23,8 +23,8 @@ How it runs:
   stop token; a stop string stops after the token that completes it.
 - Weight versions: every token is tagged with the version of the weights that produced it.
   `apply_weights` takes effect between two decode steps, also for sequences in flight. It takes
-  full updates and delta updates (sparse overwrites, `plait.weight_patch`; a delta's values must
-  be in the dtype the engine serves, and it applies only to its `base_version`); when the update
+  full updates and delta updates (sparse patches, `plait.weight_patch`; a delta must be made in
+  the dtype the engine serves, and it applies only to its base version and bits); when the update
   carries a checksum, the engine checks its weights against it afterwards and raises on a mismatch.
 - `pause("keep")` parks the running batch between steps (its KV cache kept) until `resume()`;
   tokens decoded after a weight update in between carry the new version. `pause("abort")` ends
@@ -47,7 +47,7 @@ import structlog
 import torch
 
 from plait import weight_patch
-from plait.errors import DataError, EngineError
+from plait.errors import DataError, EngineError, WeightBaseError
 from plait.models import ResolvedModel
 from plait.training import loading
 from plait.training.ops import target_logprobs
@@ -505,13 +505,11 @@ class TorchInferenceEngine:
 
     @torch.no_grad()
     def _patch_weights(self, update: WeightUpdate) -> None:
-        """Overwrite the elements a delta update names (plait.weight_patch), then check the checksum."""
-        if update.base_version is not None and update.base_version != self._version:
-            raise EngineError(f"delta weight update {update.version} patches version {update.base_version}, "
-                              f"but this engine holds version {self._version}",
-                              fix="send full weights to an engine that missed a version (the core's syncs do)")
+        """Write the elements a delta update names (plait.weight_patch), then check the checksum."""
         try:
-            weight_patch.apply_update(self._aliases, update)
+            weight_patch.apply_update(self._aliases, update, held_version=self._version)
+        except WeightBaseError as exc:
+            raise EngineError(exc.message, fix=exc.fix) from exc
         except ValueError as exc:
             raise EngineError(f"delta weight update {update.version} does not apply: {exc}",
                               fix="set sync.options.dtype to the dtype this engine serves "
