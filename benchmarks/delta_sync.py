@@ -4,9 +4,10 @@ engine's weights end bit-identical to the trainer's.
 A plait-torch trainer (float32 master weights, Adam) takes RL steps (importance-sampling loss on
 random token data) and after each one pushes its weights to a plait-torch inference engine that
 serves bfloat16, once as a sparse delta (`payload = "delta"`: only the bfloat16 elements that
-changed, as overwrites, with a BLAKE2b checksum the engine verifies after applying) and, for
-comparison, the size a full push would have had. The engine's weights are checksummed against the
-trainer's (cast to bfloat16) after every push.
+changed, each as a step of its bit pattern, `plait.weight_patch`; the engine checks the base's
+checksum before and the result's BLAKE2b checksum after applying) and, for comparison, the size a
+full push would have had. The engine's weights are checksummed against the trainer's (cast to
+bfloat16) after every push.
 
 Models: tiny-qwen3 (19.7M parameters) and a ~50M-parameter Qwen3 built at run time from a config
 (random init, same tokenizer). Learning rates: 1e-6 (a common RL rate for LLMs) and 1e-5.
@@ -78,6 +79,7 @@ def measure(model: ResolvedModel, learning_rate: float, steps: int) -> dict[str,
     trainer.close()
     deltas = rows[1:]
     return {"model": model.name, "parameters": params, "learning_rate": learning_rate, "steps": rows,
+            "max_bytes_fraction": max(r["bytes_fraction"] for r in deltas),
             "first_step_bytes_fraction": deltas[0]["bytes_fraction"],  # Adam's first step moves every element by lr
             "max_bytes_fraction_after_first_step": max(r["bytes_fraction"] for r in deltas[1:]),
             "mean_delta_fraction": float(np.mean([r["delta_fraction"] for r in deltas])),
