@@ -252,12 +252,11 @@ def apply_update(tensors: Mapping[str, torch.Tensor], update: WeightUpdate, *,
         problem = _misfit(tensors[name], patch)
         if problem:
             raise ValueError(f"patch of {name!r}: {problem}")
-    stepped = [name for name, patch in update.tensors.items() if patch.bit_steps]
-    if stepped:
+    held = base_checksum(tensors, update.tensors)
+    if held is not None:
         if update.base_checksum is None:
             raise ValueError(f"delta weight update {update.version} has bit-step patches but no base_checksum: "
                              "steps apply only to the exact base they were made against")
-        held = checksum((name, tensors[name]) for name in stepped)
         if held != update.base_checksum:
             holder = "the receiver" if held_version is None else f"the receiver, which holds version {held_version}"
             raise WeightBaseError(f"delta weight update {update.version} (made against version {update.base_version}) "
