@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +30,12 @@ import torch
 from plait.errors import ConfigError, ModelError
 from plait.models import ResolvedModel
 from plait.training import loading
+from plait.training.engine import SingleProcessEngine
 from plait.training.layout import LayoutOptions
-from plait.training.optimizer import adamw_step, make_adamw
-from plait.training.perf import FlopsModel, PeakFlops, peak_flops
-from plait.training.state import (
-    check_same_parameters,
-    rng_state,
-    set_rng_state,
-    write_dir_atomically,
-)
-from plait.training.step import StepRunner, to_output
-from plait.types import (
-    AdamParams,
-    Datum,
-    ForwardBackwardOutput,
-    OptimStepResult,
-    TrainerCapabilities,
-)
+from plait.training.perf import FlopsModel
+from plait.training.state import check_same_parameters, write_dir_atomically
+from plait.training.step import StepRunner
+from plait.types import TrainerCapabilities
 from plait_megatron import parallel
 from plait_megatron.convert import Qwen3Shape, Spec, hf_to_megatron, megatron_to_hf
 from plait_megatron.options import MegatronOptions
@@ -55,11 +44,10 @@ log = structlog.get_logger("plait_megatron.engine")
 
 STATE_FORMAT = 1
 _WEIGHTS_FILE = "model.safetensors"
-_STATE_FILE = "trainer_state.pt"
 _META_FILE = "plait_megatron.json"
 
 
-class MegatronTrainer:
+class MegatronTrainer(SingleProcessEngine):
     """`plait.protocols.TrainerEngine` on megatron-core."""
 
     def __init__(self, model: ResolvedModel, *, options: MegatronOptions | None = None, seed: int = 0) -> None:
@@ -70,8 +58,8 @@ class MegatronTrainer:
         self.device = loading.select_device(self.options.device)
         self.spec, attention = _kernels(self.options, self.device)
         dtype = loading.model_dtype(model)
-        self._autocast_dtype = dtype if dtype != torch.float32 and self.options.mixed_precision else None
-        param_dtype = torch.float32 if self._autocast_dtype is not None else dtype
+        autocast_dtype = dtype if dtype != torch.float32 and self.options.mixed_precision else None
+        param_dtype = torch.float32 if autocast_dtype is not None else dtype
         # The Hugging Face model is read once, for its weights, config, vocabulary and FLOPs.
         hf_model = loading.load_causal_lm(model, dtype=param_dtype, device=torch.device("cpu"),
                                           attn_implementation=None)
@@ -79,7 +67,7 @@ class MegatronTrainer:
         self.hf_config = hf_model.config
         self.shape = Qwen3Shape.of(self.hf_config)
         self.vocab_rows = loading.embedding_rows(hf_model)
-        self.flops = FlopsModel.of(hf_model)
+        flops = FlopsModel.of(hf_model)
         hf_state = _hf_weights(hf_model, self.shape)
         del hf_model
 
@@ -95,11 +83,9 @@ class MegatronTrainer:
         self.scorer = MegatronScorer(self.gpt, takes_tree_masks=self.spec != "te" or attention is not None)
         layout = _layout(self.options, self.scorer.takes_tree_masks)
         self.capabilities = TrainerCapabilities(packing=layout.packing, prefix_sharing=layout.prefix_sharing)
-        self._runner = StepRunner(self.scorer, layout=layout, device=self.device, flops=self.flops,
-                                  vocab_rows=self.vocab_rows, autocast_dtype=self._autocast_dtype)
-        self._params = dict(self.gpt.named_parameters())  # Megatron names; tied parameters once
-        self.optimizer = make_adamw(self._params.values())
-        self._weight_version = 0
+        runner = StepRunner(self.scorer, layout=layout, device=self.device, flops=flops,
+                            vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype)
+        self._init_training(runner, dict(self.gpt.named_parameters()))  # Megatron names; tied ones once
         log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
                  spec=self.spec, attention=attention.__name__ if attention else "megatron",
                  params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
@@ -124,38 +110,7 @@ class MegatronTrainer:
                              fix="report it: plait_megatron.convert and the layer spec disagree")
         return gpt.to(self.device).train()
 
-    # -- protocol ---------------------------------------------------------------------------
-
-    @property
-    def weight_version(self) -> int:
-        return self._weight_version
-
-    @property
-    def peak_flops(self) -> PeakFlops:
-        return peak_flops(self.device.type, self._autocast_dtype or next(iter(self._params.values())).dtype)
-
-    @property
-    def peak_flops_per_s(self) -> float:
-        return self.peak_flops.flops_per_s
-
-    def flops_per_token(self, seq_len: int) -> float:
-        return self.flops.train_flops_per_token(seq_len)
-
-    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
-        with torch.no_grad():
-            result = self._runner.run(data, loss_fn, loss_fn_config, backward=False)
-        return to_output(loss_fn, len(data), [(range(len(data)), result)])
-
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
-        result = self._runner.run(data, loss_fn, loss_fn_config, backward=True)
-        return to_output(loss_fn, len(data), [(range(len(data)), result)])
-
-    def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
-        metrics = adamw_step(self.optimizer, list(self._params.values()), adam_params)
-        self._weight_version += 1
-        return OptimStepResult(self._weight_version, metrics)
+    # -- protocol (forward, forward_backward, optim_step: SingleProcessEngine) ------------------
 
     def export_weights(self) -> Iterator[tuple[str, Any]]:
         """(Hugging Face name, tensor) of every weight, converted from the live parameters: those
@@ -177,14 +132,10 @@ class MegatronTrainer:
             weights = {name: tensor.contiguous().cpu() for name, tensor in self.export_weights()}
             save_file(weights, str(tmp / _WEIGHTS_FILE), metadata={"format": "pt"})
             shutil.copy(Path(self.model_info.path) / "config.json", tmp / "config.json")
-            torch.save({
-                "optimizer": self.optimizer.state_dict(),
-                "grads": {n: p.grad.detach().cpu() for n, p in self._params.items() if p.grad is not None},
-                "rng": rng_state(),
-            }, tmp / _STATE_FILE)
+            self.save_training_state(tmp)
             (tmp / _META_FILE).write_text(json.dumps({
                 "format": STATE_FORMAT, "weight_version": self._weight_version, "model": self.model_info.name,
-                "spec": self.spec, "parameters": self._shapes(), "saved_at": time.time(),
+                "spec": self.spec, "parameters": self.parameter_shapes(), "saved_at": time.time(),
             }, indent=1))
 
         write_dir_atomically(path, write)
@@ -199,33 +150,21 @@ class MegatronTrainer:
             raise ModelError(f"{path} is not a plait-megatron trainer state (no {_META_FILE})",
                              fix="pass a directory written by the Megatron trainer's save_state")
         meta = json.loads(meta_path.read_text())
-        check_same_parameters(meta["parameters"], self._shapes(), path)
+        check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
         megatron = hf_to_megatron(load_file(str(path / _WEIGHTS_FILE)), self.shape, self.spec)
         with torch.no_grad():
             for name, param in self._params.items():
                 param.copy_(megatron[name])
-        state = torch.load(path / _STATE_FILE, map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        for name, param in self._params.items():
-            grad = state["grads"].get(name)
-            param.grad = None if grad is None else grad.to(device=param.device, dtype=param.dtype)
-        set_rng_state(state["rng"])
-        self._weight_version = int(meta["weight_version"])
+        self.load_training_state(path, meta["weight_version"])
         log.info("trainer state loaded", path=str(path), weight_version=self._weight_version)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.optimizer.zero_grad(set_to_none=True)
-        self._params.clear()
+        self._close_training()
         self.gpt = self.scorer = self._runner = None
         parallel.release()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _shapes(self) -> dict[str, list[int]]:
-        return {name: list(param.shape) for name, param in self._params.items()}
 
 
 def _hf_weights(hf_model: Any, shape: Qwen3Shape) -> dict[str, torch.Tensor]:
