@@ -3,28 +3,47 @@
 `SingleProcessEngine` implements `forward`, `forward_backward`, `optim_step`, `weight_version`
 and the FLOP accounting of `plait.protocols.TrainerEngine` on a `StepRunner` (so every such engine
 computes logprobs and losses with the same code) and torch's AdamW (`plait.training.optimizer`);
-`save_training_state` / `load_training_state` write and restore the optimizer state, pending
-gradients and RNG state. An engine (plait-torch's, plait-megatron's) builds its model and scorer,
-calls `_init_training`, and adds what is its own: weight export and the weights of a saved state.
+`save_state` / `load_state` write a state directory atomically: the engine's weights (its
+`_save_weights` / `_load_weights`), the optimizer state, pending gradients, RNG state and a
+metadata file. An engine (plait-torch's, plait-megatron's) builds its model and scorer, calls
+`_init_training`, and adds what is its own: weight export and how its weights are stored.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import structlog
 import torch
 
+from plait.errors import ModelError
+from plait.models import ResolvedModel
 from plait.training.optimizer import adamw_step, make_adamw
 from plait.training.perf import FlopsModel, PeakFlops, peak_flops
-from plait.training.state import rng_state, set_rng_state
+from plait.training.state import (
+    check_same_parameters,
+    rng_state,
+    set_rng_state,
+    write_dir_atomically,
+)
 from plait.training.step import StepRunner, to_output
 from plait.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResult
 
+log = structlog.get_logger("plait.training")
+
+STATE_FORMAT = 1
 TRAINING_STATE_FILE = "trainer_state.pt"
 
 
 class SingleProcessEngine:
+    engine_name: str
+    """Who wrote a saved state, for error messages ("plait-torch")."""
+    state_meta_file: str
+    """The metadata file of the engine's saved states (its presence marks a state directory)."""
+    model_info: ResolvedModel
     device: torch.device
     flops: FlopsModel
     optimizer: torch.optim.AdamW
@@ -80,24 +99,53 @@ class SingleProcessEngine:
     def parameter_shapes(self) -> dict[str, list[int]]:
         return {name: list(param.shape) for name, param in self._params.items()}
 
-    def save_training_state(self, directory: Path) -> None:
-        """Optimizer state, pending gradients and RNG state, into `directory`."""
-        torch.save({
-            "optimizer": self.optimizer.state_dict(),
-            "grads": {n: p.grad.detach().cpu() for n, p in self._params.items() if p.grad is not None},
-            "rng": rng_state(),
-        }, directory / TRAINING_STATE_FILE)
+    def save_state(self, path: str | Path) -> None:
+        """Weights, optimizer state, pending gradients, weight version and RNG state, written to a
+        temporary directory, fsynced, then renamed into place."""
+        path = Path(path)
 
-    def load_training_state(self, directory: Path, weight_version: int) -> None:
-        """What `save_training_state` wrote (after the engine restored the weights)."""
+        def write(tmp: Path) -> None:
+            self._save_weights(tmp)
+            torch.save({
+                "optimizer": self.optimizer.state_dict(),
+                "grads": {n: p.grad.detach().cpu() for n, p in self._params.items() if p.grad is not None},
+                "rng": rng_state(),
+            }, tmp / TRAINING_STATE_FILE)
+            (tmp / self.state_meta_file).write_text(json.dumps({
+                "format": STATE_FORMAT, "weight_version": self._weight_version, "model": self.model_info.name,
+                "parameters": self.parameter_shapes(), "saved_at": time.time(),
+            }, indent=1))
+
+        write_dir_atomically(path, write)
+        log.info("trainer state saved", path=str(path), weight_version=self._weight_version)
+
+    def load_state(self, path: str | Path) -> None:
+        path = Path(path)
+        meta_path = path / self.state_meta_file
+        if not meta_path.is_file():
+            raise ModelError(f"{path} is not a {self.engine_name} trainer state (no {self.state_meta_file})",
+                             fix=f"pass a directory written by the {self.engine_name} trainer's save_state")
+        meta = json.loads(meta_path.read_text())
+        check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
+        with torch.no_grad():
+            self._load_weights(path)
         # On the CPU: RNG states must stay CPU tensors; the optimizer moves its state to the parameters.
-        state = torch.load(directory / TRAINING_STATE_FILE, map_location="cpu", weights_only=False)
+        state = torch.load(path / TRAINING_STATE_FILE, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         for name, param in self._params.items():
             grad = state["grads"].get(name)
             param.grad = None if grad is None else grad.to(device=param.device, dtype=param.dtype)
         set_rng_state(state["rng"])
-        self._weight_version = int(weight_version)
+        self._weight_version = int(meta["weight_version"])
+        log.info("trainer state loaded", path=str(path), weight_version=self._weight_version)
+
+    def _save_weights(self, directory: Path) -> None:
+        """Write the weights into a state directory."""
+        raise NotImplementedError
+
+    def _load_weights(self, directory: Path) -> None:
+        """Copy a state directory's weights into the parameters (under no_grad)."""
+        raise NotImplementedError
 
     def _close_training(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
