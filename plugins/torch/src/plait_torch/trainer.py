@@ -11,8 +11,6 @@ until `optim_step`.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,19 +26,19 @@ from plait.training.engine import SingleProcessEngine
 from plait.training.layout import LayoutOptions
 from plait.training.perf import FlopsModel
 from plait.training.scorer import TokenScorer
-from plait.training.state import check_same_parameters, write_dir_atomically
 from plait.training.step import StepRunner
 from plait.types import TrainerCapabilities
 from plait_torch.options import TorchTrainerOptions
 
 log = structlog.get_logger("plait_torch.trainer")
 
-STATE_FORMAT = 1
-_META_FILE = "plait_trainer.json"
 
 
 class TorchTrainer(SingleProcessEngine):
     """`plait.protocols.TrainerEngine` on PyTorch + transformers."""
+
+    engine_name = "plait-torch"
+    state_meta_file = "plait_trainer.json"
 
     def __init__(self, model: ResolvedModel, *, options: TorchTrainerOptions | None = None, seed: int = 0) -> None:
         self.options = options or TorchTrainerOptions()
@@ -84,43 +82,20 @@ class TorchTrainer(SingleProcessEngine):
         for name, param in self._params.items():
             yield name, param.detach()
 
-    def save_state(self, path: str | Path) -> None:
-        """Weights (a Hugging Face checkpoint), optimizer state, pending gradients, weight version
-        and RNG state, written to a temporary directory, fsynced, then renamed into place."""
-        path = Path(path)
+    def _save_weights(self, directory: Path) -> None:
+        self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
 
-        def write(tmp: Path) -> None:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-            self.save_training_state(tmp)
-            (tmp / _META_FILE).write_text(json.dumps({
-                "format": STATE_FORMAT, "weight_version": self._weight_version, "model": self.model_info.name,
-                "parameters": self.parameter_shapes(), "saved_at": time.time(),
-            }, indent=1))
-
-        write_dir_atomically(path, write)
-        log.info("trainer state saved", path=str(path), weight_version=self._weight_version)
-
-    def load_state(self, path: str | Path) -> None:
-        path = Path(path)
-        meta_path = path / _META_FILE
-        if not meta_path.is_file():
-            raise ModelError(f"{path} is not a plait-torch trainer state (no {_META_FILE})",
-                             fix="pass a directory written by save_state")
-        meta = json.loads(meta_path.read_text())
-        check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
+    def _load_weights(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
         weights: dict[str, torch.Tensor] = {}
-        for file in sorted(path.glob("*.safetensors")):
+        for file in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(str(file)))
         missing = sorted(set(self._params) - set(weights))
         if missing:
-            raise ModelError(f"trainer state {path} lacks weights {missing[:5]}", fix="save the state again")
-        with torch.no_grad():
-            for name, param in self._params.items():
-                param.copy_(weights[name])
-        self.load_training_state(path, meta["weight_version"])
-        log.info("trainer state loaded", path=str(path), weight_version=self._weight_version)
+            raise ModelError(f"trainer state {directory} lacks weights {missing[:5]}", fix="save the state again")
+        for name, param in self._params.items():
+            param.copy_(weights[name])
 
     def close(self) -> None:
         self._close_training()
