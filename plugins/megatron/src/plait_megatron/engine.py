@@ -17,9 +17,7 @@ megatron-core's DotProductAttention / TEDotProductAttention on CUDA, plait's SDP
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,6 @@ from plait.training import loading
 from plait.training.engine import SingleProcessEngine
 from plait.training.layout import LayoutOptions
 from plait.training.perf import FlopsModel
-from plait.training.state import check_same_parameters, write_dir_atomically
 from plait.training.step import StepRunner
 from plait.types import TrainerCapabilities
 from plait_megatron import parallel
@@ -42,13 +39,14 @@ from plait_megatron.options import MegatronOptions
 
 log = structlog.get_logger("plait_megatron.engine")
 
-STATE_FORMAT = 1
 _WEIGHTS_FILE = "model.safetensors"
-_META_FILE = "plait_megatron.json"
 
 
 class MegatronTrainer(SingleProcessEngine):
     """`plait.protocols.TrainerEngine` on megatron-core."""
+
+    engine_name = "plait-megatron"
+    state_meta_file = "plait_megatron.json"
 
     def __init__(self, model: ResolvedModel, *, options: MegatronOptions | None = None, seed: int = 0) -> None:
         self.options = options or MegatronOptions()
@@ -120,43 +118,21 @@ class MegatronTrainer(SingleProcessEngine):
         live = {name: param.detach() for name, param in self._params.items()}
         yield from megatron_to_hf(live, self.shape, self.spec).items()
 
-    def save_state(self, path: str | Path) -> None:
-        """Weights (a Hugging Face checkpoint: safetensors in Hugging Face names and the model's
-        config.json), optimizer state, pending gradients, weight version and RNG state, written
-        to a temporary directory, fsynced, then renamed into place."""
+    def _save_weights(self, directory: Path) -> None:
+        """A Hugging Face checkpoint: safetensors in Hugging Face names and the model's config.json
+        (so a saved state loads into any layer spec, and into transformers)."""
         from safetensors.torch import save_file
 
-        path = Path(path)
+        weights = {name: tensor.contiguous().cpu() for name, tensor in self.export_weights()}
+        save_file(weights, str(directory / _WEIGHTS_FILE), metadata={"format": "pt"})
+        shutil.copy(Path(self.model_info.path) / "config.json", directory / "config.json")
 
-        def write(tmp: Path) -> None:
-            weights = {name: tensor.contiguous().cpu() for name, tensor in self.export_weights()}
-            save_file(weights, str(tmp / _WEIGHTS_FILE), metadata={"format": "pt"})
-            shutil.copy(Path(self.model_info.path) / "config.json", tmp / "config.json")
-            self.save_training_state(tmp)
-            (tmp / _META_FILE).write_text(json.dumps({
-                "format": STATE_FORMAT, "weight_version": self._weight_version, "model": self.model_info.name,
-                "spec": self.spec, "parameters": self.parameter_shapes(), "saved_at": time.time(),
-            }, indent=1))
-
-        write_dir_atomically(path, write)
-        log.info("trainer state saved", path=str(path), weight_version=self._weight_version)
-
-    def load_state(self, path: str | Path) -> None:
+    def _load_weights(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
-        path = Path(path)
-        meta_path = path / _META_FILE
-        if not meta_path.is_file():
-            raise ModelError(f"{path} is not a plait-megatron trainer state (no {_META_FILE})",
-                             fix="pass a directory written by the Megatron trainer's save_state")
-        meta = json.loads(meta_path.read_text())
-        check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
-        megatron = hf_to_megatron(load_file(str(path / _WEIGHTS_FILE)), self.shape, self.spec)
-        with torch.no_grad():
-            for name, param in self._params.items():
-                param.copy_(megatron[name])
-        self.load_training_state(path, meta["weight_version"])
-        log.info("trainer state loaded", path=str(path), weight_version=self._weight_version)
+        megatron = hf_to_megatron(load_file(str(directory / _WEIGHTS_FILE)), self.shape, self.spec)
+        for name, param in self._params.items():
+            param.copy_(megatron[name])
 
     def close(self) -> None:
         if self._closed:
