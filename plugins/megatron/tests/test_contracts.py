@@ -12,16 +12,17 @@ pytest.importorskip("megatron.core")
 
 
 class TestMegatronTrainer(TrainerEngineContract):
-    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")
-
-    @pytest.fixture
-    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
-        return tiny_model
-
     @pytest.fixture
     def make_trainer(self, model: ResolvedModel):
         from plait_megatron.engine import MegatronTrainer
         from plait_megatron.options import MegatronOptions
 
         # A small micro-batch so that the kit's batches are split into several forward passes.
-        return lambda: MegatronTrainer(model, options=MegatronOptions(device="cpu", micro_batch_tokens=24), seed=0)
+        options = MegatronOptions(device="cpu", micro_batch_tokens=24)
+        return lambda: MegatronTrainer(model, options=options, seed=0)
+
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")

@@ -31,24 +31,23 @@ class SDPACoreAttention(MegatronModule):
         super().__init__(config=config)
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout or config.softmax_type != "vanilla" or config.window_size is not None \
-                or config.context_parallel_size != 1 or config.tensor_model_parallel_size != 1:
+                or config.apply_query_key_layer_scaling or config.context_parallel_size != 1 \
+                or config.tensor_model_parallel_size != 1:
             raise ConfigError(
-                "SDPACoreAttention runs plain causal softmax attention without dropout on one "
+                "trainer.options.attention",
+                "'sdpa' (SDPACoreAttention) runs plain causal softmax attention without dropout on one "
                 "tensor-parallel rank",
-                fix="use megatron-core's DotProductAttention / TEDotProductAttention (attention = "
-                    "'megatron', on CUDA) for dropout, windows, softmax offsets or TP/CP > 1")
+                fix="use megatron-core's own kernels (attention = 'megatron', on CUDA) for dropout, windows, "
+                    "softmax offsets, query-key layer scaling or TP/CP > 1")
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
-        if config.apply_query_key_layer_scaling:
-            raise ConfigError("apply_query_key_layer_scaling is an fp16 overflow guard SDPA does not need",
-                              fix="leave TransformerConfig.apply_query_key_layer_scaling off")
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
                 attention_bias: torch.Tensor | None = None, packed_seq_params: Any = None) -> torch.Tensor:
         """query (sq, b, heads, d), key/value (sk, b, groups, d) -> context (sq, b, heads * d)."""
         if attention_bias is not None or packed_seq_params is not None:
-            raise ConfigError("SDPACoreAttention takes neither attention_bias nor packed_seq_params",
-                              fix="pass packed rows as an attention mask (plait's layouts do)")
+            raise ValueError("SDPACoreAttention takes neither attention_bias nor packed_seq_params; "
+                             "pass packed rows as an attention mask (plait's layouts do)")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, heads, s, d)
         allowed = None if attention_mask is None else ~attention_mask
         context = torch.nn.functional.scaled_dot_product_attention(

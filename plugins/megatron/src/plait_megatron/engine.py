@@ -158,6 +158,7 @@ def _kernels(options: MegatronOptions, device: torch.device) -> tuple[Spec, type
         spec = "te" if cuda and _has_transformer_engine() else "local"
     if not cuda and (spec == "te" or options.attention == "megatron"):
         raise ConfigError(
+            "trainer.options",
             f"spec {options.spec!r} / attention {options.attention!r} need CUDA: megatron-core 0.16's "
             "DotProductAttention takes its buffers and RNG states from the CUDA device, and Transformer "
             "Engine is CUDA-only",

@@ -33,6 +33,7 @@ def acquire(device: torch.device) -> None:
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             if dist.get_world_size() != 1:
                 raise ConfigError(
+                    "trainer.engine",
                     f"the Megatron trainer runs in one process, but torch.distributed has "
                     f"{dist.get_world_size()} ranks",
                     fix="start plait without torchrun; for data/tensor parallelism use trainer.engine = 'fsdp2'")
