@@ -32,6 +32,7 @@ def grpo_batch(vocab: int) -> list:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: ResolvedModel):
+    pytest.importorskip("plait_torch")
     from plait_torch.options import TorchTrainerOptions
     from plait_torch.trainer import TorchTrainer
 
