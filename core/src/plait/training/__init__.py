@@ -11,4 +11,7 @@ plugin discovery stay torch-free. A trainer plugin imports the modules it uses:
 - `plait.training.checkpointing`: activation checkpointing (full or selective) on decoder layers.
 - `plait.training.ops`, `plait.training.perf`: the chunked output head; FLOPs and peak FLOP/s.
 - `plait.training.state`: RNG state and atomic checkpoint directories.
+- `plait.training.engine`, `plait.training.optimizer`: the framework-independent half of a
+  single-process trainer engine (forward/backward calls, AdamW steps, saved states), shared by
+  plait-torch and plait-megatron.
 """

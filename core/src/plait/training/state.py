@@ -6,12 +6,14 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from plait.errors import ModelError
 
 
 def rng_state() -> dict[str, Any]:
@@ -28,6 +30,32 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_dir_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a fresh temporary directory next to `path`, which is then fsynced and
+    renamed into place (`replace_dir`); on any error the temporary directory is removed and
+    `path` stays as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        fsync_tree(tmp)
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def check_same_parameters(saved: Mapping[str, list[int]], expected: Mapping[str, list[int]], path: Path) -> None:
+    """Fail, naming a few, when a saved state's parameter names or shapes are not this model's."""
+    differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
+    if differing:
+        raise ModelError(
+            f"trainer state {path} was saved from a different model: {len(differing)} parameters differ "
+            f"in name or shape, e.g. {differing[:3]}",
+            fix="load it into a trainer built on the same model")
 
 
 def temporary_sibling(path: Path) -> Path:
