@@ -49,7 +49,7 @@ KIND_HOOKS: dict[str, str] = {
 
 # Where well-known names live, so that an unknown name can say what to install.
 KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
-    "trainer_engine": {"torch": "plait-torch", "fsdp2": "plait-fsdp2"},
+    "trainer_engine": {"torch": "plait-torch", "fsdp2": "plait-fsdp2", "megatron": "plait-megatron"},
     "inference_engine": {"torch": "plait-torch", "vllm": "plait-vllm", "sglang": "plait-sglang"},
     "renderer": {"qwen3": "plait-qwen", "qwen3_keep_reasoning": "plait-qwen", "qwen3_instruct_2507": "plait-qwen",
                  "qwen3_5": "plait-qwen", "qwen3_5_keep_reasoning": "plait-qwen"},
