@@ -4,11 +4,14 @@ that rank's part of the full layer (partial sums of the row-parallel outputs add
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RotaryEmbedding
 
-from plait.weight_layout import TensorParallelLayout
+torch = pytest.importorskip("torch")  # the core imports without torch; its shard layouts need it
+pytest.importorskip("transformers")
+
+from transformers import Qwen3Config  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RotaryEmbedding  # noqa: E402
+
+from plait.weight_layout import TensorParallelLayout  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, FFN, VOCAB = 4, 2, 16, 64, 128, 101
 
