@@ -372,6 +372,19 @@ def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
     return ids
 
 
+def sampling_room(prompt: ModelInput, num_samples: int, vocab_size: int, context: int, option: str) -> tuple[list[int], int]:
+    """(the prompt's checked token ids, how many tokens fit after it under the server's `context`
+    length, set by inference.options.`option`) for a request of `num_samples` completions."""
+    ids = prompt_token_ids(prompt, vocab_size)
+    if num_samples < 1:
+        raise DataError(f"num_samples must be >= 1, got {num_samples}")
+    room = context - len(ids)
+    if room < 1:
+        raise DataError(f"prompt of {len(ids)} tokens leaves no room under {option} {context}",
+                        fix=f"shorten the prompt or raise inference.options.{option}")
+    return ids, room
+
+
 def parse_weight_version(label: Any) -> int:
     """A server's weight-version label as plait's integer version ("default" = 0)."""
     text = "" if label is None else str(label)

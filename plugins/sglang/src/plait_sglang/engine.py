@@ -42,7 +42,13 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.engine_server import ServerEngine, parse_weight_version, prompt_token_ids, token_versions
+from plait.engine_server import (
+    ServerEngine,
+    parse_weight_version,
+    prompt_token_ids,
+    sampling_room,
+    token_versions,
+)
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
@@ -140,13 +146,7 @@ class SGLangEngine(ServerEngine):
     async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams,
                      *, lora: str | None = None) -> SampleResponse:
         """`num_samples` completions; `lora` names an adapter loaded with `load_lora_adapter`."""
-        ids = prompt_token_ids(prompt, self.vocab_size)
-        if num_samples < 1:
-            raise DataError(f"num_samples must be >= 1, got {num_samples}")
-        room = self.options.context_length - len(ids)
-        if room < 1:
-            raise DataError(f"prompt of {len(ids)} tokens leaves no room under context_length {self.options.context_length}",
-                            fix="shorten the prompt or raise inference.options.context_length")
+        ids, room = sampling_room(prompt, num_samples, self.vocab_size, self.options.context_length, "context_length")
         params = sampling_params
         seed = self._seed(params.seed)
         common = {"max_new_tokens": min(params.max_tokens or room, room), "temperature": params.temperature,

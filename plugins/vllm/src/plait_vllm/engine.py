@@ -39,7 +39,13 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.engine_server import ServerEngine, parse_weight_version, prompt_token_ids, token_versions
+from plait.engine_server import (
+    ServerEngine,
+    parse_weight_version,
+    prompt_token_ids,
+    sampling_room,
+    token_versions,
+)
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
@@ -164,13 +170,7 @@ class VLLMEngine(ServerEngine):
     async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams,
                      *, lora: str | None = None) -> SampleResponse:
         """`num_samples` completions; `lora` names an adapter loaded with `load_lora_adapter`."""
-        ids = prompt_token_ids(prompt, self.vocab_size)
-        if num_samples < 1:
-            raise DataError(f"num_samples must be >= 1, got {num_samples}")
-        room = self.options.max_model_len - len(ids)
-        if room < 1:
-            raise DataError(f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.options.max_model_len}",
-                            fix="shorten the prompt or raise inference.options.max_model_len")
+        ids, room = sampling_room(prompt, num_samples, self.vocab_size, self.options.max_model_len, "max_model_len")
         params = sampling_params
         body_params: dict[str, Any] = {
             "n": num_samples,
