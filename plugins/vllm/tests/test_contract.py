@@ -12,6 +12,7 @@ pytestmark = pytest.mark.vllm
 
 class TestVLLMEngine(InferenceEngineContract):
     timeout_s = 300.0
+    in_flight_probes = 2  # requests reach the server on separate connections
 
     @pytest.fixture
     def model(self, tiny_model: ResolvedModel) -> ResolvedModel:

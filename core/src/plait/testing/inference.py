@@ -51,6 +51,12 @@ class InferenceEngineContract:
     reference_trainer: str = "torch"
     timeout_s: float = 120.0
     prompt_len: int = 7
+    in_flight_probes: int = 1
+    """One-token requests that `start_long_request` sends one after another. An engine behind a
+    server should say 2: its requests travel on separate connections, so a probe sent with the
+    long request can reach the server first (seen under load); the second leaves a whole round
+    trip after it. An in-process engine that batches in arrival order needs 1 (a later probe
+    there waits for the running batch, so the long request would finish first)."""
 
     @pytest.fixture
     def model(self) -> ResolvedModel:
@@ -318,10 +324,12 @@ class InferenceEngineContract:
     # -- pause / resume ---------------------------------------------------------------------------
 
     async def start_long_request(self, engine: InferenceEngine, vocab: int, max_tokens: int) -> asyncio.Task[Any]:
-        """A long request that is certainly in flight when this returns: a one-token request sent
-        with it has completed, so the batch they share has produced its first tokens."""
+        """A long request that is certainly in flight when this returns: one-token requests sent
+        after it (`in_flight_probes`) have completed, so the batch they share has produced its
+        first tokens."""
         long = asyncio.ensure_future(engine.sample(self.prompt(vocab), 1, SamplingParams(max_tokens=max_tokens, stop=[], seed=5)))
-        await engine.sample(self.prompt(vocab, seed=1), 1, SamplingParams(max_tokens=1, stop=[]))
+        for _ in range(self.in_flight_probes):
+            await engine.sample(self.prompt(vocab, seed=1), 1, SamplingParams(max_tokens=1, stop=[]))
         return long
 
     def test_pause_keep_holds_requests_and_resumes_with_new_weights(
