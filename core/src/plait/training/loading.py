@@ -44,6 +44,16 @@ def model_dtype(model: ResolvedModel) -> torch.dtype:
         ) from None
 
 
+def training_dtypes(model: ResolvedModel, mixed_precision: bool) -> tuple[torch.dtype | None, torch.dtype]:
+    """(compute dtype under autocast or None, dtype of the trained parameters): a bfloat16 or
+    float16 model trains with float32 master weights under autocast, unless `mixed_precision` is
+    off; a float32 model trains in float32."""
+    dtype = model_dtype(model)
+    if dtype != torch.float32 and mixed_precision:
+        return dtype, torch.float32
+    return None, dtype
+
+
 @functools.cache
 def _cached_tokenizer(path: str, mtime: float) -> Any:
     from plait.renderers.chat_template import load_tokenizer

@@ -86,9 +86,7 @@ class FSDP2Rank:
                                 world_size=world_size, timeout=timeout)
         torch.manual_seed(setup.seed)
 
-        dtype = loading.model_dtype(setup.model)
-        compute_dtype = dtype if dtype != torch.float32 and options.mixed_precision else None
-        master_dtype = torch.float32 if compute_dtype is not None else dtype
+        compute_dtype, master_dtype = loading.training_dtypes(setup.model, options.mixed_precision)
         model = loading.load_causal_lm(setup.model, dtype=master_dtype, device=self.device,
                                        attn_implementation=options.attn_implementation)
         if rank == 0:

@@ -55,9 +55,7 @@ class MegatronTrainer(SingleProcessEngine):
         torch.manual_seed(seed)
         self.device = loading.select_device(self.options.device)
         self.spec, attention = _kernels(self.options, self.device)
-        dtype = loading.model_dtype(model)
-        autocast_dtype = dtype if dtype != torch.float32 and self.options.mixed_precision else None
-        param_dtype = torch.float32 if autocast_dtype is not None else dtype
+        autocast_dtype, param_dtype = loading.training_dtypes(model, self.options.mixed_precision)
         # The Hugging Face model is read once, for its weights, config, vocabulary and FLOPs.
         hf_model = loading.load_causal_lm(model, dtype=param_dtype, device=torch.device("cpu"),
                                           attn_implementation=None)

@@ -46,10 +46,7 @@ class TorchTrainer(SingleProcessEngine):
         loading.set_threads(self.options.threads)
         torch.manual_seed(seed)
         device = loading.select_device(self.options.device)
-        dtype = loading.model_dtype(model)
-        # bfloat16 models train with float32 master weights under autocast unless told otherwise.
-        autocast_dtype = dtype if dtype != torch.float32 and self.options.mixed_precision else None
-        param_dtype = torch.float32 if autocast_dtype is not None else dtype
+        autocast_dtype, param_dtype = loading.training_dtypes(model, self.options.mixed_precision)
         self.tokenizer = loading.load_tokenizer(model.tokenizer_path)
         self.model = loading.load_causal_lm(model, dtype=param_dtype, device=device,
                                             attn_implementation=self.options.attn_implementation)
