@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,15 @@ def test_options_name_the_bad_key() -> None:
         structure(MegatronOptions, {"attention": "flash"}, "trainer.options")
     with pytest.raises(ConfigError, match=r"trainer\.options: micro_batch_tokens must be > 0"):
         structure(MegatronOptions, {"micro_batch_tokens": 0}, "trainer.options")
+
+
+def test_missing_megatron_core_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from plait.errors import PluginError
+    from plait.models import ResolvedModel
+    from plait_megatron.engine import MegatronTrainer
+
+    monkeypatch.setitem(sys.modules, "megatron", None)  # import megatron.core now raises ImportError
+    with pytest.raises(PluginError, match="needs megatron-core") as raised:
+        MegatronTrainer(ResolvedModel("tiny", Path("/nonexistent"), Path("/nonexistent")))
+    assert "plait-megatron[megatron]" in raised.value.fix

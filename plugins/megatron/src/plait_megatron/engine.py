@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import torch
 
-from plait.errors import ConfigError, ModelError
+from plait.errors import ConfigError, ModelError, PluginError
 from plait.models import ResolvedModel
 from plait.training import loading
 from plait.training.engine import SingleProcessEngine
@@ -49,6 +49,7 @@ class MegatronTrainer(SingleProcessEngine):
     state_meta_file = "plait_megatron.json"
 
     def __init__(self, model: ResolvedModel, *, options: MegatronOptions | None = None, seed: int = 0) -> None:
+        _require_megatron_core()
         self.options = options or MegatronOptions()
         self.model_info = model
         loading.set_threads(self.options.threads)
@@ -166,6 +167,16 @@ def _kernels(options: MegatronOptions, device: torch.device) -> tuple[Spec, type
     from plait_megatron.attention import SDPACoreAttention
 
     return spec, SDPACoreAttention
+
+
+def _require_megatron_core() -> None:
+    """megatron-core is plait-megatron's optional extra `megatron`: say so before anything loads."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise PluginError(f"trainer.engine = 'megatron' needs megatron-core, which does not import: {exc}",
+                          fix="pip install 'plait-megatron[megatron]' (or pip install --no-deps "
+                              "megatron-core==0.16.1, which keeps the torch build you have)") from None
 
 
 def _has_transformer_engine() -> bool:
