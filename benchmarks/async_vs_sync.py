@@ -37,8 +37,8 @@ os.environ["PLAIT_PLUGIN_MODULES"] = ",".join(
     filter(None, [os.environ.get("PLAIT_PLUGIN_MODULES"), "slow_env"]))
 
 from plait.config import RunConfig, load_config  # noqa: E402
-from plait.controller import run_training  # noqa: E402
 from plait.logs import configure  # noqa: E402
+from plait.run.loop import run_training  # noqa: E402
 
 
 def variant(base: RunConfig, schedule: str, args: argparse.Namespace, out_dir: Path) -> RunConfig:

@@ -4,7 +4,7 @@ engine's weights end bit-identical to the trainer's.
 A plait-torch trainer (float32 master weights, Adam) takes RL steps (importance-sampling loss on
 random token data) and after each one pushes its weights to a plait-torch inference engine that
 serves bfloat16, once as a sparse delta (`payload = "delta"`: only the bfloat16 elements that
-changed, each as a step of its bit pattern, `plait.weight_patch`; the engine checks the base's
+changed, each as a step of its bit pattern, `plait_weights.patch`; the engine checks the base's
 checksum before and the result's BLAKE2b checksum after applying) and, for comparison, the size a
 full push would have had. The engine's weights are checksummed against the trainer's (cast to
 bfloat16) after every push.
@@ -33,14 +33,14 @@ import attrs
 import numpy as np
 import torch
 
-from plait import weight_patch
 from plait.models import ResolvedModel
-from plait.sync import InProcessSync, InProcessSyncOptions
-from plait.testing.models import build_resized_qwen3, materialize_model
-from plait.testing.trainer import rl_datum
 from plait.types import AdamParams
+from plait_testing.models import build_resized_qwen3, materialize_model
+from plait_testing.trainer import rl_datum
 from plait_torch.inference import TorchInferenceEngine
 from plait_torch.trainer import TorchTrainer
+from plait_weights import patch as weight_patch
+from plait_weights.sync import InProcessSync, InProcessSyncOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3_50M = {"hidden_size": 320, "intermediate_size": 960, "num_hidden_layers": 6,

@@ -31,7 +31,8 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace) -> Any:
     """The benchmark model as a plait ResolvedModel (tiny-qwen3 is built into a temp dir)."""
-    from plait.models import ResolvedModel, resolve_model
+    from plait.components import resolve_model
+    from plait.models import ResolvedModel
 
     if args.smollm2:
         return resolve_model("smollm2-135m-instruct")

@@ -98,8 +98,8 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None, help="python of the vLLM venv (default $PLAIT_VLLM_VENV)")
     args = parser.parse_args()
 
-    from plait.engine_server import model_vocab_size
     from plait.types import ModelInput, SamplingParams
+    from plait_server.engine import model_vocab_size
 
     model = common.resolve(args)
     python = vllm_python(args)

@@ -1,7 +1,7 @@
 """Training-step layouts side by side: prefix sharing vs dense on GRPO batches, packing vs padding
 on skewed lengths, and activation checkpointing's memory saved vs compute added.
 
-Everything runs through `plait.training.StepRunner` (the code plait-torch and plait-fsdp2 share):
+Everything runs through `plait_train.StepRunner` (the code plait-torch and plait-fsdp2 share):
 one forward_backward of the same batch in each layout, on the same model, in one run. Models are
 random Qwen3s built from a config at start-up (nothing is downloaded):
 
@@ -46,11 +46,11 @@ def build_runner(model_name: str, *, packing: bool, prefix_sharing: bool, checkp
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from plait.training.checkpointing import apply_activation_checkpointing
-    from plait.training.layout import LayoutOptions
-    from plait.training.perf import FlopsModel
-    from plait.training.scorer import TokenScorer
-    from plait.training.step import StepRunner
+    from plait_train.checkpointing import apply_activation_checkpointing
+    from plait_train.layout import LayoutOptions
+    from plait_train.perf import FlopsModel
+    from plait_train.scorer import TokenScorer
+    from plait_train.step import StepRunner
 
     torch.manual_seed(0)
     config = Qwen3Config(**MODELS[model_name], max_position_embeddings=8192, tie_word_embeddings=True,
@@ -70,7 +70,7 @@ def grpo_batch(rng: np.random.Generator, vocab: int, *, groups: int, group_size:
                response: int) -> list[Any]:
     """`groups` GRPO groups: each a prompt of `prompt` tokens and `group_size` responses of
     0.5-1.5x `response` tokens (mean `response`)."""
-    from plait.testing.trainer import rl_datum
+    from plait_testing.trainer import rl_datum
 
     data = []
     for _ in range(groups):
@@ -84,7 +84,7 @@ def grpo_batch(rng: np.random.Generator, vocab: int, *, groups: int, group_size:
 
 def skewed_batch(rng: np.random.Generator, vocab: int, count: int, median: int, longest: int) -> list[Any]:
     """SFT sequences with log-normal lengths (most short, a few long), as RL responses are."""
-    from plait.testing.trainer import sft_datum
+    from plait_testing.trainer import sft_datum
 
     lengths = np.clip(rng.lognormal(np.log(median), 0.9, count).astype(int), 8, longest)
     lengths[0] = longest  # the long tail is always there
@@ -171,7 +171,7 @@ def packing_section(args: argparse.Namespace, rng: np.random.Generator) -> dict[
 
 
 def checkpointing_batch(quick: bool) -> list[Any]:
-    from plait.testing.trainer import sft_datum
+    from plait_testing.trainer import sft_datum
 
     rng = np.random.default_rng(1)
     sequences, length = (2, 128) if quick else (4, 512)

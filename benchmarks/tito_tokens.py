@@ -4,7 +4,7 @@ The same episodes are run twice with the reference inference engine (plait-torch
 calculator environment (plait-math): once with `qwen3_keep_reasoning`, which bridges every turn
 (one datum per episode), and once with `qwen3`, whose official template rewrites history (every turn
 re-rendered: one datum per turn, each repeating the whole conversation so far). The model is
-tiny-qwen3 scripted to call the calculator on every turn (`plait.testing.scripted`), so an episode
+tiny-qwen3 scripted to call the calculator on every turn (`plait_testing.scripted`), so an episode
 lasts exactly `max_turns` turns; token counts do not depend on the model's quality.
 
 Reported per number of turns T (1, 2, 4, 8): datums, trained tokens (positions the trainer runs a
@@ -28,11 +28,11 @@ from typing import Any
 
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
-from plait.renderers.chat_template import load_tokenizer
 from plait.rollout import EpisodeConfig, run_episode
-from plait.testing.scripted import build_scripted_qwen3, script_tokens
 from plait.trajectory import Trajectory, trajectory_to_datums
 from plait.types import Datum, SamplingParams
+from plait_hf.chat_template import load_tokenizer
+from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL_CALL = ('<think>\n\n</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
@@ -94,7 +94,7 @@ def main() -> None:
         "benchmark": "tito_tokens",
         "what": "trained tokens of one calculator episode of T turns: merged (bridged, one datum) vs "
                 "split (official Qwen3 template re-rendered, one datum per turn)",
-        "model": "tiny-qwen3 scripted to call the calculator every turn (plait.testing.scripted)",
+        "model": "tiny-qwen3 scripted to call the calculator every turn (plait_testing.scripted)",
         "renderers": RENDERERS,
         "by_turns": by_turns,
         "four_turn_episode": by_turns.get("4"),

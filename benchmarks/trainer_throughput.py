@@ -3,7 +3,7 @@
 One run measures both sides of the ratio: the peak FLOP/s of square matmuls in the trainer's
 compute dtype (before and after the training runs; the higher is used), and the model FLOP/s that
 forward_backward + optim_step achieve on a fixed batch (6·N + attention term per token, see
-plait.training.perf). Prints a summary and writes benchmarks/results/trainer_throughput[_smollm2].json.
+plait_train.perf). Prints a summary and writes benchmarks/results/trainer_throughput[_smollm2].json.
 
     python benchmarks/trainer_throughput.py              # tiny Qwen3 (seconds)
     python benchmarks/trainer_throughput.py --smollm2    # SmolLM2-135M (minutes on 2 cores)
@@ -26,11 +26,11 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", action="store_true")
     args = parser.parse_args()
 
-    from plait.testing.trainer import sft_datum
-    from plait.training.perf import measure_matmul_flops
     from plait.types import AdamParams
+    from plait_testing.trainer import sft_datum
     from plait_torch.options import TorchTrainerOptions
     from plait_torch.trainer import TorchTrainer
+    from plait_train.perf import measure_matmul_flops
 
     model = common.resolve(args)
     trainer = TorchTrainer(model, options=TorchTrainerOptions(

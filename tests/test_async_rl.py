@@ -13,8 +13,9 @@ pytest.importorskip("plait_torch", reason="needs the reference engines (plait-to
 pytest.importorskip("plait_math", reason="needs the arithmetic environment (plait-math)")
 
 from plait.config import load_config
-from plait.controller import LEDGER_FILE, run_training
-from plait.testing.models import materialize_model
+from plait.run.checkpoint import LEDGER_FILE
+from plait.run.loop import run_training
+from plait_testing.models import materialize_model
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 environment (plait-math) and the renderers (core, plait-qwen).
 
 The model is tiny-qwen3 with its weights rewritten so that greedy sampling writes one tool call
-(`plait.testing.scripted`), tokenized *non-canonically* ("calculator" as "calcul" + "ator"): a
+(`plait_testing.scripted`), tokenized *non-canonically* ("calculator" as "calcul" + "ator"): a
 rollout that decoded and re-encoded sampled text would change those ids, so comparing the trained
 ids with the engine's catches any re-tokenization. Each episode calls the calculator on every turn
 until `max_turns` (4) cuts it off.
@@ -28,12 +28,12 @@ pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)"
 
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
-from plait.renderers.chat_template import load_tokenizer
 from plait.rollout import EpisodeConfig, run_episode
-from plait.testing.models import materialize_model
-from plait.testing.scripted import build_scripted_qwen3, script_tokens
 from plait.trajectory import Trajectory, trajectory_to_datums
 from plait.types import Datum, SamplingParams
+from plait_hf.chat_template import load_tokenizer
+from plait_testing.models import materialize_model
+from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ prompt's every sample exactly once, in the run's task order.
 
 Each attempt is a real `plait run` process (tiny-qwen3, math.arith, plait-torch engines) that
 kills itself with SIGKILL at a fault-injection point (`PLAIT_CRASH_AT=<point>:<step>`, see
-`plait.controller.crash_point`): while sampling, after an optimizer step, during the in-flight
+`plait.run.checkpoint.crash_point`): while sampling, after an optimizer step, during the in-flight
 weight update, halfway through writing a checkpoint, and just after one. The run directory's
 trained.jsonl (what the checkpointed weights have seen) is the evidence: after the final,
 uninterrupted attempt it must hold steps 1..N once each, and the samples of positions
@@ -27,9 +27,10 @@ import pytest
 pytest.importorskip("plait_torch", reason="needs the reference engines (plait-torch)")
 pytest.importorskip("plait_math", reason="needs the arithmetic environment (plait-math)")
 
-from plait.controller import CRASH_ENV, LEDGER_FILE, TaskSampler
 from plait.plugins import build
-from plait.testing.models import materialize_model
+from plait.run.checkpoint import CRASH_ENV, LEDGER_FILE
+from plait.run.state import TaskSampler
+from plait_testing.models import materialize_model
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,12 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
-from plait.config import RunConfig, apply_overrides, load_config, structure, validate_components
+from plait.config import RunConfig, apply_overrides, load_config
 from plait.errors import ConfigError
+from plait.schema import structure
 
 
 def test_defaults_load():
@@ -70,26 +75,24 @@ def test_bad_override_and_missing_file(tmp_path):
 
 
 def test_validate_components_names_unknown_engine_and_provider():
-    from plait.plugins import KNOWN_PROVIDERS, get_registry
-
-    keys = {"trainer_engine": "trainer.engine", "inference_engine": "inference.engine", "renderer": "renderer.name"}
-    registry = get_registry()
-    missing = [(kind, name, dist) for kind in keys for name, dist in KNOWN_PROVIDERS[kind].items()
-               if name not in registry.names(kind)]
-    if not missing:
-        pytest.skip("every well-known engine and renderer plugin is installed")
-    kind, name, dist = missing[0]
-    section, field = keys[kind].split(".")
-    cfg = structure(RunConfig, {section: {field: name}})
-    with pytest.raises(ConfigError) as info:
-        validate_components(cfg)
-    assert info.value.path == keys[kind]
-    assert f"pip install {dist}" in str(info.value)
+    """With no plugin installed (only the core's own), the default config's trainer engine is
+    unknown: the error names the key and the distribution to install."""
+    code = ("from plait.components import validate_components\n"
+            "from plait.config import load_config\n"
+            "from plait.errors import ConfigError\n"
+            "try:\n    validate_components(load_config())\n"
+            "except ConfigError as exc:\n    print(exc.path, '|', exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PLAIT_PLUGINS": "none"})
+    assert out.returncode == 0, out.stderr
+    path, message = out.stdout.split(" | ", 1)
+    assert path == "trainer.engine"
+    assert "unknown trainer engine 'torch'" in message and "pip install plait-torch" in message
 
 
 def test_component_options_are_checked_with_their_class():
-    from plait.config import structure_options
     from plait.metrics import ConsoleOptions
+    from plait.schema import structure_options
 
     with pytest.raises(ConfigError) as info:
         structure_options(ConsoleOptions, {"kyes": []}, "metrics.options.console")

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from plait.controller import TaskSampler, _union_seconds, rollout_metrics
 from plait.errors import PlaitError
 from plait.plot import plot_run
+from plait.run.report import rollout_metrics, union_seconds
+from plait.run.state import TaskSampler
 from plait.trajectory import Trajectory, Turn
 from plait.types import SampledSequence
 
@@ -32,9 +33,9 @@ def test_task_sampler_rejects_empty_split():
         TaskSampler(0, 0)
 
 
-def test_union_seconds_counts_overlaps_once():
-    assert _union_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4)
-    assert _union_seconds([]) == 0
+def testunion_seconds_counts_overlaps_once():
+    assert union_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4)
+    assert union_seconds([]) == 0
 
 
 def traj(correct, reward, error=None, tokens=2):

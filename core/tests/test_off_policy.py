@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from plait.config import OffPolicySection, structure
+from plait.config import OffPolicySection
 from plait.errors import ConfigError
 from plait.off_policy import importance_correction
-from plait.testing.trainer import rl_datum
+from plait.schema import structure
+from plait_testing.trainer import rl_datum
 
 # prompt of 3 tokens, completion of 4: positions 2..5 of the shifted datum are sampled
 ROLLOUT = [-1.0, -2.0, -0.5, -3.0]

@@ -5,11 +5,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
+from importlib import resources
 
 import pytest
 
-from plait.errors import UnknownComponentError
-from plait.plugins import Registry, get_registry
+from plait import kinds
+from plait.errors import PluginError, UnknownComponentError
+from plait.plugins import Factory, Registry, get_plugin_manager, get_registry
 
 
 def run_python(code: str, tmp_path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -39,35 +42,53 @@ def plait_register_envs(register):
 
 def test_builtins_register_through_the_hooks():
     registry = get_registry()
-    assert {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"} <= set(registry.names("loss"))
-    assert "jsonl" in registry.names("metric_sink")
-    assert registry.get("loss", "ppo").plugin == "plait.builtins"
+    assert {"jsonl", "console", "tensorboard"} <= set(registry.names(kinds.METRIC_SINK))
+    assert registry.get(kinds.METRIC_SINK, "jsonl").plugin == "plait.builtins"
 
 
 def test_unknown_name_lists_registered_and_says_what_to_install():
-    from plait.plugins import KNOWN_PROVIDERS
-
-    registry = get_registry()
-    missing = [(kind, name, dist) for kind, names in KNOWN_PROVIDERS.items() for name, dist in names.items()
-               if not name.endswith(".") and name not in registry.names(kind)]
-    if not missing:
-        pytest.skip("every well-known plugin is installed")
-    kind, name, dist = missing[0]
+    registry = Registry()  # nothing registered: every first-party name is unknown here
+    registry.add(Factory(kinds.LOSS, "ppo", "json:loads", plugin="one"))
     with pytest.raises(UnknownComponentError) as info:
-        registry.get(kind, name)
-    assert f"pip install {dist}" in info.value.fix
+        registry.get(kinds.TRAINER_ENGINE, "fsdp2")
+    assert "pip install plait-fsdp2" in info.value.fix
+    with pytest.raises(UnknownComponentError) as info:
+        registry.get("env", "math.gsm8k")  # a prefix entry of the catalogue
+    assert "pip install plait-math" in info.value.fix
     with pytest.raises(UnknownComponentError, match='did you mean "ppo"'):
-        get_registry().get("loss", "ppoo")
+        registry.get(kinds.LOSS, "ppoo")
+    with pytest.raises(PluginError, match=r'no component kind .trainer. \(did you mean "trainer_engine"'):
+        registry.get("trainer", "torch")
+
+
+def test_catalogue_matches_what_installed_distributions_register():
+    """Every first-party distribution that is installed registers exactly what the catalogue says."""
+    catalogue = tomllib.loads(resources.files("plait").joinpath("catalogue.toml").read_text())
+    manager = get_plugin_manager()
+    checked = 0
+    for info in manager.plugins.values():
+        if info.distribution not in catalogue:
+            continue
+        registered: dict[str, set[str]] = {}
+        for factory in manager.registrations(info.name):
+            registered.setdefault(factory.kind.name, set()).add(factory.name)
+        listed = catalogue[info.distribution]
+        assert set(listed) == set(registered), info.distribution
+        for kind, names in listed.items():
+            exact = {n for n in names if not n.endswith(".")}
+            prefixes = [n for n in names if n.endswith(".")]
+            assert exact <= registered[kind], (info.distribution, kind)
+            assert all(n in exact or any(n.startswith(p) for p in prefixes) for n in registered[kind]), \
+                (info.distribution, kind, registered[kind])
+        checked += 1
+    assert checked >= 1  # the core's own entry at least
 
 
 def test_duplicate_registration_by_two_plugins_fails():
-    from plait.errors import PluginError
-    from plait.plugins import Factory
-
     registry = Registry()
-    registry.add(Factory("env", "x", "a:b", plugin="one"))
+    registry.add(Factory(kinds.ENV, "x", "a:b", plugin="one"))
     with pytest.raises(PluginError, match="both plugin 'one' and plugin 'two'"):
-        registry.add(Factory("env", "x", "a:b", plugin="two"))
+        registry.add(Factory(kinds.ENV, "x", "a:b", plugin="two"))
 
 
 def test_entry_point_plugin_is_discovered_with_version(tmp_path):
@@ -143,4 +164,4 @@ def test_plugins_command_lists_what_each_plugin_registers(tmp_path):
     rows = {row["plugin"]: row for row in json.loads(out.stdout)}
     assert rows["plaitdemo"]["registers"] == {"env": ["demo.env"]}
     assert rows["plaitdemo"]["version"] == "0.3"
-    assert "ppo" in rows["plait.builtins"]["registers"]["loss"]
+    assert "jsonl" in rows["plait.builtins"]["registers"]["metric_sink"]

@@ -8,7 +8,6 @@ import pytest
 from pydantic import BaseModel
 
 from plait.errors import EnvironmentError_
-from plait.testing.environment import run_environment_contract
 from plait.types import ToolError, ToolOutput
 from plait_sdk import (
     Environment,
@@ -21,6 +20,7 @@ from plait_sdk import (
     tool,
 )
 from plait_sdk.testing import check_sdk_environment
+from plait_testing.environment import run_environment_contract
 
 
 class Guess(BaseModel):

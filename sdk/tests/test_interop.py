@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.testing.environment import check_environment
 from plait.types import ToolError, ToolOutput
 from plait_sdk import Environment, Server, Split, TextBlock, terminal, tool
 from plait_sdk import ToolOutput as SDKToolOutput
 from plait_sdk.client import ORSEnvironment, ORSOptions
+from plait_testing.environment import check_environment
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 

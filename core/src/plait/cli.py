@@ -26,15 +26,16 @@ def cli() -> None:
               help="Continue from the run directory's last checkpoint when there is one.")
 def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with the run config CONFIG (TOML). Without CONFIG, the defaults."""
-    from plait.config import load_config, validate_components
+    from plait.components import validate_components
+    from plait.config import load_config
     from plait.logs import configure
 
     cfg = load_config(config, overrides)
     configure(cfg.run.log_level)
     validate_components(cfg)
-    from plait.controller import run_training
+    from plait.run.loop import run_training
 
-    summary = run_training(cfg, config_path=config, resume=resume)
+    summary = run_training(cfg, resume=resume)
     click.echo(summary)
 
 
@@ -47,7 +48,9 @@ def show_config(config: Path | None, overrides: tuple[str, ...], check: bool) ->
     """Print the complete run config (defaults filled in) as TOML, after validating it."""
     import tomli_w
 
-    from plait.config import load_config, unstructure, validate_components
+    from plait.components import validate_components
+    from plait.config import load_config
+    from plait.schema import unstructure
 
     cfg = load_config(config, overrides)
     if check:
@@ -66,7 +69,7 @@ def plugins(as_json: bool) -> None:
     for info in manager.plugins.values():
         registered: dict[str, list[str]] = {}
         for factory in manager.registrations(info.name):
-            registered.setdefault(factory.kind, []).append(factory.name)
+            registered.setdefault(factory.kind.name, []).append(factory.name)
         rows.append({"plugin": info.name, "distribution": info.distribution, "version": info.version,
                      "module": info.module, "registers": registered})
     if as_json:

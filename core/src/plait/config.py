@@ -9,140 +9,14 @@ registered, with the same messages.
 from __future__ import annotations
 
 import tomllib
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
-from plait.errors import ConfigError, did_you_mean
-
-
-def _join(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "none"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    """Check (and lightly coerce) `value` against the type annotation `tp`."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(path, f"{value!r} is not one of {', '.join(repr(a) for a in args)}"
-                              + did_you_mean(str(value), [str(a) for a in args]))
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, path)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    if origin in (list, tuple, Sequence) or tp in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(path, f"expected a list, got {type(value).__name__} {value!r}")
-        item_type = args[0] if args else Any
-        items = [_convert(item_type, v, _join(path, i)) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple or tp is tuple else items
-    if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(path, f"expected a table, got {type(value).__name__} {value!r}")
-        value_type = args[1] if len(args) == 2 else Any
-        return {str(k): _convert(value_type, v, _join(path, str(k))) for k, v in value.items()}
-    if attrs.has(tp):
-        return structure(tp, value, path)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(path, f"expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {type(value).__name__} {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {type(value).__name__} {value!r}")
-        return value
-    if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def structure(cls: type, data: Any, path: str = "") -> Any:
-    """Build attrs class `cls` from a TOML table, with errors that name `path.key`."""
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, f"expected a table, got {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in attrs.fields(cls)}
-    for key in data:
-        if key not in fields:
-            raise ConfigError(
-                _join(path, key),
-                f"unknown key{did_you_mean(str(key), fields)}; allowed keys: {', '.join(fields)}",
-            )
-    kwargs: dict[str, Any] = {}
-    for name, field in fields.items():
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
-        elif field.default is attrs.NOTHING:
-            raise ConfigError(_join(path, name), "required key is missing")
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(path, str(exc)) from exc
-
-
-def structure_options(cls: type | None, data: Mapping[str, Any], path: str) -> Any:
-    """A component's options: its options class, or {} when it takes none."""
-    if cls is None:
-        if data:
-            raise ConfigError(_join(path, next(iter(data))), "this component takes no options")
-        return None
-    return structure(cls, data, path)
-
-
-def unstructure(obj: Any) -> Any:
-    """The TOML-able dict of a config object (what `structure` takes back)."""
-    return attrs.asdict(obj, recurse=True, filter=lambda _a, v: v is not None)
-
-
-def positive(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value}")
-
-
-def non_negative(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
-
+from plait.errors import ConfigError
+from plait.schema import non_negative, positive, structure
 
 # ---------------------------------------------------------------------------------------------
 # The run config
@@ -356,39 +230,3 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("", f"{path} is not valid TOML: {exc}") from exc
     return structure(RunConfig, apply_overrides(data, overrides))
-
-
-def validate_components(config: RunConfig) -> None:
-    """Check that every named component exists and that its options fit its options class.
-
-    Runs at config load so a typo fails in a second, not after the model has loaded.
-    """
-    from plait.plugins import get_registry
-
-    registry = get_registry()
-    checks = [
-        ("trainer_engine", "trainer.engine", config.trainer.engine, config.trainer.options),
-        ("inference_engine", "inference.engine", config.inference.engine, config.inference.options),
-        ("renderer", "renderer.name", config.renderer.name, config.renderer.options),
-        ("weight_sync", "sync.method", config.sync.method, config.sync.options),
-        ("env", "env.name", config.env.name, config.env.options),
-    ]
-    for kind, key, name, options in checks:
-        factory = _lookup(registry, kind, name, key)
-        structure_options(factory.options_class(), options, key.rsplit(".", 1)[0] + ".options")
-    _lookup(registry, "loss", config.rl.loss, "rl.loss")
-    for sink in config.metrics.sinks:
-        factory = _lookup(registry, "metric_sink", sink, "metrics.sinks")
-        structure_options(factory.options_class(), config.metrics.options.get(sink, {}), f"metrics.options.{sink}")
-    for sink in config.metrics.options:
-        if sink not in config.metrics.sinks:
-            raise ConfigError(f"metrics.options.{sink}", f"options for sink {sink!r}, which metrics.sinks does not list")
-
-
-def _lookup(registry: Any, kind: str, name: str, key: str) -> Any:
-    from plait.errors import UnknownComponentError
-
-    try:
-        return registry.get(kind, name)
-    except UnknownComponentError as exc:
-        raise ConfigError(key, exc.message, fix=exc.fix) from None

@@ -20,7 +20,8 @@ from pathlib import Path
 import attrs
 import structlog
 
-from plait.errors import ModelError, UnknownComponentError
+from plait.errors import ModelError
+from plait.targets import load_target
 
 log = structlog.get_logger("plait.models")
 
@@ -70,28 +71,22 @@ def _is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel:
-    """A local checkpoint directory for `name` (fetched or converted once, then cached)."""
+def checkpoint_dir(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel | None:
+    """`name` as a checkpoint directory, or None when it names no directory."""
     as_path = Path(name).expanduser()
-    if as_path.is_dir():
-        if not _is_checkpoint(as_path):
-            raise ModelError(
-                f"model directory {as_path} has no config.json",
-                fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)",
-            )
-        return ResolvedModel(name, as_path, Path(tokenizer) if tokenizer else as_path, dtype)
-    from plait.plugins import get_registry
-
-    registry = get_registry()
-    try:
-        factory = registry.get("model", name)
-    except UnknownComponentError as exc:
+    if not as_path.is_dir():
+        return None
+    if not _is_checkpoint(as_path):
         raise ModelError(
-            f"model {name!r} is neither a directory nor a registered model name; "
-            f"registered: {', '.join(registry.names('model')) or '(none)'}",
-            fix=exc.fix or "give a checkpoint directory, or install the plugin that registers the name",
-        ) from None
-    source: ModelSource = factory.load()
+            f"model directory {as_path} has no config.json",
+            fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)",
+        )
+    return ResolvedModel(name, as_path, Path(tokenizer) if tokenizer else as_path, dtype)
+
+
+def materialized(name: str, source: ModelSource, *, tokenizer: str | None = None,
+                 dtype: str = "float32") -> ResolvedModel:
+    """The registered model `name`, fetched or built once from `source`, then cached."""
     dest = cached_model_dir(name, source)
     if not is_cached(dest):
         _fetch(name, source, dest)
@@ -119,7 +114,7 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
             snapshot_download(source.hub_id, local_dir=str(tmp))
         elif source.materialize is not None:
             log.info("building model offline (once; cached afterwards)", model=name, dest=str(dest))
-            _load_callable(source.materialize)(tmp)
+            load_materializer(source.materialize)(tmp)
         else:
             raise ModelError(
                 f"model {name!r} comes only from the Hugging Face hub ({source.hub_id}), which is not reachable",
@@ -136,9 +131,8 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
     log.info("model ready", model=name, path=str(dest), seconds=round(time.perf_counter() - start, 1))
 
 
-def _load_callable(target: str | Callable[[Path], None]) -> Callable[[Path], None]:
+def load_materializer(target: str | Callable[[Path], None]) -> Callable[[Path], None]:
     if callable(target):
         return target
-    from plait.plugins import load_target
-
-    return load_target(target)
+    loaded: Callable[[Path], None] = load_target(target)
+    return loaded

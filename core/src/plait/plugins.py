@@ -20,8 +20,10 @@ import functools
 import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+import tomllib
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import Any, Generic, TypeVar
 
 import attrs
 import pluggy
@@ -29,72 +31,55 @@ import structlog
 
 from plait import hookspecs
 from plait.errors import PluginError, UnknownComponentError, did_you_mean
+from plait.kinds import KINDS, KINDS_BY_NAME, Kind, Register
+from plait.logs import ensure_configured
+from plait.schema import structure_options
+from plait.targets import load_target
+
+F = TypeVar("F")
 
 log = structlog.get_logger("plait.plugins")
 
 ENTRY_POINT_GROUP = "plait"
 BUILTIN_PLUGINS = ("plait.builtins",)
 
-# Component kinds and the hook that registers each.
-KIND_HOOKS: dict[str, str] = {
-    "trainer_engine": "plait_register_trainer_engines",
-    "inference_engine": "plait_register_inference_engines",
-    "weight_sync": "plait_register_weight_syncs",
-    "renderer": "plait_register_renderers",
-    "env": "plait_register_envs",
-    "loss": "plait_register_losses",
-    "metric_sink": "plait_register_metric_sinks",
-    "model": "plait_register_models",
-}
-
-# Where well-known names live, so that an unknown name can say what to install.
-KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
-    "trainer_engine": {"torch": "plait-torch", "fsdp2": "plait-fsdp2", "megatron": "plait-megatron"},
-    "inference_engine": {"torch": "plait-torch", "vllm": "plait-vllm", "sglang": "plait-sglang"},
-    "renderer": {"qwen3": "plait-qwen", "qwen3_keep_reasoning": "plait-qwen", "qwen3_instruct_2507": "plait-qwen",
-                 "qwen3_5": "plait-qwen", "qwen3_5_keep_reasoning": "plait-qwen"},
-    "env": {"math.": "plait-math", "docker.": "plait-docker", "code.": "plait-docker"},
-    "model": {"smollm2-135m-instruct": "plait-torch", "tiny-qwen3": "plait-torch", "tiny-qwen3-arith": "plait-torch"},
-}
-
-
-def load_target(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
-
 
 @attrs.frozen
-class Factory:
+class Factory(Generic[F]):
     """One registered component: its name, where it lives, and who registered it."""
 
-    kind: str
+    kind: Kind[F]
     name: str
-    target: Any  # a callable/object, or a lazy "module:attribute" string
-    options: Any = None  # an attrs class, a lazy "module:Class" string, or None (no options)
+    target: F | str
+    """The factory, or a lazy "module:attribute" string naming it."""
+    options: type | str | None = None
+    """An attrs class, a lazy "module:Class" string, or None (the component takes no options)."""
     description: str = ""
     plugin: str = ""
 
-    def load(self) -> Any:
+    def load(self) -> F:
         """The factory itself, importing its module on first use."""
         if not isinstance(self.target, str):
             return self.target
         try:
-            return load_target(self.target)
+            loaded: F = load_target(self.target)
         except ImportError as exc:
             raise PluginError(
-                f"{self.kind} {self.name!r} (from plugin {self.plugin!r}) failed to import "
+                f"{self.kind.label} {self.name!r} (from plugin {self.plugin!r}) failed to import "
                 f"{self.target!r}: {exc}",
                 fix="install the plugin's dependencies (pip install the distribution that provides it)",
             ) from exc
+        return loaded
 
     def options_class(self) -> type | None:
         if isinstance(self.options, str):
-            return load_target(self.options)
+            loaded: type = load_target(self.options)
+            return loaded
         return self.options
+
+    def validate_options(self, data: Mapping[str, Any] | None, path: str) -> Any:
+        """`data` as the component's options object (errors name `path`)."""
+        return structure_options(self.options_class(), data or {}, path)
 
 
 @attrs.frozen
@@ -105,43 +90,59 @@ class PluginInfo:
     module: str
 
 
+def _kind(kind: Kind[F] | str) -> Kind[F]:
+    if isinstance(kind, Kind):
+        return kind
+    try:
+        return KINDS_BY_NAME[kind]
+    except KeyError:
+        raise PluginError(f"no component kind {kind!r}{did_you_mean(kind, KINDS_BY_NAME)}",
+                          fix=f"use one of {', '.join(KINDS_BY_NAME)}") from None
+
+
 class Registry:
     """Named components by kind, filled by the plugins' register hooks."""
 
     def __init__(self) -> None:
-        self._factories: dict[str, dict[str, Factory]] = {kind: {} for kind in KIND_HOOKS}
+        self._factories: dict[str, dict[str, Factory[Any]]] = {kind.name: {} for kind in KINDS}
 
-    def add(self, factory: Factory) -> None:
-        existing = self._factories[factory.kind].get(factory.name)
+    def add(self, factory: Factory[Any]) -> None:
+        existing = self._factories[factory.kind.name].get(factory.name)
         if existing is not None and existing.plugin != factory.plugin:
             raise PluginError(
-                f"{factory.kind} {factory.name!r} is registered by both plugin {existing.plugin!r} "
+                f"{factory.kind.label} {factory.name!r} is registered by both plugin {existing.plugin!r} "
                 f"and plugin {factory.plugin!r}",
                 fix=f"uninstall one of them, or block one with PLAIT_BLOCK_PLUGINS={factory.plugin}",
             )
-        self._factories[factory.kind][factory.name] = factory
+        self._factories[factory.kind.name][factory.name] = factory
 
-    def names(self, kind: str) -> list[str]:
-        return sorted(self._factories[kind])
+    def names(self, kind: Kind[Any] | str) -> list[str]:
+        return sorted(self._factories[_kind(kind).name])
 
-    def all(self, kind: str) -> list[Factory]:
-        return [self._factories[kind][n] for n in self.names(kind)]
+    def all(self, kind: Kind[F] | str) -> list[Factory[F]]:
+        factories = self._factories[_kind(kind).name]
+        return [factories[n] for n in sorted(factories)]
 
-    def get(self, kind: str, name: str) -> Factory:
+    def get(self, kind: Kind[F] | str, name: str) -> Factory[F]:
+        known = _kind(kind)
         try:
-            return self._factories[kind][name]
+            return self._factories[known.name][name]
         except KeyError:
             raise UnknownComponentError(
-                f"unknown {kind.replace('_', ' ')} {name!r}{did_you_mean(name, self.names(kind))}; "
-                f"registered: {', '.join(self.names(kind)) or '(none)'}",
-                fix=_install_hint(kind, name),
+                f"unknown {known.label} {name!r}{did_you_mean(name, self.names(known))}; "
+                f"registered: {', '.join(self.names(known)) or '(none)'}",
+                fix=install_hint(known, name),
             ) from None
 
 
-def _install_hint(kind: str, name: str) -> str:
-    for prefix, distribution in KNOWN_PROVIDERS.get(kind, {}).items():
-        if name == prefix or (prefix.endswith(".") and name.startswith(prefix)):
-            return f"pip install {distribution} (it provides {kind.replace('_', ' ')} {name!r}); `plait plugins` lists what is installed"
+def install_hint(kind: Kind[Any], name: str) -> str:
+    """What to install for `name`, from the catalogue of first-party distributions."""
+    catalogue = tomllib.loads(resources.files("plait").joinpath("catalogue.toml").read_text())
+    for distribution, provides in catalogue.items():
+        for provided in provides.get(kind.name, ()):
+            if name == provided or (provided.endswith(".") and name.startswith(provided)):
+                return (f"pip install {distribution} (it provides {kind.label} {name!r}); "
+                        "`plait plugins` lists what is installed")
     return "check the spelling; `plait plugins` lists every installed plugin and what it registers"
 
 
@@ -216,19 +217,20 @@ class PluginManager:
         self.plugins[name] = PluginInfo(name, distribution, version, getattr(module, "__name__", str(module)))
 
     def _fill_registry(self) -> None:
-        for kind, hook_name in KIND_HOOKS.items():
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+        for kind in KINDS:
+            for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
                 impl.function(**{arg: self._register_callback(kind, impl.plugin_name) for arg in impl.argnames})
 
-    def _register_callback(self, kind: str, plugin: str) -> Callable[..., None]:
-        def register(name: str, target: Any, *, options: Any = None, description: str = "") -> None:
+    def _register_callback(self, kind: Kind[F], plugin: str) -> Register[F]:
+        def register(name: str, target: F | str, *, options: type | str | None = None,
+                     description: str = "") -> None:
             self.registry.add(Factory(kind, name, target, options, description, plugin))
-            log.debug("registered", kind=kind, name=name, plugin=plugin)
+            log.debug("registered", kind=kind.name, name=name, plugin=plugin)
 
         return register
 
-    def registrations(self, plugin: str) -> Iterator[Factory]:
-        for kind in KIND_HOOKS:
+    def registrations(self, plugin: str) -> Iterator[Factory[Any]]:
+        for kind in KINDS:
             for factory in self.registry.all(kind):
                 if factory.plugin == plugin:
                     yield factory
@@ -240,8 +242,6 @@ class PluginManager:
 @functools.cache
 def get_plugin_manager() -> PluginManager:
     """The process-wide plugin manager, loaded on first use."""
-    from plait.logs import ensure_configured
-
     ensure_configured()
     return PluginManager().load()
 
@@ -250,11 +250,9 @@ def get_registry() -> Registry:
     return get_plugin_manager().registry
 
 
-def build(kind: str, name: str, *args: Any, options: Mapping[str, Any] | None = None,
+def build(kind: Kind[Any] | str, name: str, *args: Any, options: Mapping[str, Any] | None = None,
           options_path: str = "", **kwargs: Any) -> Any:
     """Look up `name`, validate `options` against its options class, and call its factory."""
-    from plait.config import structure_options
-
     factory = get_registry().get(kind, name)
-    validated = structure_options(factory.options_class(), options or {}, options_path or f"{kind}.options")
+    validated = factory.validate_options(options, options_path or f"{factory.kind.name}.options")
     return factory.load()(*args, options=validated, **kwargs)

@@ -1,7 +1,7 @@
 """The contracts of plait's five moving parts, as typing.Protocols.
 
 A plugin implements one of these and registers a factory for it (see `plait.hookspecs`). The
-contract test kits in `plait.testing` check an implementation against its protocol; every plugin
+contract test kits in `plait_testing` check an implementation against its protocol; every plugin
 runs the kit against itself.
 
 Trainer engines are synchronous (compute-bound; the controller runs them in a worker thread when it
@@ -83,6 +83,13 @@ class TrainerEngine(Protocol):
 
 
 @runtime_checkable
+class MeasuresFlops(Protocol):
+    """Optional trainer-engine capability: the hardware's peak FLOP/s, so that steps report MFU."""
+
+    peak_flops_per_s: float | None
+
+
+@runtime_checkable
 class InferenceEngine(Protocol):
     """Samples completions token-in-token-out, and takes weight updates."""
 
@@ -153,6 +160,13 @@ class WeightSync(Protocol):
     ) -> SyncStats:
         """Send the trainer's current weights as `version`; raise WeightSyncError on timeout or
         checksum mismatch, naming the peer."""
+
+
+@runtime_checkable
+class ClosableWeightSync(Protocol):
+    """Optional weight-sync capability: release what it holds (a process group, files) at the end."""
+
+    async def close(self) -> None: ...
 
 
 @runtime_checkable

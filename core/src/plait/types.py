@@ -298,7 +298,7 @@ class TensorPatch:
     that element's new value is the next one of `escaped` (1-D, in the tensor's dtype), for the
     rare element that moves further than a step holds. `gaps=None` is a dense entry: `values` is
     the whole tensor, flattened. An entry with no gaps and no values changes nothing (it still
-    names the tensor for the update's checksum). See `plait.weight_patch` for diffing, applying
+    names the tensor for the update's checksum). See `plait_weights.patch` for diffing, applying
     and packing.
     """
 
@@ -324,7 +324,7 @@ class WeightUpdate:
     With `kind="delta"`, `tensors` maps names to `TensorPatch` changes of some tensors;
     `base_version`, when set, is the version the receiver must hold for the patches to apply
     (sparse patches change a known base; dense entries do not need one). `checksum`, when set, is
-    `plait.weight_patch.checksum` of every tensor the update names, as they must be after it
+    `plait_weights.patch.checksum` of every tensor the update names, as they must be after it
     applies: a receiver that holds other bits must refuse the update loudly. `base_checksum` is
     the checksum of the tensors whose patches are `bit_steps`, as they must be *before* it
     applies (required for such patches: a receiver checks it before writing anything).

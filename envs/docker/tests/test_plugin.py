@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from plait.cli import cli
-from plait.config import structure_options
 from plait.errors import ConfigError
 from plait.plugins import get_plugin_manager, get_registry
+from plait.schema import structure_options
 from plait_docker.envs import CodeEnvOptions, MultiTurnCodeEnvOptions
 from plait_docker.image import DEFAULT_RECIPE, ImageRecipe
 

@@ -126,7 +126,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from plait.plugins import build
-    from plait.renderers.chat_template import ChatTemplateRenderer
+    from plait_hf.chat_template import ChatTemplateRenderer
 
     torch.set_num_threads(args.threads)
     options = dict(parse_option(o) for o in args.option)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from plait.models import ResolvedModel
-from plait.testing.models import materialize_model
+from plait_testing.models import materialize_model
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from plait.models import ResolvedModel
-from plait.testing.trainer import TrainerEngineContract
 from plait_fsdp2.options import FSDP2Options
+from plait_testing.trainer import TrainerEngineContract
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,10 @@ import pytest
 
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
-from plait.testing.trainer import (
+from plait.types import AdamParams, Datum
+from plait_fsdp2.engine import FSDP2Trainer
+from plait_fsdp2.options import FSDP2Options
+from plait_testing.trainer import (
     SMOOTH_ADAM,
     datum_logprobs,
     random_tokens,
@@ -22,9 +25,6 @@ from plait.testing.trainer import (
     sft_datum,
     weights_of,
 )
-from plait.types import AdamParams, Datum
-from plait_fsdp2.engine import FSDP2Trainer
-from plait_fsdp2.options import FSDP2Options
 
 pytestmark = pytest.mark.distributed
 
@@ -163,7 +163,7 @@ def test_bfloat16_models_train_with_float32_master_weights(tiny_model: ResolvedM
 
 
 def test_export_streams_buckets_and_matches_the_checkpoint(tiny_model: ResolvedModel) -> None:
-    from plait.testing.trainer import checkpoint_tensors
+    from plait_testing.trainer import checkpoint_tensors
 
     trainer = FSDP2Trainer(tiny_model, options=FSDP2Options(world_size=2, device="cpu", threads=1, export_bucket_mb=0.1))
     calls = []

@@ -27,8 +27,8 @@ def test_discovery_and_options_import_no_torch() -> None:
 
 
 def test_options_are_validated_with_dotted_paths() -> None:
-    from plait.config import structure
     from plait.errors import ConfigError
+    from plait.schema import structure
     from plait_fsdp2.options import FSDP2Options
 
     options = structure(FSDP2Options, {"world_size": 4, "activation_checkpointing": "selective"}, "trainer.options")

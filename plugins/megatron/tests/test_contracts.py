@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from plait.models import ResolvedModel
-from plait.testing.trainer import TrainerEngineContract
+from plait_testing.trainer import TrainerEngineContract
 
 pytest.importorskip("megatron.core")
 

@@ -9,11 +9,11 @@ import torch
 
 from plait.errors import ConfigError
 from plait.models import ResolvedModel
-from plait.testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum, vocab_size
 from plait.types import AdamParams
 from plait_megatron.convert import hf_to_megatron, megatron_to_hf
 from plait_megatron.engine import MegatronTrainer
 from plait_megatron.options import MegatronOptions
+from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum, vocab_size
 
 pytest.importorskip("megatron.core")
 

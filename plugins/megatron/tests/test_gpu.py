@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from plait.models import ResolvedModel
-from plait.testing.trainer import (
+from plait_megatron.convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
+from plait_testing.trainer import (
     TrainerEngineContract,
     datum_logprobs,
     random_tokens,
     sft_datum,
     vocab_size,
 )
-from plait_megatron.convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -28,8 +28,8 @@ def test_registered_lazily() -> None:
 
 
 def test_options_name_the_bad_key() -> None:
-    from plait.config import structure
     from plait.errors import ConfigError
+    from plait.schema import structure
     from plait_megatron.options import MegatronOptions
 
     assert structure(MegatronOptions, {"attention": "sdpa", "spec": "local"}, "trainer.options").attention == "sdpa"

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from plait.engine_server import free_port
 from plait.errors import EngineError
 from plait.models import ResolvedModel
-from plait.testing.lora import merged_logprob, write_random_lora
-from plait.testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
-from plait.weight_broadcast import broadcast, open_group, tensor_metas
+from plait_server.engine import free_port
+from plait_testing.lora import merged_logprob, write_random_lora
+from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
+from plait_weights.broadcast import broadcast, open_group, tensor_metas
 
 pytestmark = pytest.mark.sglang
 VOCAB = 151936
@@ -256,7 +256,7 @@ def test_older_wire_without_version_spans(tiny_model: ResolvedModel, trainer, fa
 def test_disk_sync_writes_once_and_engines_load_from_disk(make_attached, trainer, tmp_path: Path) -> None:
     """The core's "disk" weight sync: safetensors per version under its directory, loaded by the
     engine's own disk endpoint; old versions pruned."""
-    from plait.sync import DiskSync, DiskSyncOptions
+    from plait_weights.sync import DiskSync, DiskSyncOptions
 
     sync = DiskSync(options=DiskSyncOptions(directory=str(tmp_path / "weights"), keep=2))
 

@@ -12,7 +12,7 @@ import pytest
 
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
-from plait.testing.server_engine import ServerEngineFailureContract
+from plait_server.testing import ServerEngineFailureContract
 from plait_sglang.engine import decode_routed_experts, stop_params
 from plait_sglang.options import SGLangOptions
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.testing.trainer import random_tokens
 from plait.types import ModelInput, SamplingParams
+from plait_testing.trainer import random_tokens
 
 pytestmark = pytest.mark.sglang
 CHECKER = Path(__file__).parent / "sglang_side" / "check_wire.py"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from plait.models import ResolvedModel
-from plait.testing.inference import InferenceEngineContract
-from plait.testing.trainer import TrainerEngineContract
+from plait_testing.inference import InferenceEngineContract
+from plait_testing.trainer import TrainerEngineContract
 from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
 
 

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from plait import weight_patch
-from plait.distributed_sync import DistributedSync, DistributedSyncOptions
 from plait.errors import WeightSyncError
 from plait.models import ResolvedModel
-from plait.testing.trainer import rl_datum
 from plait.types import AdamParams
-from plait.weight_layout import TensorParallelLayout
+from plait_testing.trainer import rl_datum
 from plait_torch.trainer import TorchTrainer
+from plait_weights import patch as weight_patch
+from plait_weights.distributed import DistributedSync, DistributedSyncOptions
+from plait_weights.layout import TensorParallelLayout
 
 pytestmark = pytest.mark.distributed
 MAIN = Path(__file__).with_name("weight_receiver_main.py")

@@ -12,8 +12,8 @@ import torch
 
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
-from plait.testing.trainer import random_tokens
 from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait_testing.trainer import random_tokens
 from plait_torch.inference import TorchInferenceEngine
 from plait_torch.options import TorchInferenceOptions
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from plait.components import resolve_model
 from plait.errors import ModelError
-from plait.models import ResolvedModel, resolve_model
+from plait.models import ResolvedModel
 from plait_torch import models
 
 
@@ -18,7 +19,7 @@ def test_tiny_qwen3_has_the_promised_shape(tiny_model: ResolvedModel) -> None:
     assert config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["head_dim"] >= 32, "vLLM's CPU attention needs head_dim >= 32"
     assert config["vocab_size"] == 151936 and config["tie_word_embeddings"] is True
-    from plait.training.loading import load_tokenizer
+    from plait_train.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model.tokenizer_path)
     assert len(tokenizer) == 151669 and tokenizer.eos_token_id == 151645  # the real Qwen3 tokenizer
@@ -59,8 +60,8 @@ def test_smollm2_converts_from_the_gguf_and_answers(tmp_path: Path, monkeypatch:
     """The offline path end to end: GGUF -> safetensors -> both engines (about a minute on 2 cores)."""
     import asyncio
 
-    from plait.renderers.chat_template import ChatTemplateRenderer
     from plait.types import Message, SamplingParams
+    from plait_hf.chat_template import ChatTemplateRenderer
     from plait_torch.inference import TorchInferenceEngine
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -36,8 +36,8 @@ def test_discovery_options_and_model_sources_import_no_torch() -> None:
 
 
 def test_options_are_validated_with_dotted_paths() -> None:
-    from plait.config import structure
     from plait.errors import ConfigError
+    from plait.schema import structure
     from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
 
     assert structure(TorchTrainerOptions, {"micro_batch_tokens": 512, "activation_checkpointing": True},

@@ -13,14 +13,14 @@ import torch
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
-from plait.testing.trainer import SMOOTH_ADAM, datum_logprobs, random_tokens, rl_datum, sft_datum
-from plait.training.checkpointing import decoder_layers
-from plait.training.perf import peak_flops
-from plait.training.scorer import TokenScorer, split_output_head
 from plait.types import AdamParams
+from plait_testing.trainer import SMOOTH_ADAM, datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_torch import models
 from plait_torch.options import TorchTrainerOptions
 from plait_torch.trainer import TorchTrainer
+from plait_train.checkpointing import decoder_layers
+from plait_train.perf import peak_flops
+from plait_train.scorer import TokenScorer, split_output_head
 
 VOCAB = models.TINY_QWEN3_CONFIG["vocab_size"]
 

@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from plait import weight_patch
 from plait.errors import WeightSyncError
 from plait.models import ResolvedModel
-from plait.sync import (
+from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait_testing.trainer import rl_datum
+from plait_torch.inference import TorchInferenceEngine
+from plait_torch.trainer import TorchTrainer
+from plait_weights import patch as weight_patch
+from plait_weights.sync import (
     DiskSync,
     DiskSyncOptions,
     InProcessSync,
     InProcessSyncOptions,
     apply_patch_to_checkpoint,
 )
-from plait.testing.trainer import rl_datum
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
-from plait_torch.inference import TorchInferenceEngine
-from plait_torch.trainer import TorchTrainer
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ def test_delta_sync_of_a_50m_model_after_adam_steps(tiny_model, tmp_path):
     """~56M parameters, float32 master weights served in bfloat16, RL steps at lr 1e-6: after
     Adam's first step (which moves every element by lr) a delta push costs at most 5% of a full
     one, and the engine always ends bit-identical to the trainer."""
-    from plait.testing.models import build_resized_qwen3
+    from plait_testing.models import build_resized_qwen3
 
     model = build_resized_qwen3(tiny_model.path, tmp_path / "qwen3-50m", hidden_size=320, intermediate_size=960,
                                 num_hidden_layers=6, num_attention_heads=10, num_key_value_heads=5, head_dim=32)

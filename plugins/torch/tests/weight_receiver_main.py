@@ -1,5 +1,5 @@
 """A weight receiver process for the distributed-sync tests: a torch inference engine (or, for
-tensor-parallel shards, a WeightStore) fed by plait.distributed_sync.WeightReceiver. On exit it
+tensor-parallel shards, a WeightStore) fed by plait_weights.distributed.WeightReceiver. On exit it
 writes the version and checksum of what it holds to REPORT.
 
 usage: python weight_receiver_main.py MODEL_DIR DTYPE PORT RANK WORLD TP_RANK REPORT [store]
@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from plait import weight_patch
-from plait.distributed_sync import WeightReceiver, WeightStore
 from plait.models import ResolvedModel
+from plait_weights import patch as weight_patch
+from plait_weights.distributed import WeightReceiver, WeightStore
 
 
 async def main() -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from plait.models import ResolvedModel
-from plait.testing.models import materialize_model
+from plait_testing.models import materialize_model
 
 REPO = Path(__file__).resolve().parents[3]
 

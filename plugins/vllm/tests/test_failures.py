@@ -13,7 +13,7 @@ import pytest
 
 from plait.errors import DataError
 from plait.models import ResolvedModel
-from plait.testing.server_engine import ServerEngineFailureContract
+from plait_server.testing import ServerEngineFailureContract
 from plait_vllm.engine import decode_routed_experts, server_command, stop_params
 from plait_vllm.options import VLLMOptions
 

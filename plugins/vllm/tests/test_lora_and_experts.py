@@ -17,9 +17,9 @@ import pytest
 
 from plait.errors import EngineError
 from plait.models import ResolvedModel
-from plait.testing.lora import merged_logprob, write_random_lora
-from plait.testing.trainer import random_tokens
 from plait.types import ModelInput, SamplingParams
+from plait_testing.lora import merged_logprob, write_random_lora
+from plait_testing.trainer import random_tokens
 from plait_vllm.engine import decode_routed_experts
 
 pytestmark = pytest.mark.vllm

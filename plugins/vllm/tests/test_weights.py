@@ -13,10 +13,10 @@ import structlog
 
 from plait.advantages import group_advantages
 from plait.models import ResolvedModel
-from plait.sync import InProcessSync
-from plait.testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
-from plait.weight_broadcast import broadcast, open_group, tensor_metas
+from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
+from plait_weights.broadcast import broadcast, open_group, tensor_metas
+from plait_weights.sync import InProcessSync
 
 pytestmark = pytest.mark.vllm
 log = structlog.get_logger("test_weights")
@@ -82,7 +82,7 @@ def test_update_by_disk_never_reuses_stale_prefix_cache(engine, trainer, salt: b
 def test_update_over_gloo_broadcast(engine, trainer) -> None:
     """vLLM's native distributed update API (init / start / update / finish), with the trainer
     broadcasting over a real gloo group, as the broadcast weight syncs do."""
-    from plait.engine_server import free_port
+    from plait_server.engine import free_port
 
     prompt = random_tokens(6, 9, VOCAB)
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from plait.testing.renderer import qwen3_tokenizer as load_qwen3_tokenizer
+from plait_testing.renderer import qwen3_tokenizer as load_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from plait.testing.renderer import RendererContract
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
+from plait_testing.renderer import RendererContract
 
 
 class TestQwen3(RendererContract):

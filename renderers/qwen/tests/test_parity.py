@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from plait.renderers.formats import openai_tool
-from plait.testing.renderer import (
+from plait.types import Message, ToolSpec
+from plait_hf.formats import openai_tool
+from plait_qwen.chatml import QwenOptions
+from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3Renderer
+from plait_qwen.qwen3_5 import Qwen35Renderer
+from plait_testing.renderer import (
     FIXTURE_CONVERSATIONS,
     Conversation,
     generation_prefixes,
     reference_template,
 )
-from plait.types import Message, ToolSpec
-from plait_qwen.chatml import QwenOptions
-from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3Renderer
-from plait_qwen.qwen3_5 import Qwen35Renderer
 
 QWEN35_TEMPLATE = reference_template("Qwen3.5-4B.jinja")
 CONVERSATIONS = pytest.mark.parametrize("conversation", FIXTURE_CONVERSATIONS, ids=lambda c: c.name)

@@ -10,18 +10,18 @@ from hypothesis import HealthCheck, find, settings
 from plait.errors import ModelError
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
-from plait.testing.renderer import (
+from plait.trajectory import Turn, merge_turns
+from plait.types import Message, ParseTermination, SampledSequence, ToolCall
+from plait_qwen.chatml import QwenOptions
+from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
+from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
+from plait_testing.renderer import (
     FIXTURE_CONVERSATIONS,
     extension_violation,
     qwen3_tokenizer,
     random_conversations,
     sampled_turn,
 )
-from plait.trajectory import Turn, merge_turns
-from plait.types import Message, ParseTermination, SampledSequence, ToolCall
-from plait_qwen.chatml import QwenOptions
-from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
-from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
 
 FIXTURES = {c.name: c for c in FIXTURE_CONVERSATIONS}
 IM_END = 151645

@@ -24,7 +24,8 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 def build_environment(name: str, options: dict[str, Any]) -> Any:
     """A registered environment by name, or an SDK class given as "module:Class"."""
-    from plait.plugins import build, load_target
+    from plait.plugins import build
+    from plait.targets import load_target
 
     if ":" in name:
         return load_target(name)

@@ -4,7 +4,7 @@
     def test_contract():
         check_sdk_environment(MyEnv, reward_range=(0.0, 1.0), solve=lambda task: [("answer", {...})])
 
-It runs the protocol kit (`plait.testing.environment`) on the environment twice, in-process and
+It runs the protocol kit (`plait_testing.environment`) on the environment twice, in-process and
 through plait's ORS server and client over loopback HTTP, and adds what only the SDK can check:
 the class definition is servable, `teardown()` ran once for every `setup()` (also when setup
 fails), a tool that raises comes back as a `ToolError` (in-process and over the wire) and leaves
@@ -21,10 +21,10 @@ from typing import Any
 import attrs
 
 from plait.errors import EnvironmentError_
-from plait.testing.environment import EnvironmentReport, Solver, check_environment
 from plait.types import ToolError, ToolOutput
 from plait_sdk.environment import Environment, run_user_callable, tool
 from plait_sdk.local import LocalEnvironment
+from plait_testing.environment import EnvironmentReport, Solver, check_environment
 
 
 @attrs.define

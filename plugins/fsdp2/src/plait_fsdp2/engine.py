@@ -1,7 +1,7 @@
 """The "fsdp2" trainer engine: the controller-side object that drives `world_size` FSDP2 ranks.
 
 The controller holds this object and calls it like any trainer engine; it starts one worker
-process per rank (`plait.training.workers.WorkerGroup`), splits each call's data between the
+process per rank (`plait_train.workers.WorkerGroup`), splits each call's data between the
 ranks (the datums of a shared prefix stay together, tokens balanced) and merges their results as
 one process would have produced them. A rank that dies or hangs fails the call with an
 `EngineError` naming it, within `call_timeout_s`, never a silent hang.
@@ -27,11 +27,6 @@ import structlog
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
-from plait.training.layout import LayoutOptions, split_for_ranks
-from plait.training.perf import FlopsModel
-from plait.training.state import fsync_tree, replace_dir, temporary_sibling
-from plait.training.step import check_data, check_loss_config, check_token_ids, to_output
-from plait.training.workers import WorkerGroup, tensor_from_wire
 from plait.types import (
     AdamParams,
     Datum,
@@ -41,6 +36,11 @@ from plait.types import (
 )
 from plait_fsdp2.options import FSDP2Options
 from plait_fsdp2.rank import META_FILE, STATE_FORMAT, RankInfo, RankSetup
+from plait_train.layout import LayoutOptions, split_for_ranks
+from plait_train.perf import FlopsModel
+from plait_train.state import fsync_tree, replace_dir, temporary_sibling
+from plait_train.step import check_data, check_loss_config, check_token_ids, to_output
+from plait_train.workers import WorkerGroup, tensor_from_wire
 
 log = structlog.get_logger("plait_fsdp2")
 

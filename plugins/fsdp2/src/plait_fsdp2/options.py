@@ -18,7 +18,7 @@ class FSDP2Options:
     micro_batch_tokens: int = attrs.field(default=2048, validator=positive)
     """Rows x width per forward/backward pass on each rank."""
     packing: bool = True
-    """Pack several sequences into one row instead of padding (see plait.training.layout)."""
+    """Pack several sequences into one row instead of padding (see plait_train.layout)."""
     prefix_sharing: bool = True
     """Compute positions that datums share from their start (a GRPO group's prompt) once; such
     datums go to the same rank. Needs sdpa or eager attention."""

@@ -1,6 +1,6 @@
 """One FSDP2 rank: the model sharded with `fully_shard`, running in a worker process.
 
-Built by `plait.training.workers.WorkerGroup`; `plait_fsdp2.engine.FSDP2Trainer` calls its
+Built by `plait_train.workers.WorkerGroup`; `plait_fsdp2.engine.FSDP2Trainer` calls its
 methods on every rank at once. Each rank holds 1/world_size of every parameter, gradient and
 optimizer moment (dim-0 shards as DTensors); a layer's full parameters exist only while it runs.
 
@@ -26,16 +26,16 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from plait.models import ResolvedModel
-from plait.training import loading
-from plait.training.checkpointing import apply_activation_checkpointing, decoder_layers
-from plait.training.layout import LayoutOptions
-from plait.training.perf import FlopsModel, peak_flops
-from plait.training.scorer import TokenScorer
-from plait.training.state import rng_state, set_rng_state
-from plait.training.step import ShardResult, StepRunner
-from plait.training.workers import tensor_to_wire
 from plait.types import AdamParams, Datum
 from plait_fsdp2.options import FSDP2Options
+from plait_train import loading
+from plait_train.checkpointing import apply_activation_checkpointing, decoder_layers
+from plait_train.layout import LayoutOptions
+from plait_train.perf import FlopsModel, peak_flops
+from plait_train.scorer import TokenScorer
+from plait_train.state import rng_state, set_rng_state
+from plait_train.step import ShardResult, StepRunner
+from plait_train.workers import tensor_to_wire
 
 META_FILE = "plait_fsdp2.json"
 STATE_FORMAT = 1

@@ -4,10 +4,10 @@
 The Hugging Face checkpoint is converted to Megatron's layout on load (`plait_megatron.convert`)
 and back for `export_weights` and `save_state`, so what leaves the engine has Hugging Face names
 (a saved state's weights are a loadable Hugging Face checkpoint). Data, micro-batches, layouts
-(packing, prefix sharing) and losses are `plait.training.step.StepRunner`'s, exactly as in the
+(packing, prefix sharing) and losses are `plait_train.step.StepRunner`'s, exactly as in the
 torch trainer; `plait_megatron.scorer.MegatronScorer` runs megatron-core's embedding and
 transformer block in place of the Hugging Face model. The optimizer is torch's AdamW over the
-GPTModel's parameters (`plait.training.optimizer`): megatron-core's own optimizer and DDP grad
+GPTModel's parameters (`plait_train.optimizer`): megatron-core's own optimizer and DDP grad
 buffers allocate on CUDA and add nothing at one process and TP = 1.
 
 What differs between the CPU and CUDA is the attention kernel only (`MegatronOptions.attention`):
@@ -27,15 +27,15 @@ import torch
 
 from plait.errors import ConfigError, ModelError, PluginError
 from plait.models import ResolvedModel
-from plait.training import loading
-from plait.training.engine import SingleProcessEngine
-from plait.training.layout import LayoutOptions
-from plait.training.perf import FlopsModel
-from plait.training.step import StepRunner
 from plait.types import TrainerCapabilities
 from plait_megatron import parallel
 from plait_megatron.convert import Qwen3Shape, Spec, hf_to_megatron, megatron_to_hf
 from plait_megatron.options import MegatronOptions
+from plait_train import loading
+from plait_train.engine import SingleProcessEngine
+from plait_train.layout import LayoutOptions
+from plait_train.perf import FlopsModel
+from plait_train.step import StepRunner
 
 log = structlog.get_logger("plait_megatron.engine")
 

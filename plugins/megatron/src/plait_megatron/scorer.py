@@ -1,9 +1,9 @@
 """A Megatron GPTModel as a module that scores target tokens at selected positions: the
-`plait.training.scorer.TokenScorer` contract, so `plait.training.step.StepRunner` (layouts, plait
+`plait_train.scorer.TokenScorer` contract, so `plait_train.step.StepRunner` (layouts, plait
 losses, micro-batches) runs it exactly as it runs a Hugging Face model.
 
 It runs megatron-core's embedding and `TransformerBlock` (every layer and the final norm) and then
-plait's chunked output head (`plait.training.ops.head_logprobs`) on the output weight (the
+plait's chunked output head (`plait_train.ops.head_logprobs`) on the output weight (the
 embedding when tied), only at the selected positions. Two inputs GPTModel.forward cannot take come
 in through the block's own arguments:
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from plait.training.layout import attention_mask
-from plait.training.ops import head_logprobs
+from plait_train.layout import attention_mask
+from plait_train.ops import head_logprobs
 
 
 class MegatronScorer(torch.nn.Module):

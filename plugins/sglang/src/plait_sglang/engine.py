@@ -42,13 +42,6 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.engine_server import (
-    ServerEngine,
-    parse_weight_version,
-    prompt_token_ids,
-    sampling_room,
-    token_versions,
-)
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
@@ -60,6 +53,13 @@ from plait.types import (
     SamplingParams,
     TensorData,
     TensorMeta,
+)
+from plait_server.engine import (
+    ServerEngine,
+    parse_weight_version,
+    prompt_token_ids,
+    sampling_room,
+    token_versions,
 )
 from plait_sglang.options import SGLangOptions
 

@@ -7,7 +7,7 @@ from typing import Literal
 import attrs
 
 from plait.config import positive
-from plait.engine_server import ServerOptions
+from plait_server.engine import ServerOptions
 
 
 @attrs.frozen

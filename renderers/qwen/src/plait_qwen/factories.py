@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plait.models import ResolvedModel
-from plait.renderers.chat_template import load_tokenizer
+from plait_hf.chat_template import load_tokenizer
 from plait_qwen.chatml import QwenOptions, QwenRenderer
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.renderers.formats import (
+from plait.types import Message, ToolCall, ToolSpec
+from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
     json_tool_call,
@@ -26,7 +27,6 @@ from plait.renderers.formats import (
     split_reasoning,
     to_json,
 )
-from plait.types import Message, ToolCall, ToolSpec
 from plait_qwen.chatml import (
     IM_END,
     IM_START,

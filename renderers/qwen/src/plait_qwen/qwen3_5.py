@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from plait.renderers.formats import (
+from plait.types import Message, ToolCall, ToolSpec
+from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
     openai_tool,
@@ -25,7 +26,6 @@ from plait.renderers.formats import (
     to_json,
     xml_tool_call,
 )
-from plait.types import Message, ToolCall, ToolSpec
 from plait_qwen.chatml import (
     IM_END,
     IM_START,

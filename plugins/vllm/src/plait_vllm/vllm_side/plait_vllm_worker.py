@@ -14,7 +14,7 @@ A server plait launches gets this module on its PYTHONPATH (a copy in a director
    `/start_weight_update`, `/update_weights`, `/finish_weight_update`). It is vLLM's NCCL
    engine with a gloo process group, so the same API runs on CPU. Rendezvous: a TCPStore at
    `master_address:master_port` owned by the trainer (rank 0), then a gloo group on a
-   PrefixStore named "plait-weights" (what `plait.weight_broadcast.open_group` does on the
+   PrefixStore named "plait-weights" (what `plait_weights.broadcast.open_group` does on the
    trainer's side).
 """
 

@@ -1,0 +1,97 @@
+"""The kinds of component a plugin registers, in one table, with the type of each kind's factory.
+
+A plugin's `plait_register_<kind>s(register)` hook calls `register(name, target, ...)`, where
+`target` is the factory (or a lazy "module:attribute" string naming it) and the factory's type
+is the kind's: a trainer-engine factory takes the model, its validated options and the run's
+seed and returns a `TrainerEngine`, and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
+
+from plait.metrics import MetricSink
+from plait.models import ModelSource, ResolvedModel
+from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
+
+F = TypeVar("F")
+F_contra = TypeVar("F_contra", contravariant=True)
+
+
+class TrainerEngineFactory(Protocol):
+    def __call__(self, model: ResolvedModel, *, options: Any, seed: int) -> TrainerEngine: ...
+
+
+class InferenceEngineFactory(Protocol):
+    def __call__(self, model: ResolvedModel, *, options: Any, seed: int) -> InferenceEngine: ...
+
+
+class WeightSyncFactory(Protocol):
+    def __call__(self, *, options: Any) -> WeightSync: ...
+
+
+class RendererFactory(Protocol):
+    def __call__(self, model: ResolvedModel, *, options: Any) -> Renderer: ...
+
+
+class EnvFactory(Protocol):
+    def __call__(self, *, options: Any) -> Environment: ...
+
+
+class MetricSinkFactory(Protocol):
+    def __call__(self, run_dir: Path, *, options: Any) -> MetricSink: ...
+
+
+LossFunction = Callable[..., Any]
+"""`loss(data, logprobs, config) -> LossOutput` on the trainer's tensors (see `plait_train.losses`)."""
+
+
+class Register(Protocol[F_contra]):
+    """The callback a register hook receives.
+
+    `options` is the attrs class (or a lazy "module:Class" string) that validates the component's
+    `options` table in a run config; None means the component takes no options."""
+
+    def __call__(self, name: str, target: F_contra | str, *, options: type | str | None = None,
+                 description: str = "") -> None: ...
+
+
+@attrs.frozen
+class Kind(Generic[F]):
+    """One kind of component: the hook that registers it and the config key that selects one."""
+
+    name: str
+    hook: str
+    config_key: str
+    """Where a run config names a component of this kind (for error messages)."""
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("_", " ")
+
+
+TRAINER_ENGINE: Kind[TrainerEngineFactory] = Kind("trainer_engine", "plait_register_trainer_engines", "trainer.engine")
+INFERENCE_ENGINE: Kind[InferenceEngineFactory] = Kind(
+    "inference_engine", "plait_register_inference_engines", "inference.engine")
+WEIGHT_SYNC: Kind[WeightSyncFactory] = Kind("weight_sync", "plait_register_weight_syncs", "sync.method")
+RENDERER: Kind[RendererFactory] = Kind("renderer", "plait_register_renderers", "renderer.name")
+ENV: Kind[EnvFactory] = Kind("env", "plait_register_envs", "env.name")
+LOSS: Kind[LossFunction] = Kind("loss", "plait_register_losses", "rl.loss")
+METRIC_SINK: Kind[MetricSinkFactory] = Kind("metric_sink", "plait_register_metric_sinks", "metrics.sinks")
+MODEL: Kind[ModelSource] = Kind("model", "plait_register_models", "model.name")
+
+KINDS: tuple[Kind[Any], ...] = (TRAINER_ENGINE, INFERENCE_ENGINE, WEIGHT_SYNC, RENDERER, ENV, LOSS, METRIC_SINK, MODEL)
+KINDS_BY_NAME: dict[str, Kind[Any]] = {kind.name: kind for kind in KINDS}
+
+RegisterTrainerEngine = Register[TrainerEngineFactory]
+RegisterInferenceEngine = Register[InferenceEngineFactory]
+RegisterWeightSync = Register[WeightSyncFactory]
+RegisterRenderer = Register[RendererFactory]
+RegisterEnv = Register[EnvFactory]
+RegisterLoss = Register[LossFunction]
+RegisterMetricSink = Register[MetricSinkFactory]
+RegisterModel = Register[ModelSource]

@@ -1,1 +1,0 @@
-"""Renderers that ship with the core."""

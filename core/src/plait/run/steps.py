@@ -1,0 +1,191 @@
+"""The steps of the RL loop, as free functions over a `Run`:
+
+    collect -> prepare -> train -> publish        (every step)
+    evaluate                                      (every `eval.every` steps)
+
+Collecting differs by schedule (the sync one samples the step's batch when it is due, the async
+one has sampled it ahead); everything else is the same code for both (see `plait.run.schedules`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+import structlog
+
+from plait.advantages import group_advantages, is_constant
+from plait.errors import WeightSyncError
+from plait.metrics import mean, merge_metrics
+from plait.off_policy import importance_correction
+from plait.rollout import EpisodeConfig, run_episode
+from plait.run.report import rollout_metrics
+from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
+from plait.trajectory import Trajectory, trajectory_to_datums
+from plait.types import AdamParams, Datum, SamplingParams
+
+log = structlog.get_logger("plait.run")
+
+
+def episode_config(run: Run, temperature: float, seed: int) -> EpisodeConfig:
+    rl = run.config.rl
+    sampling = SamplingParams(max_tokens=rl.max_tokens, temperature=temperature, top_p=rl.top_p,
+                              top_k=rl.top_k, seed=seed)
+    return EpisodeConfig(sampling=sampling, max_turns=rl.max_turns, reward_reduce=rl.reward_reduce,
+                         env_timeout_s=rl.env_timeout_s, max_episode_tokens=rl.max_episode_tokens)
+
+
+async def sample_episode(run: Run, split: str, task_index: int, temperature: float, seed: int) -> Trajectory:
+    c = run.components
+    task = await c.env.get_task(split, task_index)
+    return await run_episode(c.env, task, c.engines[0], c.renderer, episode_config(run, temperature, seed))
+
+
+async def sample_groups(run: Run, split: str, task_indices: Sequence[int], group_size: int, temperature: float,
+                        seed: Callable[[int, int], int]) -> list[list[Trajectory]]:
+    """`group_size` episodes on each task, all running concurrently (the engine batches them);
+    `seed(group, index)` seeds each."""
+    c = run.components
+    tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
+    flat = await asyncio.gather(*(
+        run_episode(c.env, task, c.engines[0], c.renderer, episode_config(run, temperature, seed(g, j)))
+        for g, task in enumerate(tasks) for j in range(group_size)
+    ))
+    return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
+
+
+async def collect(run: Run, step: int) -> Batch:
+    """Sample `step`'s batch now: every prompt of the step, `group_size` times."""
+    rl = run.config.rl
+    positions = run.positions(step)
+    indices = [run.sampler.index(p) for p in positions]
+    groups = await sample_groups(run, run.config.env.train_split, indices, rl.group_size, rl.temperature,
+                                 lambda g, j: run.seed(positions[g], j))
+    return [[TrainedSample(position, j, task_index, run.state.attempt, trajectory)
+             for j, trajectory in enumerate(group)]
+            for position, task_index, group in zip(positions, indices, groups, strict=True)]
+
+
+@attrs.frozen
+class Prepared:
+    """A batch as training data: datums with advantages, corrected for off-policy sampling."""
+
+    datums: list[Datum]
+    metrics: dict[str, float]
+
+
+def prepare(run: Run, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
+    """Group advantages (constant-reward groups left out), token-level mean scaling, and the
+    off-policy correction (`plait.off_policy`) when configured."""
+    rl = run.config.rl
+    datums: list[Datum] = []
+    kept = constant = 0
+    for group in groups:
+        valid = [t for t in group if t.error is None]
+        rewards = [t.reward for t in valid]
+        if rl.remove_constant_reward_groups and is_constant(rewards):
+            constant += 1
+            continue
+        kept += 1
+        for trajectory, advantage in zip(valid, group_advantages(rewards, rl.advantage), strict=True):
+            datums.extend(trajectory_to_datums(trajectory, float(advantage)))
+    action_tokens = sum(float(d.loss_fn_inputs["mask"].data.sum()) for d in datums)
+    if datums and action_tokens:
+        # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
+        datums = [_scale_advantages(d, 1.0 / action_tokens) for d in datums]
+    metrics = {"data/datums": float(len(datums)), "data/action_tokens": action_tokens,
+               "data/groups_kept": float(kept), "data/groups_constant": float(constant)}
+    datums, correction = correct_off_policy(run, datums)
+    return Prepared(datums, {**metrics, **correction})
+
+
+def correct_off_policy(run: Run, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
+    """`importance_correction` with the trainer's logprobs from one forward pass at the weights
+    about to be updated; the data as they are when `off_policy.correction` is "none"."""
+    if run.config.off_policy.correction == "none" or not datums:
+        return list(datums), {}
+    rl = run.config.rl
+    train_logprobs: list[np.ndarray] = []
+    for start in range(0, len(datums), rl.micro_batch_size):
+        out = run.components.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
+        train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
+    return importance_correction(datums, train_logprobs, run.config.off_policy)
+
+
+def train(run: Run, datums: Sequence[Datum], *, always_step: bool) -> dict[str, float]:
+    """forward_backward over micro-batches, then one optimizer step. Without data the step is
+    skipped unless `always_step` (the async schedule counts on one version per step)."""
+    rl, tc = run.config.rl, run.config.trainer
+    trainer = run.components.trainer
+    if not datums and not always_step:
+        log.info("no learning signal this step (every group had equal rewards); skipping the update",
+                 step=run.state.step)
+        return {}
+    parts = []
+    for start in range(0, len(datums), rl.micro_batch_size):
+        chunk = datums[start:start + rl.micro_batch_size]
+        out = trainer.forward_backward(chunk, rl.loss, rl.loss_config)
+        parts.append((out.metrics, len(chunk)))
+    step = trainer.optim_step(AdamParams(
+        learning_rate=tc.learning_rate, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
+        weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm,
+    ))
+    return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
+
+
+async def publish(run: Run) -> dict[str, float]:
+    """Push the trainer's weights to every inference engine, and check that each took them."""
+    c = run.components
+    version = c.trainer.weight_version
+    stats = await c.sync.push(c.trainer, c.engines, version)
+    for index, engine in enumerate(c.engines):
+        if engine.weight_version != version:
+            raise WeightSyncError(
+                f"inference engine #{index} ({type(engine).__name__}) holds weight version "
+                f"{engine.weight_version} after sync method {run.config.sync.method!r} pushed version {version}",
+                fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)")
+    return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
+            "sync/delta_fraction": stats.delta_fraction, "sync/full_bytes": float(stats.full_bytes)}
+
+
+async def evaluate(run: Run) -> dict[str, float]:
+    """Greedy accuracy on the first `eval.tasks` held-out tasks; pass@k from sampled answers
+    when `eval.samples_per_task` > 1."""
+    ec, split, seed = run.config.eval, run.config.env.eval_split, run.config.run.seed
+    indices = list(range(min(ec.tasks, await run.components.env.num_tasks(split))))
+    greedy = await sample_groups(run, split, indices, 1, 0.0, lambda g, _j: sample_seed(seed, EVAL_GREEDY, g))
+    metrics = {"eval/accuracy": mean([float(g[0].correct) for g in greedy]),
+               "eval/reward": mean([g[0].reward for g in greedy]),
+               "eval/errors": float(sum(g[0].error is not None for g in greedy)),
+               "eval/tasks": float(len(indices))}
+    if ec.samples_per_task > 1:
+        k = ec.samples_per_task
+        sampled = await sample_groups(run, split, indices, k, ec.temperature,
+                                      lambda g, j: sample_seed(seed, EVAL_SAMPLED, g * k + j))
+        metrics.update({key: v for key, v in rollout_metrics(sampled, prefix="eval").items()
+                        if key.startswith("eval/")})
+    return metrics
+
+
+def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: int = 2) -> None:
+    """A few decoded samples per step in samples.jsonl, for reading what the model does."""
+    tokenizer = run.components.renderer.tokenizer
+    with (run.run_dir / "samples.jsonl").open("a") as f:
+        for group in groups[:per_step]:
+            t = group[0]
+            if not t.turns:
+                continue
+            f.write(json.dumps({
+                "step": run.state.step, "task": t.task, "reward": t.reward, "correct": t.correct,
+                "error": t.error,
+                "completion": [tokenizer.decode(list(turn.completion.tokens)) for turn in t.turns],
+            }, default=str) + "\n")
+
+
+def _scale_advantages(datum: Datum, factor: float) -> Datum:
+    inputs = dict(datum.loss_fn_inputs)
+    inputs["advantages"] = inputs["advantages"].to_numpy() * factor
+    return Datum(datum.model_input, inputs)

@@ -1,0 +1,1 @@
+"""The base of inference engines that run in an HTTP server of their own, and its failure kit."""

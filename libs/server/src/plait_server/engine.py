@@ -1,0 +1,636 @@
+"""Inference engines that live in a server process: launch or attach, and talk HTTP, boundedly.
+
+Engine plugins that drive an HTTP server (vLLM, SGLang) share three things, kept here:
+
+- `ServerProcess` launches the server's command in its own process group, writes its output to a
+  log file, waits for its health endpoint with a deadline (failing at once, with the log's last
+  lines, when the process exits during start-up), and stops the whole group (SIGTERM, then
+  SIGKILL after a grace period). A server is also stopped when this interpreter exits (atexit)
+  and, on Linux, when the process that launched it dies (PR_SET_PDEATHSIG), so a crashed run
+  leaves no server behind.
+- `EngineHTTP` is a JSON client in which every failure becomes an `EngineError` within a known
+  time: unreachable server, a server that crashed (named with its exit code and log tail), a
+  request that ran past its deadline, a missing endpoint (an engine version without it), or an
+  error status (with the server's message).
+- `PauseGate` holds new requests on the client while an engine is paused, so every pause mode
+  behaves the same whatever the server does with requests that arrive while it is paused
+  (vLLM 0.26 queues them, 0.33 answers 503).
+- Small pieces of the wire both engines need: prompt checks, weight-version strings and spans,
+  and `WeightStaging`, which writes a `WeightUpdate` as safetensors for the server to load.
+- `ServerOptions` and `ServerEngine`: the options and the lifecycle every such engine has
+  (launch or attach, lazy health wait, health, close, the pause gate, disk staging, in-flight
+  request count); an engine plugin subclasses both and adds its wire protocol.
+
+httpx is imported on use of `EngineHTTP`, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from plait.config import positive
+from plait.errors import DataError, EngineError
+from plait.models import ResolvedModel
+from plait.types import EngineHealth, ModelInput, WeightUpdate
+
+log = structlog.get_logger("plait_server.engine")
+
+_LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launching thread's process dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ServerProcess:
+    """One server process (and everything it spawns), with its output in `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, log_path: str | Path,
+                 env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> None:
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {**os.environ, **(env or {})}
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        try:
+            self.process = subprocess.Popen(
+                self.argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            self._log_file.close()
+            raise EngineError(f"cannot start the {name} server ({self.argv[0]}): {exc}",
+                              fix="check the server command / python path in the engine options") from exc
+        _LIVE.add(self)
+        log.info("server started", server=name, pid=self.process.pid, log=str(self.log_path),
+                 command=" ".join(self.argv))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64_000))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def crash_error(self, what: str = "") -> EngineError:
+        return EngineError(
+            f"the {self.name} server exited with code {self.exit_code}{what}; "
+            f"last lines of {self.log_path}:\n{self.log_tail()}",
+            fix="read the server log above; the engine must be rebuilt after a crash",
+        )
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the server's whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+        if self.alive():
+            log.info("stopping server", server=self.name, pid=self.pid)
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server ignored SIGTERM; killing it", server=self.name, pid=self.pid)
+        # Children (e.g. vLLM's engine core) may outlive the leader; the group goes either way.
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        self._log_file.close()
+        _LIVE.discard(self)
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def wait_healthy(self, probe: Callable[[], Any], *, timeout_s: float,
+                           poll_s: float = 0.5) -> float:
+        """Poll `probe()` (an async callable that returns True once the server answers) until it
+        does; seconds waited. Stops the server and raises if it exits or the deadline passes."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            if not self.alive():
+                raise self.crash_error(" while starting")
+            with contextlib.suppress(EngineError):
+                if await probe():
+                    waited = time.monotonic() - start
+                    log.info("server healthy", server=self.name, seconds=round(waited, 1))
+                    return waited
+            if time.monotonic() >= deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineError(
+                    f"the {self.name} server did not become healthy within {timeout_s:g} s; "
+                    f"last lines of {self.log_path}:\n{tail}",
+                    fix="raise the engine's startup_timeout_s (a loaded machine starts servers slowly), "
+                        "or read the log for the cause",
+                )
+            await asyncio.sleep(poll_s)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop(grace_s=5.0)
+
+
+class EngineHTTP:
+    """A JSON client for one server; every failure is an `EngineError` within a deadline.
+
+    The underlying httpx client belongs to one event loop; a call from another loop (each
+    `asyncio.run` makes a new one) gets a fresh client.
+    """
+
+    def __init__(self, base_url: str, *, name: str, timeout_s: float, connect_timeout_s: float = 5.0,
+                 server: ServerProcess | None = None, headers: Mapping[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.name = name
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.server = server
+        self.headers = dict(headers or {})
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _http(self) -> Any:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self.headers,
+                timeout=httpx.Timeout(None, connect=self.connect_timeout_s),
+                # Servers drop idle keep-alive connections (uvicorn after 5 s, httpx's own expiry):
+                # reusing one the server is closing loses the request, so expire them sooner.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0),
+            )
+            self._loop = loop
+        return self._client
+
+    async def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
+                      timeout_s: float | None = None, accept: Sequence[int] = (200,)) -> Any:
+        """Send a request; the `httpx.Response` when its status is in `accept`."""
+        import httpx
+
+        deadline = self.timeout_s if timeout_s is None else timeout_s
+        what = f"{method} {path}"
+        try:
+            response = await asyncio.wait_for(
+                self._http().request(method, path, json=json, params=params), deadline)
+        except TimeoutError:
+            self._raise_if_crashed(what)
+            raise EngineError(
+                f"the {self.name} server at {self.base_url} did not answer {what} within {deadline:g} s",
+                fix="check that the server is not stuck (its log), or raise the engine's request timeout",
+            ) from None
+        except httpx.TransportError as exc:
+            self._raise_if_crashed(what)
+            raise EngineError(
+                f"cannot reach the {self.name} server at {self.base_url} ({what}): {type(exc).__name__}: {exc}",
+                fix="start the server, or check the engine's url/host/port options",
+            ) from exc
+        if response.status_code in accept:
+            return response
+        if response.status_code in (404, 405) and error_message(response) in ROUTE_NOT_FOUND:
+            raise EngineError(
+                f"the {self.name} server at {self.base_url} has no endpoint {what} "
+                f"(HTTP {response.status_code}); this engine version lacks it, or it is disabled",
+                fix="use an engine version with this endpoint, or enable it (see the plugin's README)",
+            )
+        raise EngineError(
+            f"the {self.name} server answered {what} with HTTP {response.status_code}: "
+            f"{error_message(response)}",
+        )
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The decoded JSON body of a successful request (None for an empty body)."""
+        response = await self.request(method, path, **kwargs)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise EngineError(
+                f"the {self.name} server answered {method} {path} with a body that is not JSON: "
+                f"{response.text[:200]!r}") from None
+
+    def _raise_if_crashed(self, what: str) -> None:
+        if self.server is not None and not self.server.alive():
+            raise self.server.crash_error(f" (during {what})")
+
+    async def aclose(self) -> None:
+        if self._client is not None and not self._client.is_closed:
+            with contextlib.suppress(RuntimeError):  # its event loop may be gone
+                await self._client.aclose()
+        self._client = None
+
+
+ROUTE_NOT_FOUND = frozenset({"Not Found", "Method Not Allowed", ""})
+"""What web frameworks answer for a path or method they have no route for."""
+
+
+def error_message(response: Any) -> str:
+    """The error text of a reply: `{"error": {"message"}}`, `{"error": str}`, `{"detail"}`, or text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error is not None:
+            return str(error)[:500]
+    return str(body)[:500]
+
+
+class PauseGate:
+    """Holds new requests while paused. Thread-agnostic: one gate per engine, any event loop."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop has nobody waiting
+                loop.call_soon_threadsafe(_set_done, future)
+
+    async def wait_open(self, timeout_s: float | None = None) -> None:
+        """Return once not paused; an `EngineError` after `timeout_s` (None = no limit)."""
+        while True:
+            with self._lock:
+                if not self._paused:
+                    return
+                loop = asyncio.get_running_loop()
+                future: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, future))
+            try:
+                await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise EngineError(
+                    f"the engine stayed paused for more than {timeout_s:g} s; the request was not sent",
+                    fix="call resume() after the weight update, or raise the engine's pause_timeout_s",
+                ) from None
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire pieces shared by the server-backed engines
+# ---------------------------------------------------------------------------------------------
+
+BASE_VERSION_NAMES = frozenset({"default", ""})
+"""Weight-version strings a server reports before anyone set one: they mean version 0."""
+
+
+def model_vocab_size(model: ResolvedModel) -> int:
+    """The model's embedding rows (config.json `vocab_size`)."""
+    try:
+        config = json.loads((Path(model.path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read {model.path}/config.json: {exc}",
+                          fix="point model.name at a Hugging Face checkpoint directory") from exc
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if not size:
+        raise EngineError(f"{model.path}/config.json has no vocab_size")
+    return int(size)
+
+
+def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
+    """The prompt's token ids, checked: a ModelInput, not empty, every id in the vocabulary."""
+    if not isinstance(prompt, ModelInput):
+        raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
+                        fix="wrap token ids with ModelInput.from_ints(ids)")
+    ids = prompt.to_ints()
+    if not ids:
+        raise DataError("empty prompt: sampling needs at least one prompt token",
+                        fix="render the prompt with the renderer (it starts with the chat template's tokens)")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise DataError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab_size}",
+                        fix="tokenize with the model's own tokenizer")
+    return ids
+
+
+def sampling_room(prompt: ModelInput, num_samples: int, vocab_size: int, context: int, option: str) -> tuple[list[int], int]:
+    """(the prompt's checked token ids, how many tokens fit after it under the server's `context`
+    length, set by inference.options.`option`) for a request of `num_samples` completions."""
+    ids = prompt_token_ids(prompt, vocab_size)
+    if num_samples < 1:
+        raise DataError(f"num_samples must be >= 1, got {num_samples}")
+    room = context - len(ids)
+    if room < 1:
+        raise DataError(f"prompt of {len(ids)} tokens leaves no room under {option} {context}",
+                        fix=f"shorten the prompt or raise inference.options.{option}")
+    return ids, room
+
+
+def parse_weight_version(label: Any) -> int:
+    """A server's weight-version label as plait's integer version ("default" = 0)."""
+    text = "" if label is None else str(label)
+    if text in BASE_VERSION_NAMES:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise EngineError(f"the server reports weight version {text!r}, which plait did not set",
+                          fix="let plait set weight versions (one engine per server), or restart the server") from None
+
+
+def token_versions(spans: Sequence[Mapping[str, Any]] | None, num_tokens: int, fallback: int) -> tuple[int, ...]:
+    """Per-token versions from `[{"version", "start", "end"}, ...]` spans over output indices;
+    tokens no span covers get `fallback`."""
+    versions = [fallback] * num_tokens
+    for span in spans or ():
+        version = parse_weight_version(span.get("version"))
+        for i in range(max(0, int(span["start"])), min(num_tokens, int(span["end"]))):
+            versions[i] = version
+    return tuple(versions)
+
+
+class WeightStaging:
+    """Writes weight updates as safetensors directories (`<root>/v<N>/`) for a server to load,
+    keeping only the newest. `root` None = a temporary directory, removed by `cleanup`."""
+
+    def __init__(self, root: str | Path | None, prefix: str) -> None:
+        self._owned = root is None
+        self.root = Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root).expanduser()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    async def stage(self, update: WeightUpdate) -> Path:
+        if update.kind != "full":
+            raise EngineError(f"this engine loads full weight updates from disk, got kind {update.kind!r}",
+                              fix="use a weight sync whose payload is 'full', or one that writes deltas into a checkpoint")
+        from plait_weights.sync import save_safetensors
+
+        return await asyncio.to_thread(save_safetensors, update.tensors, self.root / f"v{update.version}")
+
+    def prune(self, keep: Path) -> None:
+        for path in self.root.glob("v*"):
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        if self._owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine lifecycle
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ServerOptions:
+    """Options every server-backed engine has (`inference.options` in a run config)."""
+
+    url: str | None = None
+    """Attach to a running server (e.g. "http://127.0.0.1:8000"); None launches one."""
+    python: str | None = None
+    """The interpreter that launches the server (None: see the engine's README)."""
+    host: str = "127.0.0.1"
+    port: int | None = None
+    """None = a free port."""
+    server_args: list[str] = attrs.field(factory=list)
+    """Extra command-line arguments for a launched server."""
+    env: dict[str, str] = attrs.field(factory=dict)
+    """Extra environment variables for a launched server."""
+    api_key: str | None = None
+    startup_timeout_s: float = attrs.field(default=900.0, validator=positive)
+    """How long a launched server may take to answer /health (minutes on a loaded 2-core machine)."""
+    request_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    """Deadline of one sampling request."""
+    control_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    """Deadline of pause, resume, weight loading and other control calls."""
+    pause_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """How long `sample` waits while the engine is paused (None = until resume)."""
+    log_path: str | None = None
+    """Where a launched server's output goes; None = a file in the temporary directory (logged)."""
+    weights_dir: str | None = None
+    """Where `apply_weights` stages safetensors for the server to load (it must be able to read
+    them); None = a temporary directory."""
+
+
+class ServerEngine:
+    """The lifecycle shared by inference engines that drive a server over HTTP.
+
+    A subclass sets `server_name`, builds the launch command in `launch_command`, reads what it
+    needs once the server answers in `_on_ready`, and implements sampling, pause and weight
+    loading on its wire.
+    """
+
+    server_name = "server"
+
+    def __init__(self, model: ResolvedModel, options: ServerOptions, seed: int) -> None:
+        self.model = model
+        self.options = options
+        self.vocab_size = model_vocab_size(model)
+        self._rng = random.Random(seed)
+        self._version = 0
+        self._gate = PauseGate()
+        self._update_lock: asyncio.Lock | None = None
+        self._inflight = 0
+        self._idle: asyncio.Condition | None = None
+        self._ready = False
+        self._ready_lock: asyncio.Lock | None = None
+        self._closed = False
+        self.server: ServerProcess | None = None
+        self._staging = WeightStaging(options.weights_dir, f"plait-{self.server_name.lower()}-weights-")
+        if options.url:
+            base_url = options.url
+        else:
+            port = options.port or free_port(options.host)
+            log_path = options.log_path or os.path.join(
+                tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log")
+            argv, env = self.launch_command(port, seed)
+            self.server = ServerProcess(self.server_name, argv, log_path=log_path, env=env)
+            base_url = f"http://{options.host}:{port}"
+        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
+        self.http = EngineHTTP(base_url, name=self.server_name, timeout_s=options.control_timeout_s,
+                               server=self.server, headers=headers)
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    async def _on_ready(self) -> None:
+        """Called once, when the server first answers /health."""
+
+    async def _status(self) -> str:
+        """One line for `health()`."""
+        return self.http.base_url
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    async def _healthy(self) -> bool:
+        timeout = min(10.0, self.options.control_timeout_s)
+        response = await self.http.request("GET", "/health", timeout_s=timeout, accept=(200, 503))
+        return response.status_code == 200
+
+    async def _ensure_ready(self) -> None:
+        if self._closed:
+            raise EngineError(f"the {self.server_name} engine is closed", fix="build a new engine")
+        if self._ready:
+            if self.server is not None and not self.server.alive():
+                raise self.server.crash_error()
+            return
+        if self._ready_lock is None:
+            self._ready_lock = asyncio.Lock()
+        async with self._ready_lock:  # concurrent first requests share one start-up wait
+            if self._ready:
+                return
+            if self.server is not None:
+                await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
+            elif not await self._healthy():
+                raise EngineError(
+                    f"the {self.server_name} server at {self.http.base_url} is not healthy (GET /health answered 503)",
+                    fix="wait for it to finish starting, or check its log")
+            await self._on_ready()
+            self._ready = True
+
+    async def health(self) -> EngineHealth:
+        if self._closed:
+            return EngineHealth(False, self._version, "closed")
+        if self.server is not None and not self.server.alive():
+            return EngineHealth(False, self._version, f"server exited with code {self.server.exit_code}")
+        try:
+            if not await self._healthy():
+                return EngineHealth(False, self._version, "starting")
+            await self._ensure_ready()
+            detail = await self._status()
+        except EngineError as exc:
+            return EngineHealth(False, self._version, str(exc))
+        return EngineHealth(True, self._version, detail)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._gate.resume()  # waiting requests wake up and fail on the closed engine
+        await self.http.aclose()
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+        self._staging.cleanup()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _seed(self, seed: int | None) -> int:
+        return seed if seed is not None else self._rng.getrandbits(31)
+
+    @contextlib.asynccontextmanager
+    async def _request_slot(self) -> Any:
+        """Wait while paused, then count the request as in flight until it returns."""
+        await self._ensure_ready()
+        await self._gate.wait_open(self.options.pause_timeout_s)
+        await self._ensure_ready()
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if self._idle is not None:
+                async with self._idle:
+                    self._idle.notify_all()
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        """Return once none of this engine's requests is in flight."""
+        if self._idle is None:
+            self._idle = asyncio.Condition()
+        try:
+            async with self._idle:
+                await asyncio.wait_for(self._idle.wait_for(lambda: self._inflight == 0), timeout_s)
+        except TimeoutError:
+            raise EngineError(f"{self._inflight} requests were still running after {timeout_s:g} s",
+                              fix="raise the engine's request_timeout_s, or pause with mode 'abort'") from None
+
+    def _lock(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
+
+    # -- weights --------------------------------------------------------------------------
+
+    async def apply_weights(self, update: WeightUpdate) -> None:
+        """Full tensors go by disk (staged as safetensors, then loaded in place by the server);
+        an update without tensors only bumps the version (the weights came another way)."""
+        if not update.tensors:
+            await self.set_weight_version(update.version)
+            return
+        path = await self._staging.stage(update)
+        await self.load_weights_from_disk(str(path), update.version)
+        self._staging.prune(keep=path)
+
+    async def load_weights_from_disk(self, path: str, version: int) -> None:
+        raise NotImplementedError
+
+    async def set_weight_version(self, version: int) -> None:
+        raise NotImplementedError

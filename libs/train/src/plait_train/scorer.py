@@ -1,0 +1,102 @@
+"""A Hugging Face causal LM as a module that scores target tokens at selected positions.
+
+`TokenScorer(model)(input_ids, position_ids, reach, select, targets)` runs the model on rows laid
+out by `plait_train.layout` and returns, for every flat position `select[n]`, the logprob of
+`targets[n]` (differentiable) and the exact entropy of the next-token distribution there (not).
+
+Models whose logits are exactly `decoder(x) @ head.weight.T` take the chunked output head
+(`plait_train.ops.head_logprobs`), which runs only at the selected positions and never holds
+the full (tokens x vocab) logits; models that scale, cap or bias their logits take the full
+logits. Being one module, the scorer can be wrapped as a whole (FSDP's root module): everything,
+output head included, runs inside its forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import torch
+
+from plait_train.layout import attention_mask
+from plait_train.ops import head_logprobs, target_logprobs, token_entropy
+
+log = structlog.get_logger("plait_train")
+
+# Attention kernels that take an arbitrary (tree) mask: sdpa as a boolean mask, eager as an
+# additive one. Flash-attention kernels take only causal and variable-length masks.
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def attention_implementation(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def split_output_head(model: Any) -> tuple[Any, Any]:
+    """(decoder, output projection) when logits are exactly `decoder(x) @ head.weight.T`, so the
+    chunked output head applies; (None, None) for models that scale, cap or bias their logits."""
+    head = model.get_output_embeddings()
+    decoder = model.get_decoder()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or decoder is model:
+        return None, None
+    device = head.weight.device
+    rows = int(model.get_input_embeddings().weight.shape[0])
+    probe = torch.arange(1, 9, device=device).unsqueeze(0) % rows
+    with torch.no_grad():
+        expected = model(input_ids=probe, use_cache=False).logits.float()
+        hidden = decoder(input_ids=probe, use_cache=False).last_hidden_state
+        actual = hidden.float() @ head.weight.float().T
+    tolerance = 1e-4 if head.weight.dtype == torch.float32 else 5e-2
+    if not torch.allclose(actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()):
+        log.info("the model transforms its logits; using the full-logits path", model=type(model).__name__)
+        return None, None
+    return decoder, head
+
+
+class TokenScorer(torch.nn.Module):
+    """Target logprobs and entropies of a causal LM at selected positions of laid-out rows."""
+
+    def __init__(self, model: Any, *, chunked_head: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        decoder, head = split_output_head(model) if chunked_head else (None, None)
+        # A plain tuple: decoder and head are submodules of `model` already, and registering them
+        # again would give their parameters a second name.
+        self._head_parts = (decoder, head) if decoder is not None else None
+        self.attention = attention_implementation(model)
+
+    @property
+    def chunked_head(self) -> bool:
+        return self._head_parts is not None
+
+    @property
+    def takes_tree_masks(self) -> bool:
+        return self.attention in TREE_MASK_ATTENTION
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, reach: torch.Tensor | None,
+                select: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their targets."""
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if reach is not None:
+            kwargs["attention_mask"] = self._mask(reach)
+        if self._head_parts is not None:
+            decoder, head = self._head_parts
+            hidden = decoder(**kwargs).last_hidden_state
+            return head_logprobs(hidden.reshape(-1, hidden.shape[-1])[select], head.weight, targets)
+        logits = self.model(**kwargs).logits
+        picked = logits.reshape(-1, logits.shape[-1])[select]
+        with torch.no_grad():
+            entropy = token_entropy(picked.detach())
+        return target_logprobs(picked, targets), entropy
+
+    def _mask(self, reach: torch.Tensor) -> torch.Tensor:
+        allowed = attention_mask(reach)
+        if self.attention == "sdpa":
+            return allowed
+        if self.attention == "eager":
+            zero = torch.zeros((), dtype=torch.float32, device=reach.device)
+            return torch.where(allowed, zero, torch.finfo(torch.float32).min)
+        raise ValueError(f"attention {self.attention!r} cannot take packed or prefix-shared rows; "
+                         f"use one of {TREE_MASK_ATTENTION}")

@@ -1,0 +1,208 @@
+"""forward / forward_backward of a trainer engine: data -> micro-batches -> logprobs -> loss.
+
+`StepRunner.run` does one call's work in one process: it lays the data out
+(`plait_train.layout`), runs the `TokenScorer` on each micro-batch, applies the plait loss
+(a token sum, so micro-batches and processes simply add up) and, for forward_backward, calls
+backward. Its `ShardResult` keeps per-chunk metrics unmerged, so that an engine that splits a call
+across processes merges them exactly as one process would (`to_output`).
+
+A backward pass needs logprobs only where the loss acts (the `mask` input when given, else
+non-zero weights/advantages), so the output head runs only there; a forward pass scores every
+position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from plait.errors import DataError
+from plait.metrics import merge_metrics
+from plait.types import Datum, ForwardBackwardOutput, TensorData
+from plait_train.layout import INT_INPUTS, LayoutOptions, MicroBatch, plan_micro_batches
+from plait_train.losses import LossOutput, check_inputs
+from plait_train.perf import FlopsModel
+from plait_train.scorer import TokenScorer
+
+
+def lookup_loss(name: str) -> Any:
+    from plait.plugins import get_registry
+
+    return get_registry().get("loss", name).load()
+
+
+def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
+    """The loss input keys of `data`, after checking that every datum fits `loss_fn`."""
+    if not data:
+        raise DataError("no data: forward/forward_backward needs at least one Datum",
+                        fix="skip the call when a batch is empty")
+    keys = sorted(data[0].loss_fn_inputs)
+    for index, datum in enumerate(data):
+        if not isinstance(datum, Datum):
+            raise DataError(f"data[{index}] is a {type(datum).__name__}, not a plait.types.Datum")
+        if datum.model_input.length == 0:
+            raise DataError(f"data[{index}] has an empty model_input", fix="drop empty sequences before training")
+        if sorted(datum.loss_fn_inputs) != keys:
+            raise DataError(
+                f"data[{index}] has loss_fn_inputs {sorted(datum.loss_fn_inputs)} but data[0] has {keys}",
+                fix="give every datum of one call the same loss_fn_inputs keys")
+    if "target_tokens" not in keys:
+        raise DataError(f"loss {loss_fn!r} needs loss_fn_inputs['target_tokens']; the data have {keys}",
+                        fix="add target_tokens (the input shifted by one: targets = seq[1:])")
+    try:
+        check_inputs(loss_fn, keys)
+    except ValueError as exc:
+        raise DataError(str(exc), fix="add the missing loss_fn_inputs to every datum") from None
+    return keys
+
+
+def check_loss_config(loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None) -> Any:
+    """The loss function, after a trial run on one zero token: an unknown loss name or a config
+    the loss rejects fails before any forward pass (which, split across processes, could not be
+    abandoned halfway)."""
+    loss = lookup_loss(loss_fn)
+    zero = torch.zeros(1)
+    trial = {k: zero.long() if k in INT_INPUTS else zero for k in keys}
+    try:
+        loss(zero, trial, dict(loss_fn_config or {}))
+    except (ValueError, KeyError) as exc:
+        raise DataError(f"loss {loss_fn!r} rejected its inputs: {exc}",
+                        fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+    return loss
+
+
+def check_token_ids(ids: Any, vocab_rows: int, what: str) -> None:
+    """Fail on token ids outside [0, vocab_rows); `ids` is a numpy array or a torch tensor."""
+    if (ids.numel() if hasattr(ids, "numel") else ids.size) == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_rows:
+        bad = low if low < 0 else high
+        raise DataError(
+            f"{what} contains token id {bad}, outside the model's vocabulary [0, {vocab_rows})",
+            fix="tokenize with the model's own tokenizer (model.tokenizer must match the model)",
+        )
+
+
+def active_positions(batch: MicroBatch) -> torch.Tensor:
+    """Positions the loss acts on: the `mask` input if given, else non-zero weights/advantages."""
+    for key, test in (("mask", lambda t: t > 0), ("weights", lambda t: t != 0), ("advantages", lambda t: t != 0)):
+        if key in batch.inputs:
+            return test(batch.inputs[key]) & batch.valid
+    return batch.valid
+
+
+@attrs.frozen
+class ShardResult:
+    """What one process computed for its data (indices are positions in the data it was given)."""
+
+    logprobs: dict[int, np.ndarray]
+    parts: list[tuple[dict[str, float], int]]
+    """Per micro-batch: loss metrics and the number of loss-active tokens (the weight of means)."""
+    totals: dict[str, float]
+    """Sums over the data: model_flops, train_tokens, forward_tokens, prefix_shared_tokens."""
+
+
+def to_output(loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], ShardResult]]) -> ForwardBackwardOutput:
+    """One call's output from the results of every process: (indices into the call's data of the
+    shard's data, its result)."""
+    outputs: list[dict[str, TensorData]] = [{} for _ in range(count)]
+    parts: list[tuple[dict[str, float], int]] = []
+    totals: dict[str, float] = {}
+    for indices, result in shards:
+        for local, logprobs in result.logprobs.items():
+            outputs[indices[local]] = {"logprobs": TensorData.from_numpy(logprobs)}
+        parts.extend(result.parts)
+        for key, value in result.totals.items():
+            totals[key] = totals.get(key, 0.0) + value
+    metrics = merge_metrics(parts)
+    metrics.update(totals)
+    return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics)
+
+
+class StepRunner:
+    """Runs forward / forward_backward of one process's data through a `TokenScorer`."""
+
+    def __init__(self, scorer: TokenScorer | torch.nn.Module, *, layout: LayoutOptions, device: torch.device,
+                 flops: FlopsModel, vocab_rows: int, autocast_dtype: torch.dtype | None = None) -> None:
+        self.scorer = scorer
+        self.layout = layout
+        self.device = device
+        self.flops = flops
+        self.vocab_rows = vocab_rows
+        self.autocast_dtype = autocast_dtype
+
+    def run(self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None, *,
+            backward: bool, agree_on_passes: Callable[[int], int] | None = None) -> ShardResult:
+        """`agree_on_passes(n)`: for processes that must run forward passes in lockstep (FSDP):
+        given this process's number of micro-batches, the number every process runs; the missing
+        ones are run on a one-token dummy whose loss is zero."""
+        config = dict(loss_fn_config or {})
+        # A process of a lockstep group may get no data at all; it still runs its share of passes.
+        keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
+        loss = check_loss_config(loss_fn, keys, config) if keys else lookup_loss(loss_fn)
+        tokens = [np.asarray(d.model_input.to_ints(), dtype=np.int64) for d in data]
+        inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
+        if data:
+            check_token_ids(np.concatenate(tokens), self.vocab_rows, "model_input")
+            check_token_ids(np.concatenate([i["target_tokens"] for i in inputs]), self.vocab_rows,
+                            "loss_fn_inputs['target_tokens']")
+        plans = plan_micro_batches(tokens, self.layout) if data else []
+        passes = agree_on_passes(len(plans)) if agree_on_passes is not None else len(plans)
+        logprobs: dict[int, np.ndarray] = {}
+        parts: list[tuple[dict[str, float], int]] = []
+        totals = {"model_flops:sum": 0.0, "forward_tokens:sum": 0.0, "prefix_shared_tokens:sum": 0.0}
+        per_token = self.flops.train_flops_per_token if backward else self.flops.forward_flops_per_token
+        for rows in plans:
+            batch = MicroBatch.build(rows, tokens, inputs, self.device)
+            out, batch_logprobs, entropy_sum, active = self._micro_batch(batch, loss, loss_fn, config, backward)
+            chunk_metrics = dict(out.metrics)
+            if active:
+                chunk_metrics["entropy:mean"] = entropy_sum / active
+            parts.append((chunk_metrics, active))
+            for row, index in enumerate(batch.indices):
+                logprobs[index] = batch_logprobs[row, :batch.lengths[row]].cpu().numpy()
+            totals["forward_tokens:sum"] += batch.computed_tokens
+            for length, owned in zip(batch.lengths, batch.owned, strict=True):
+                totals["model_flops:sum"] += per_token(length) * owned
+                totals["prefix_shared_tokens:sum"] += length - owned
+        for _ in range(passes - len(plans)):
+            self._dummy_pass(backward)
+        if backward:
+            totals["train_tokens:sum"] = float(sum(len(t) for t in tokens))
+        return ShardResult(logprobs, parts, totals)
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _micro_batch(self, batch: MicroBatch, loss: Any, loss_name: str, config: dict[str, float],
+                     backward: bool) -> tuple[LossOutput, torch.Tensor, float, int]:
+        active = active_positions(batch)
+        rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
+        with self._autocast():
+            flat, entropy = self.scorer(batch.input_ids, batch.position_ids, batch.reach,
+                                        batch.slots[rows, cols], batch.inputs["target_tokens"][rows, cols])
+        logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
+        entropy_sum = float(entropy[active[rows, cols]].sum())
+        try:
+            out: LossOutput = loss(logprobs, batch.inputs, config)
+        except (ValueError, KeyError) as exc:
+            raise DataError(f"loss {loss_name!r} rejected its inputs: {exc}",
+                            fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+        if backward:
+            out.loss.backward()
+        return out, logprobs.detach(), entropy_sum, int(active.sum())
+
+    def _dummy_pass(self, backward: bool) -> None:
+        one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        with self._autocast():
+            logprob, _ = self.scorer(one, None, None, one[0], one[0])
+        if backward:
+            (logprob.sum() * 0.0).backward()
