@@ -1,4 +1,4 @@
-"""Controller pieces that need no engines: task order, timing, rollout metrics, the dashboard."""
+"""Run pieces that need no engines: task order, seeds, timing, rollout metrics, the dashboard."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 from plait.errors import PlaitError
 from plait.plot import plot_run
 from plait.run.report import rollout_metrics, union_seconds
-from plait.run.state import TaskSampler
+from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, TaskSampler, sample_seed
 from plait.trajectory import Trajectory, Turn
 from plait.types import SampledSequence
 
@@ -68,3 +68,18 @@ def test_dashboard_renders_from_metrics(tmp_path):
 def test_dashboard_of_a_directory_without_metrics_says_so(tmp_path):
     with pytest.raises(PlaitError, match=r"no metrics\.jsonl"):
         plot_run(tmp_path)
+
+
+def test_sample_seeds_are_those_recorded_runs_used_and_distinct():
+    """The sync schedule's seeds are unchanged from the runs whose curves the docs quote
+    ((seed * 1_000_003 + step) * 100_003 + group * group_size + index), and evaluation streams
+    never collide with training ones."""
+    seed, group_size, groups = 7, 8, 16
+    for step, group, index in [(0, 0, 0), (3, 5, 7), (59, 15, 7)]:
+        recorded = (seed * 1_000_003 + step) * 100_003 + group * group_size + index
+        assert sample_seed(seed, step, group * group_size + index) == recorded
+    training = {sample_seed(seed, step, slot) for step in range(60) for slot in range(groups * group_size)}
+    assert len(training) == 60 * groups * group_size
+    evaluation = {sample_seed(seed, stream, slot) for stream in (EVAL_GREEDY, EVAL_SAMPLED) for slot in range(256)}
+    assert len(evaluation) == 512 and not evaluation & training
+    assert all(0 <= s < 1 << 62 for s in evaluation)
