@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The distributions of this repository, in dependency order.
-DISTS := core libs/testing libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen
+DISTS := core libs/testing libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink
 
 .PHONY: help venv demo demo-tiny test check lint bench clean
 
@@ -13,7 +13,7 @@ help:
 	@echo "make demo-tiny - the test-sized run: a tiny Qwen3 learns a strict answer format (~3 min)"
 	@echo "make test   - install everything and run the whole test suite (what CI runs)"
 	@echo "make check  - the fast default suite (run before every commit)"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff, the import contracts (lint-imports) and mypy (what CI runs first)"
 	@echo "make bench  - the benchmarks (JSON in benchmarks/results/)"
 
 $(VENV)/.installed: $(foreach d,$(DISTS),$(d)/pyproject.toml) scripts/install.sh
@@ -36,6 +36,8 @@ check: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 bench: venv
 	$(PY) benchmarks/run_all.py

@@ -18,7 +18,7 @@ else
     done
 fi
 dirs=()
-for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests tests; do
+for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests examples/plugins/*/tests tests; do
     [ -d "$d" ] && dirs+=("$d")
 done
 "$VENV/bin/python" -m pytest "${dirs[@]}" "${pytest_args[@]}" -q "$@"

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -65,7 +66,7 @@ def plugins(as_json: bool) -> None:
     from plait.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for info in manager.plugins.values():
         registered: dict[str, list[str]] = {}
         for factory in manager.registrations(info.name):
@@ -86,10 +87,11 @@ def plugins(as_json: bool) -> None:
 @cli.command()
 def models() -> None:
     """List the model names `model.name` accepts (besides checkpoint directories)."""
+    from plait.kinds import MODEL
     from plait.models import cached_model_dir, is_cached
     from plait.plugins import get_registry
 
-    for factory in get_registry().all("model"):
+    for factory in get_registry().all(MODEL):
         source = factory.load()
         cached = is_cached(cached_model_dir(factory.name, source))
         click.echo(f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]")

@@ -138,17 +138,17 @@ def _fmt(value: float) -> str:
 
 
 class TensorBoardSink:
-    """Scalars to TensorBoard event files under `<run_dir>/tb` (needs the tensorboard package)."""
+    """Scalars to TensorBoard event files under `<run_dir>/tb` (with tensorboardX: no torch)."""
 
     def __init__(self, run_dir: Path, *, options: Any = None) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboardX import SummaryWriter
         except ImportError as exc:
             from plait.errors import PlaitError
 
             raise PlaitError(
-                f"the tensorboard metric sink needs torch and tensorboard: {exc}",
-                fix="pip install tensorboard, or drop 'tensorboard' from metrics.sinks",
+                f"the tensorboard metric sink needs tensorboardX: {exc}",
+                fix="pip install 'plait[tensorboard]', or drop 'tensorboard' from metrics.sinks",
             ) from exc
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
 

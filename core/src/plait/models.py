@@ -109,8 +109,11 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
     try:
         if source.hub_id and hub_reachable():
             log.info("downloading model from the hub", model=name, hub_id=source.hub_id)
-            from huggingface_hub import snapshot_download
-
+            try:
+                from huggingface_hub import snapshot_download
+            except ImportError as exc:
+                raise ModelError(f"model {name!r} downloads from the hub, which needs huggingface_hub",
+                                 fix="pip install 'plait[hub]', or set HF_HUB_OFFLINE=1 to build it offline") from exc
             snapshot_download(source.hub_id, local_dir=str(tmp))
         elif source.materialize is not None:
             log.info("building model offline (once; cached afterwards)", model=name, dest=str(dest))

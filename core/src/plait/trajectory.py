@@ -23,7 +23,7 @@ PromptSource = Literal["render", "bridge"]
 class Turn:
     """One model call: the prompt tokens given to the sampler and what it sampled."""
 
-    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt: tuple[int, ...] = attrs.field(converter=tuple[int, ...])
     completion: SampledSequence
     parse_ok: bool = True
     """False when the completion could not be parsed (malformed tool call, ...)."""
@@ -36,8 +36,8 @@ class Trajectory:
     """One episode of one task."""
 
     task: dict[str, Any]
-    turns: tuple[Turn, ...] = attrs.field(converter=tuple)
-    rewards: tuple[float, ...] = attrs.field(converter=tuple, factory=tuple)
+    turns: tuple[Turn, ...] = attrs.field(converter=tuple[Turn, ...])
+    rewards: tuple[float, ...] = attrs.field(converter=tuple[float, ...], factory=tuple)
     """The reward of every tool call that returned one, in order."""
     reward: float = 0.0
     """The rewards reduced by the configured rule."""
@@ -47,7 +47,7 @@ class Trajectory:
     error: str | None = None
     """Set when the environment failed; the trajectory then trains on nothing."""
     tool_errors: int = 0
-    env_seconds: tuple[tuple[float, float], ...] = attrs.field(converter=tuple, factory=tuple)
+    env_seconds: tuple[tuple[float, float], ...] = attrs.field(converter=tuple[tuple[float, float], ...], factory=tuple)
     """(start, end) wall-clock intervals of environment calls."""
 
     @property

@@ -5,8 +5,7 @@ AdamParams, ForwardBackwardOutput); the environment surface follows the Open Rew
 (TextBlock, ImageBlock, ToolOutput, ToolSpec, Split). Everything is an attrs class that converts
 to and from plain JSON-able dicts with `to_json` / `from_json` (see `plait.serde`).
 
-Nothing here imports torch: tensors travel as `TensorData` (a numpy array plus dtype), and
-`TensorData.from_torch` / `to_torch` import torch only when called.
+Nothing here imports torch: tensors travel as `TensorData` (a numpy array plus dtype).
 """
 
 from __future__ import annotations
@@ -18,13 +17,15 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-# ---------------------------------------------------------------------------------------------
-# Model input and tensors
-# ---------------------------------------------------------------------------------------------
+# -- Model input and tensors ------------------------------------------------------------------
 
 
 def _int_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(t) for t in tokens)
+
+
+def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
 
 
 @attrs.frozen
@@ -46,7 +47,7 @@ ModelInputChunk = EncodedTextChunk
 class ModelInput:
     """The input of a model: a sequence of chunks (only token chunks today)."""
 
-    chunks: tuple[ModelInputChunk, ...] = attrs.field(converter=tuple, factory=tuple)
+    chunks: tuple[ModelInputChunk, ...] = attrs.field(converter=tuple[ModelInputChunk, ...], factory=tuple)
 
     @classmethod
     def from_ints(cls, tokens: Iterable[int]) -> ModelInput:
@@ -94,17 +95,8 @@ class TensorData:
         array = np.asarray(values, dtype=_NUMPY_DTYPES[dtype])
         return cls(array.reshape(-1), dtype, tuple(array.shape))
 
-    @classmethod
-    def from_torch(cls, tensor: Any) -> TensorData:
-        return cls.from_numpy(tensor.detach().cpu().numpy())
-
     def to_numpy(self) -> np.ndarray:
         return self.data.reshape(self.shape)
-
-    def to_torch(self) -> Any:
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(self.to_numpy()))
 
     def tolist(self) -> list[Any]:
         return self.to_numpy().tolist()
@@ -160,9 +152,14 @@ class Datum:
                 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Sampling
-# ---------------------------------------------------------------------------------------------
+# -- Sampling ---------------------------------------------------------------------------------
+
+
+StopSpec = str | tuple[str, ...] | tuple[int, ...] | None
+
+
+def _stop_tuple(stop: StopSpec | list[str] | list[int]) -> StopSpec:
+    return tuple(stop) if isinstance(stop, list) else stop  # type: ignore[return-value]  # mypy joins list[str] | list[int] to tuple[object, ...]
 
 
 @attrs.frozen
@@ -171,9 +168,7 @@ class SamplingParams:
 
     max_tokens: int | None = None
     seed: int | None = None
-    stop: str | tuple[str, ...] | tuple[int, ...] | None = attrs.field(
-        default=None, converter=lambda s: tuple(s) if isinstance(s, list) else s
-    )
+    stop: StopSpec = attrs.field(default=None, converter=_stop_tuple)
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -202,7 +197,7 @@ class SampledSequence:
     """
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    logprobs: tuple[float, ...] = attrs.field(converter=lambda xs: tuple(float(x) for x in xs))
+    logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple)
     stop_reason: StopReason
     weight_version: int = 0
     token_versions: tuple[int, ...] | None = attrs.field(
@@ -225,13 +220,11 @@ class SampledSequence:
 
 @attrs.frozen
 class SampleResponse:
-    sequences: tuple[SampledSequence, ...] = attrs.field(converter=tuple)
+    sequences: tuple[SampledSequence, ...] = attrs.field(converter=tuple[SampledSequence, ...])
     prompt_logprobs: tuple[float | None, ...] | None = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
+# -- Training ---------------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -254,7 +247,7 @@ class ForwardBackwardOutput:
     """
 
     loss_fn_output_type: str
-    loss_fn_outputs: tuple[dict[str, TensorData], ...] = attrs.field(converter=tuple)
+    loss_fn_outputs: tuple[dict[str, TensorData], ...] = attrs.field(converter=tuple[dict[str, TensorData], ...])
     metrics: dict[str, float] = attrs.field(factory=dict)
 
 
@@ -277,9 +270,7 @@ class TrainerCapabilities:
     lora: bool = False
 
 
-# ---------------------------------------------------------------------------------------------
-# Weight sync
-# ---------------------------------------------------------------------------------------------
+# -- Weight sync ------------------------------------------------------------------------------
 
 
 @attrs.frozen(eq=False)
@@ -387,9 +378,7 @@ class EngineHealth:
     detail: str = ""
 
 
-# ---------------------------------------------------------------------------------------------
-# Chat messages (renderer surface)
-# ---------------------------------------------------------------------------------------------
+# -- Chat messages (renderer surface) ---------------------------------------------------------
 
 
 @attrs.frozen
@@ -408,7 +397,7 @@ class Message:
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     reasoning_content: str | None = None
-    tool_calls: tuple[ToolCall, ...] = attrs.field(factory=tuple, converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(factory=tuple, converter=tuple[ToolCall, ...])
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -449,9 +438,7 @@ class TrainOnWhat(enum.Enum):
     ALL_TOKENS = "all_tokens"
 
 
-# ---------------------------------------------------------------------------------------------
-# Environments (ORS surface)
-# ---------------------------------------------------------------------------------------------
+# -- Environments (ORS surface) ---------------------------------------------------------------
 
 
 @attrs.frozen
@@ -476,7 +463,7 @@ Block = TextBlock | ImageBlock
 class ToolOutput:
     """What a tool call returns: observation blocks, an optional reward, and the finished flag."""
 
-    blocks: tuple[Block, ...] = attrs.field(factory=tuple, converter=tuple)
+    blocks: tuple[Block, ...] = attrs.field(factory=tuple, converter=tuple[Block, ...])
     reward: float | None = None
     finished: bool = False
     metadata: dict[str, Any] | None = None

@@ -121,7 +121,7 @@ def _input_model(real: Callable[..., Any]) -> type[pydantic.BaseModel] | None:
     model = pydantic.create_model(
         f"{real.__name__}_input", __config__=pydantic.ConfigDict(extra="forbid"), **fields
     )
-    model.__plait_kwargs__ = True  # type: ignore[attr-defined]
+    model.__plait_kwargs__ = True
     return model
 
 
@@ -255,7 +255,7 @@ class Environment(ABC):
             for attr in dir(owner):
                 fn = getattr(owner, attr, None)
                 info = tool_info(fn)
-                if info is None:
+                if info is None or fn is None:
                     continue
                 if attr in found:
                     raise ValueError(

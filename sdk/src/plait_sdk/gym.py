@@ -29,6 +29,7 @@ import numpy as np
 from gymnasium import spaces
 
 from plait.types import Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec, blocks_text
+from plait_sdk.types import SPLIT_TYPES
 
 MAX_TEXT = 1 << 20
 
@@ -149,7 +150,7 @@ def parse_action(space: spaces.Space, text: str) -> Any:
     """The gym action a text stands for: an integer for Discrete, JSON for the rest."""
     text = text.strip()
     if isinstance(space, spaces.Discrete):
-        value = int(text)
+        value: Any = int(text)
     elif isinstance(space, spaces.Text):
         value = text
     else:
@@ -262,7 +263,7 @@ class GymnasiumEnvironment:
                          "additionalProperties": False})
 
     async def splits(self) -> list[Split]:
-        return [Split(n, n if n in ("train", "validation", "test") else "validation") for n in self.seeds]
+        return [Split(n, n if n in SPLIT_TYPES else "validation") for n in self.seeds]
 
     def _seeds(self, split: str) -> list[int]:
         if split not in self.seeds:

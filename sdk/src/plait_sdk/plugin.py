@@ -71,7 +71,8 @@ def plait_register_commands(cli: Any) -> None:
     @env.command(name="list")
     def list_envs() -> None:
         """List the registered environments."""
+        from plait.kinds import ENV
         from plait.plugins import get_registry
 
-        for factory in get_registry().all("env"):
+        for factory in get_registry().all(ENV):
             click.echo(f"{factory.name:<24} {factory.description}  [{factory.plugin}]")

@@ -72,7 +72,7 @@ def _counted(env_cls: type[Environment], counts: _Counts, *, setup_fails: bool =
             raise RuntimeError("contract kit: deliberate tool failure")
 
         namespace["plait_contract_raises"] = tool(plait_contract_raises)
-    subclass = type(env_cls.__name__, (env_cls,), namespace)
+    subclass: type[Environment] = type(env_cls.__name__, (env_cls,), namespace)
     return subclass
 
 

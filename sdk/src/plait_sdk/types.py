@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -32,7 +32,7 @@ JSONValue = Any
 JSONObject = Mapping[str, Any]
 Blocks = Sequence[Block]
 
-SPLIT_TYPES = ("train", "validation", "test")
+SPLIT_TYPES: tuple[Literal["train", "validation", "test"], ...] = ("train", "validation", "test")
 # Block types this SDK accepts in messages (advertised as ListToolsOutput.message_block_types).
 MESSAGE_BLOCK_TYPES = ("text", "image")
 
@@ -46,6 +46,10 @@ class TerminalToolSpec:
     description: str = ""
 
 
+def _tool_list(tools: Iterable[ToolSpec]) -> list[ToolSpec]:
+    return list(tools)
+
+
 @attrs.frozen
 class ListToolsOutput:
     """A tool listing as ORS servers send it.
@@ -54,7 +58,7 @@ class ListToolsOutput:
     `ors` shape (`env.list_tools().tools`) or a plain list (`for spec in env.list_tools()`) works.
     """
 
-    tools: list[ToolSpec] = attrs.field(factory=list, converter=list)
+    tools: list[ToolSpec] = attrs.field(factory=list, converter=_tool_list)
     terminal_tool: TerminalToolSpec | None = None
     supports_score_group: bool | None = None
     message_block_types: list[str] | None = None

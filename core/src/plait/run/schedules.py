@@ -135,7 +135,7 @@ class AsyncSchedule:
         try:
             for step in range(run.state.step, run.config.rl.steps):
                 async with self.changed:
-                    await self.changed.wait_for(lambda s=step: self.engine_step >= s - lag)
+                    await self.changed.wait_for(lambda s=step: self.engine_step >= s - lag)  # type: ignore[misc]  # mypy cannot type a lambda with a default argument
                 for position in run.positions(step):
                     done = self.completed.get(position, {})
                     for index in range(run.config.rl.group_size):

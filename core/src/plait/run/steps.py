@@ -186,6 +186,5 @@ def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: in
 
 
 def _scale_advantages(datum: Datum, factor: float) -> Datum:
-    inputs = dict(datum.loss_fn_inputs)
-    inputs["advantages"] = inputs["advantages"].to_numpy() * factor
-    return Datum(datum.model_input, inputs)
+    inputs = datum.loss_fn_inputs
+    return Datum(datum.model_input, {**inputs, "advantages": inputs["advantages"].to_numpy() * factor})

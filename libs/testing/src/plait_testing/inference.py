@@ -57,6 +57,10 @@ class InferenceEngineContract:
     long request can reach the server first (seen under load); the second leaves a whole round
     trip after it. An in-process engine that batches in arrival order needs 1 (a later probe
     there waits for the running batch, so the long request would finish first)."""
+    takes_weight_updates: bool = True
+    """False for an engine that serves a fixed checkpoint: `apply_weights` must then fail with a
+    plait error that names the fix, the two tests that train the model skip, and the "keep" pause
+    test checks holding and continuing without new weights."""
 
     @pytest.fixture
     def model(self) -> ResolvedModel:
@@ -271,6 +275,9 @@ class InferenceEngineContract:
 
     def test_apply_weights_changes_samples_and_versions(self, make_engine: MakeEngine, make_trainer: MakeTrainer,
                                                         vocab: int) -> None:
+        if not self.takes_weight_updates:
+            self.check_weight_updates_refused(make_engine)
+            return
         trainer = make_trainer()
         prompt = self.prompt(vocab)
         target = (prompt.to_ints()[-1] + 17) % vocab
@@ -302,8 +309,8 @@ class InferenceEngineContract:
     def test_default_stop_is_end_of_sequence(self, make_engine: MakeEngine, make_trainer: MakeTrainer,
                                              vocab: int, tokenizer: Any) -> None:
         eos = tokenizer.eos_token_id
-        if eos is None:
-            pytest.skip("the tokenizer has no end-of-sequence token")
+        if eos is None or not self.takes_weight_updates:
+            pytest.skip("the test trains the model towards end-of-sequence, which needs eos and weight updates")
         trainer = make_trainer()
         prompt = self.prompt(vocab)
 
@@ -332,26 +339,37 @@ class InferenceEngineContract:
             await engine.sample(self.prompt(vocab, seed=1), 1, SamplingParams(max_tokens=1, stop=[]))
         return long
 
+    def check_weight_updates_refused(self, make_engine: MakeEngine) -> None:
+        async def body(engine: InferenceEngine) -> None:
+            with pytest.raises(PlaitError) as info:
+                await engine.apply_weights(WeightUpdate(version=1, tensors={}))
+            assert info.value.fix, "the error must say what to do instead"
+            assert engine.weight_version == 0 and (await engine.health()).ok
+
+        self.run(make_engine, body)
+
     def test_pause_keep_holds_requests_and_resumes_with_new_weights(
             self, make_engine: MakeEngine, make_trainer: MakeTrainer, vocab: int) -> None:
         trainer = make_trainer()
+        new = 1 if self.takes_weight_updates else 0  # the version after the pause
 
         async def body(engine: InferenceEngine) -> None:
             long = await self.start_long_request(engine, vocab, max_tokens=48)
             await engine.pause("keep")
             assert not long.done(), "pause('keep') must hold in-flight requests"
             held = asyncio.ensure_future(engine.sample(self.prompt(vocab, seed=2), 1, SamplingParams(max_tokens=2, stop=[])))
-            await engine.apply_weights(self.train_towards(trainer, self.prompt(vocab, seed=3), 5, steps=1))
+            if self.takes_weight_updates:
+                await engine.apply_weights(self.train_towards(trainer, self.prompt(vocab, seed=3), 5, steps=1))
             await asyncio.sleep(0.2)
             assert not long.done() and not held.done(), "nothing may run while paused"
             await engine.resume()
             seq = (await long).sequences[0]
             assert len(seq.tokens) == 48 and seq.stop_reason == "length"
             versions = seq.versions()
-            assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions), (
-                f"tokens before the pause carry version 0, after it version 1: {versions}")
-            assert seq.weight_version == 1
-            assert (await held).sequences[0].versions() == (1, 1)
+            assert versions[0] == 0 and versions[-1] == new and list(versions) == sorted(versions), (
+                f"tokens before the pause carry version 0, after it version {new}: {versions}")
+            assert seq.weight_version == new
+            assert (await held).sequences[0].versions() == (new, new)
 
         try:
             self.run(make_engine, body)

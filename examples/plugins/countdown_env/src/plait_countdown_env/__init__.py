@@ -1,0 +1,1 @@
+"""plait-countdown-env: the "countdown" environment (an example plugin written with plait-sdk)."""

@@ -1,0 +1,10 @@
+"""The plugin module (entry point `countdown_env`): lazy targets, so discovery imports no SDK code."""
+
+from plait.hookspecs import hookimpl
+from plait.kinds import RegisterEnv
+
+
+@hookimpl
+def plait_register_envs(register: RegisterEnv) -> None:
+    register("countdown", "plait_countdown_env.env:make_env", options="plait_countdown_env.env:CountdownOptions",
+             description="reach a target number from given numbers with + - * / (the Countdown game)")

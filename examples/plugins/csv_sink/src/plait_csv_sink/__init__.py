@@ -1,0 +1,1 @@
+"""plait-csv-sink: the "csv" metric sink (an example plugin)."""

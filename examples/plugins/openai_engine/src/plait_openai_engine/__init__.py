@@ -1,0 +1,1 @@
+"""plait-openai-engine: the "openai" inference engine, for any OpenAI-compatible completions server."""
