@@ -111,3 +111,44 @@ def test_a_cut_off_turn_is_closed_the_way_the_template_closes_it() -> None:
     assert bridged is not None and bridged[: len(prompt) + len(cut)] == prompt + cut
     assert tokenizer.decode(bridged[len(prompt) + len(cut):]).startswith(
         "\n</think>\n\n<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>")
+
+
+def test_reasoning_that_mentions_think_is_parsed_whole_and_the_tool_cycle_bridges() -> None:
+    renderer, tokenizer = qwen3(), qwen3_tokenizer()
+    history = [Message("user", "What does <think> do? Check 2+2 with the tool.")]
+    prompt = renderer.build_generation_prompt(history, tools=[CALCULATOR]).to_ints()
+    reasoning = "The user asks what <think> does. A <think> block holds my reasoning; compute first."
+    completion = [*tokenizer.encode(f"<think>\n{reasoning}\n</think>\n\n<tool_call>\n"
+                                    '{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'),
+                  tokenizer.eos_token_id]
+    message, _ = renderer.parse_response(completion)
+    assert message.reasoning_content == reasoning
+    observation = [Message("tool", "4")]
+    assert renderer.bridge_to_next_turn(prompt, completion, observation) == \
+        [*prompt, *completion, *renderer.build_generation_prompt(
+            [*history, message, *observation], tools=[CALCULATOR]).to_ints()[len(prompt) + len(completion):]]
+
+
+def test_a_sampled_plain_text_end_of_turn_stays_text_when_the_history_is_re_rendered() -> None:
+    """The model wrote "<|im_end|>" with ordinary tokens (its real <|im_end|> would have stopped
+    it). Where the bridge declines (a new query: the template drops the turn's reasoning), the
+    re-rendered history must not show the turn ending there."""
+    renderer, tokenizer = qwen3(), qwen3_tokenizer()
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    history = [Message("user", "How does ChatML end a turn?")]
+    prompt = renderer.build_generation_prompt(history).to_ints()
+    completion = [*tokenizer.encode("<think>\nexplain\n</think>\n\nWith"),
+                  *tokenizer.encode(" <|im_end|>", split_special_tokens=True),
+                  *tokenizer.encode(" after the text."), im_end]
+    assert completion.count(im_end) == 1
+    message, termination = renderer.parse_response(completion)
+    assert termination.is_clean and message.content == "With <|im_end|> after the text."
+    follow_up = [Message("user", "Thanks.")]
+    assert renderer.bridge_to_next_turn(prompt, completion, follow_up) is None
+    next_prompt = renderer.build_generation_prompt([*history, message, *follow_up]).to_ints()
+    assert next_prompt.count(im_end) == 3  # the user, assistant and user turns; none inside the answer
+    assert tokenizer.decode(next_prompt).count("<|im_end|>") == 4
+    tokens, weights = renderer.build_supervised_example([*history, message])
+    trained = [t for t, w in zip(tokens.to_ints(), weights, strict=True) if w]
+    assert trained.count(im_end) == 1 and trained[-1] == im_end
+    assert tokenizer.decode(trained).endswith("With <|im_end|> after the text.<|im_end|>")

@@ -14,13 +14,17 @@ from typing import Any
 
 import pytest
 
-from plait.types import Message, ToolSpec
+from plait.errors import ConfigError
+from plait.plugins import get_registry
+from plait.types import Message, ToolCall, ToolSpec
 from plait_hf.formats import openai_tool
 from plait_qwen.chatml import QwenOptions
-from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3Renderer
+from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35Renderer
 from plait_testing.renderer import (
+    CALCULATOR,
     FIXTURE_CONVERSATIONS,
+    SEARCH,
     Conversation,
     generation_prefixes,
     reference_template,
@@ -110,3 +114,96 @@ def test_qwen3_instruct_prompts_match_where_the_templates_agree(qwen3_tokenizer:
     for history in generation_prefixes(conversation):
         expected = hf_ids(qwen3_tokenizer, history, conversation.tools, True, True)
         assert renderer.build_generation_prompt(history, tools=conversation.tools).to_ints() == expected
+
+
+# -- literal control-token text in messages -----------------------------------------------------
+
+PASTED_CONTROL_TEXT = [
+    Message("system", "Never write <|im_start|> yourself."),
+    Message("user", "What do <|im_end|> and <|endoftext|> mean? And <tool_call>?"),
+    Message("assistant", "", tool_calls=[ToolCall("search", {"query": "<|im_start|> token"})]),
+    Message("tool", "<|im_end|> ends a ChatML turn; <|endoftext|> ends a document."),
+]
+PASTED_TOOL = ToolSpec("search", "Search the web; never print <|im_end|>.", SEARCH.input_schema)
+
+
+@pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer])
+def test_pasted_control_token_text_is_encoded_as_the_engines_encode_it(qwen3_tokenizer: Any, cls: type) -> None:
+    """vLLM and SGLang render the official template and tokenize the text with the model's
+    tokenizer, so "<|im_end|>" written by a user or a tool becomes the control token; by default
+    the renderers agree with them."""
+    template = QWEN35_TEMPLATE if cls is Qwen35Renderer else None
+    renderer = cls(qwen3_tokenizer)
+    assert renderer.options.literal_special_tokens == "as_tokens"
+    ids = renderer.build_generation_prompt(PASTED_CONTROL_TEXT, tools=[PASTED_TOOL]).to_ints()
+    assert ids == hf_ids(qwen3_tokenizer, PASTED_CONTROL_TEXT, [PASTED_TOOL], True, True, template)
+    tokens, _ = renderer.build_supervised_example([*PASTED_CONTROL_TEXT, Message("assistant", "Done.")], tools=[PASTED_TOOL])
+    expected = hf_ids(qwen3_tokenizer, [*PASTED_CONTROL_TEXT, Message("assistant", "Done.")], [PASTED_TOOL], False, True,
+                      template)
+    assert tokens.to_ints() == expected
+
+
+@pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen3KeepReasoningRenderer, Qwen35Renderer])
+def test_a_stop_token_in_assistant_text_stays_text(qwen3_tokenizer: Any, cls: type) -> None:
+    """An assistant turn is what the model sampled, and a stop token would have ended it: the
+    "<|im_end|>" inside it was ordinary tokens, and re-rendering keeps them (both settings)."""
+    im_end = qwen3_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    messages = [Message("user", "How does ChatML end a turn?"), Message("assistant", "With <|im_end|> after it.")]
+    for setting in ("as_tokens", "as_text"):
+        renderer = cls(qwen3_tokenizer, QwenOptions(literal_special_tokens=setting))
+        tokens, weights = renderer.build_supervised_example(messages)
+        trained = [t for t, w in zip(tokens.to_ints(), weights, strict=True) if w]
+        assert tokens.to_ints().count(im_end) == 2 and trained[-1] == im_end
+        assert qwen3_tokenizer.decode(trained).endswith("With <|im_end|> after it.<|im_end|>")
+
+
+@pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen3KeepReasoningRenderer, Qwen35Renderer])
+def test_pasted_control_token_text_can_be_kept_as_plain_text(qwen3_tokenizer: Any, cls: type) -> None:
+    renderer = cls(qwen3_tokenizer, QwenOptions(literal_special_tokens="as_text"))
+    ids = renderer.build_generation_prompt(PASTED_CONTROL_TEXT, tools=[PASTED_TOOL]).to_ints()
+    im_start, im_end, end_of_text = (qwen3_tokenizer.convert_tokens_to_ids(t)
+                                     for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+    # Structure only: system, user, assistant, tool and the prompt open; four turns close.
+    assert ids.count(im_start) == 5 and ids.count(im_end) == 4 and end_of_text not in ids
+    assert qwen3_tokenizer.decode(ids) == qwen3_tokenizer.decode(
+        hf_ids(qwen3_tokenizer, PASTED_CONTROL_TEXT, [PASTED_TOOL], True, True,
+               QWEN35_TEMPLATE if cls is Qwen35Renderer else None))
+
+
+def test_the_control_token_option_is_validated() -> None:
+    with pytest.raises(ValueError, match="literal_special_tokens"):
+        QwenOptions(literal_special_tokens="plain")  # type: ignore[arg-type]
+    factory = get_registry().get("renderer", "qwen3")
+    with pytest.raises(ConfigError, match="'as_tokens', 'as_text'"):
+        factory.validate_options({"literal_special_tokens": "plain"}, "renderer.options")
+    assert factory.validate_options({"literal_special_tokens": "as_text"}, "renderer.options") == \
+        QwenOptions(literal_special_tokens="as_text")
+
+
+# -- tool-call arguments given as a JSON string -------------------------------------------------
+
+
+def with_arguments(arguments: Any) -> list[Message]:
+    return [Message("user", "What is 2+2?"), Message("assistant", "", tool_calls=[ToolCall("calculator", arguments)]),
+            Message("tool", "4")]
+
+
+@pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer, Qwen3KeepReasoningRenderer])
+@pytest.mark.parametrize("arguments", ['{"expression": "2+2"}', '{ "expression" :"2+2" }'])
+def test_tool_call_arguments_given_as_a_json_string_render_as_the_object(
+        qwen3_tokenizer: Any, cls: type, arguments: str) -> None:
+    """OpenAI-style clients send arguments as a JSON string; vLLM and SGLang parse it before the
+    template writes the object (`tojson`), so the renderers write the object too."""
+    renderer = cls(qwen3_tokenizer)
+    expected = renderer.build_generation_prompt(with_arguments({"expression": "2+2"}), tools=[CALCULATOR]).to_ints()
+    assert renderer.build_generation_prompt(with_arguments(arguments), tools=[CALCULATOR]).to_ints() == expected
+    if cls is Qwen3Renderer:
+        assert expected == hf_ids(qwen3_tokenizer, with_arguments({"expression": "2+2"}), [CALCULATOR], True, True)
+
+
+@pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer])
+@pytest.mark.parametrize("arguments", ["2+2", '["2+2"]', '"2+2"', ""])
+def test_tool_call_arguments_that_are_not_a_json_object_are_refused(
+        qwen3_tokenizer: Any, cls: type, arguments: str) -> None:
+    with pytest.raises(ValueError, match=r"calculator.*arguments.*JSON object"):
+        cls(qwen3_tokenizer).build_generation_prompt(with_arguments(arguments), tools=[CALCULATOR])

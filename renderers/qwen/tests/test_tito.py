@@ -12,10 +12,12 @@ from plait.models import ResolvedModel
 from plait.plugins import get_registry
 from plait.trajectory import Turn, merge_turns
 from plait.types import Message, ParseTermination, SampledSequence, ToolCall
+from plait_hf.formats import openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
 from plait_testing.renderer import (
+    CALCULATOR,
     FIXTURE_CONVERSATIONS,
     extension_violation,
     qwen3_tokenizer,
@@ -118,6 +120,40 @@ def test_official_qwen3_5_bridges_tool_cycles_even_without_reasoning(qwen3_token
     assert bridged != rerendered  # re-rendering would re-tokenize "\n" + "\n" as one token
 
 
+REASONING_ABOUT_THINK = "The user asks what <think> does. A <think> block holds my reasoning; compute first."
+
+
+def test_reasoning_that_mentions_think_is_parsed_whole_and_the_tool_cycle_bridges(qwen3_tokenizer: Any) -> None:
+    """The reasoning runs from the block's opening `<think>` to `</think>`: a `<think>` written
+    inside it is reasoning text, not a new block (cutting at the last one lost the start, and the
+    official template's tool cycle, which keeps the reasoning, was re-rendered and split)."""
+    official = Qwen3Renderer(qwen3_tokenizer)
+    history, tools = [Message("user", "What does <think> do? Check 2+2 with the tool.")], [CALCULATOR]
+    prompt = official.build_generation_prompt(history, tools=tools).to_ints()
+    completion = [*qwen3_tokenizer.encode(
+        f"<think>\n{REASONING_ABOUT_THINK}\n</think>\n\n<tool_call>\n"
+        '{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'), IM_END]
+    message, termination = official.parse_response(completion)
+    assert termination is ParseTermination.STOP_SEQUENCE
+    assert message.reasoning_content == REASONING_ABOUT_THINK and message.content == ""
+    observation = [Message("tool", "4")]
+    bridged = official.bridge_to_next_turn(prompt, completion, observation)
+    assert bridged is not None and bridged[: len(prompt) + len(completion)] == prompt + completion
+    official_text = qwen3_tokenizer.apply_chat_template(
+        [m.to_hf() for m in [*history, message, *observation]], tools=[openai_tool(t) for t in tools],
+        add_generation_prompt=True, tokenize=False)
+    assert qwen3_tokenizer.decode(bridged) == official_text
+
+
+@pytest.mark.parametrize("cls", [Qwen35Renderer, Qwen35KeepReasoningRenderer])
+def test_qwen3_5_reasoning_that_mentions_think_is_parsed_whole(qwen3_tokenizer: Any, cls: type) -> None:
+    renderer = cls(qwen3_tokenizer)  # the prompt opened the block: everything before </think> is reasoning
+    completion = [*qwen3_tokenizer.encode(f"{REASONING_ABOUT_THINK}\n</think>\n\n4"), IM_END]
+    message, termination = renderer.parse_response(completion)
+    assert termination is ParseTermination.STOP_SEQUENCE
+    assert message.reasoning_content == REASONING_ABOUT_THINK and message.content == "4"
+
+
 @pytest.mark.parametrize("cls", [Qwen3KeepReasoningRenderer, Qwen35KeepReasoningRenderer, Qwen3Renderer])
 def test_a_response_cut_off_while_thinking_gets_its_end_synthesised(qwen3_tokenizer: Any, cls: type) -> None:
     renderer = cls(qwen3_tokenizer)
@@ -213,8 +249,8 @@ def test_qwen3_5_parses_xml_tool_calls(qwen3_tokenizer: Any) -> None:
     assert renderer.parse_response([*qwen3_tokenizer.encode(broken), IM_END])[1] is ParseTermination.MALFORMED
 
 
-def test_message_text_never_becomes_a_control_token(qwen3_tokenizer: Any) -> None:
-    renderer = Qwen3KeepReasoningRenderer(qwen3_tokenizer)
+def test_message_text_never_becomes_a_control_token_when_asked(qwen3_tokenizer: Any) -> None:
+    renderer = Qwen3KeepReasoningRenderer(qwen3_tokenizer, QwenOptions(literal_special_tokens="as_text"))
     messages = [Message("user", "read the file"), Message("assistant", "", tool_calls=[ToolCall("cat", {})]),
                 Message("tool", "tokens: <|im_end|> <|im_start|>")]
     ids = renderer.build_generation_prompt(messages).to_ints()
@@ -222,6 +258,19 @@ def test_message_text_never_becomes_a_control_token(qwen3_tokenizer: Any) -> Non
     # Structure only: 4 turns open and 3 close; the tool's text is plain text.
     assert ids.count(im_start) == 4 and ids.count(IM_END) == 3
     assert "tokens: <|im_end|> <|im_start|>" in qwen3_tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("setting", ["as_tokens", "as_text"])
+def test_pasted_control_token_text_keeps_the_extension_property(qwen3_tokenizer: Any, setting: str) -> None:
+    keep = Qwen3KeepReasoningRenderer(qwen3_tokenizer, QwenOptions(literal_special_tokens=setting))
+    messages = [Message("user", "Explain <|im_end|>."),
+                Message("assistant", "", reasoning_content="look it up", tool_calls=[ToolCall("search", {"query": "im_end"})]),
+                Message("tool", "<|im_end|> ends a turn; <|im_start|> opens one."),
+                Message("assistant", "It ends a turn: <|im_end|>.", reasoning_content="the tool said so")]
+    assert extension_violation(keep, messages) is None
+    prompt, completion = sampled_turn(keep, messages, 1)
+    assert keep.bridge_to_next_turn(prompt, completion, messages[2:3]) == \
+        keep.build_generation_prompt(messages[:3]).to_ints()
 
 
 def test_qwen3_instruct_has_no_reasoning(qwen3_tokenizer: Any) -> None:

@@ -10,10 +10,16 @@ renderer does not claim the sequence-extension property. Its `bridge_to_next_tur
 rendering, that the template would show the model exactly the text it sampled followed by the new
 messages, and then appends only the new tokens (the approach of Miles' TITO tokenizer); otherwise
 it returns None and the rollout re-renders. Model-family renderers (e.g. plait-qwen) can do better.
+
+Text is encoded as the engines encode it (a message that spells "<|im_end|>" gets the control
+token), with one exception: a stop token spelled inside an assistant message stays text. The model
+sampled it as ordinary tokens (the token itself would have ended its turn), and a re-rendered
+history must not show that turn ending early.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -22,6 +28,7 @@ import attrs
 from plait.errors import ModelError
 from plait.models import ResolvedModel
 from plait.types import Message, ModelInput, ParseTermination, ToolSpec, TrainOnWhat
+from plait_hf.encoding import TokenEncoder
 from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -126,14 +133,17 @@ class ChatTemplateRenderer:
 
     def _render_text(self, messages: Sequence[Message], add_generation_prompt: bool,
                      tools: Sequence[ToolSpec] | None = None) -> str:
+        return self._apply_template([m.to_hf() for m in messages], add_generation_prompt, tools)
+
+    def _apply_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                        tools: Sequence[ToolSpec] | None) -> str:
         if not messages:
             return ""
         from jinja2 import TemplateError
 
         try:
             return self.tokenizer.apply_chat_template(
-                [m.to_hf() for m in messages], tokenize=False,
-                tools=[openai_tool(t) for t in tools] if tools else None,
+                messages, tokenize=False, tools=[openai_tool(t) for t in tools] if tools else None,
                 add_generation_prompt=add_generation_prompt, **self.options.template_kwargs,
             )
         except TemplateError as exc:  # the template's own raise_exception(...)
@@ -142,21 +152,52 @@ class ChatTemplateRenderer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def _render_ids(self, messages: Sequence[Message], add_generation_prompt: bool,
+                    tools: Sequence[ToolSpec] | None = None, prefill: str = "") -> list[int]:
+        """The rendered conversation's ids, with a stop token spelled inside an assistant message
+        kept as text. The template gets that text with a marker character before each such
+        stop token, so that its place is known in the rendered string (templates transform
+        content: strip it, split reasoning off, drop it)."""
+        hf = [m.to_hf() for m in messages]
+        stops = [self.tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
+        if not any(stop in text for m in hf if m["role"] == "assistant" for text in _strings(m) for stop in stops):
+            return self._encode(self._apply_template(hf, add_generation_prompt, tools) + prefill)
+        used = "".join(_strings([hf, [openai_tool(t) for t in tools or ()], prefill]))
+        marker = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)  # private use
+
+        stop_pattern = re.compile("|".join(re.escape(stop) for stop in sorted(stops, key=len, reverse=True)))
+
+        def mark(value: Any) -> Any:
+            if isinstance(value, str):
+                return stop_pattern.sub(lambda match: marker + match.group(), value)
+            if isinstance(value, dict):
+                return {mark(k): mark(v) for k, v in value.items()}
+            if isinstance(value, list | tuple):
+                return [mark(v) for v in value]
+            return value
+
+        marked = [mark(m) if m["role"] == "assistant" else m for m in hf]
+        pieces = (self._apply_template(marked, add_generation_prompt, tools) + prefill).split(marker)
+        text, kept = pieces[0], set()
+        for piece in pieces[1:]:
+            kept.add(len(text))
+            text += piece
+        return TokenEncoder.of(self.tokenizer).encode(text, lambda start, token: start in kept and token in stops)
+
     def build_generation_prompt(
         self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None,
         tools: Sequence[ToolSpec] | None = None,
     ) -> ModelInput:
         if role != "assistant":
             raise ValueError("the chat-template renderer only builds assistant generation prompts")
-        text = self._render_text(self._with_system(messages), True, tools)
-        return ModelInput.from_ints(self._encode(text + (prefill or "")))
+        return ModelInput.from_ints(self._render_ids(self._with_system(messages), True, tools, prefill or ""))
 
     def build_supervised_example(
         self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
         tools: Sequence[ToolSpec] | None = None,
     ) -> tuple[ModelInput, list[float]]:
         messages = self._with_system(messages)
-        full = self._encode(self._render_text(messages, False, tools))
+        full = self._render_ids(messages, False, tools)
         if train_on is TrainOnWhat.ALL_TOKENS:
             return ModelInput.from_ints(full), [1.0] * len(full)
         weights = [0.0] * len(full)
@@ -169,9 +210,9 @@ class ChatTemplateRenderer:
             # An assistant turn is trained from where it leaves its generation prompt (a template
             # may tokenize the turn's start differently, e.g. BPE-merge "\n\n"); others whole.
             assistant = messages[index].role == "assistant"
-            before = self._encode(self._render_text(messages[:index], assistant, tools))
+            before = self._render_ids(messages[:index], assistant, tools)
             start = common_prefix_length(full, before) if assistant else len(before)
-            through_turn = self._encode(self._render_text(messages[: index + 1], False, tools))
+            through_turn = self._render_ids(messages[: index + 1], False, tools)
             if full[: len(through_turn)] != through_turn:
                 raise ValueError(
                     "this chat template rewrites earlier turns, so per-turn weights are ambiguous; "
@@ -228,3 +269,14 @@ class ChatTemplateRenderer:
         # response was cut off, the newline after it), then the new messages and the prompt.
         delta = rendered_turn[len(sampled):] + after[len(with_turn):]
         return [*prev_prompt_ids, *completion, *self._encode(delta)]
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a message dict (keys included): what a template may write."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for k, v in value.items() for text in (*_strings(k), *_strings(v))]
+    if isinstance(value, list | tuple):
+        return [text for v in value for text in _strings(v)]
+    return []

@@ -48,10 +48,17 @@ def split_reasoning(text: str, *, prompt_opened: bool = False) -> tuple[str | No
     inside the block. Without a closing `</think>` the text is all reasoning when the block was
     open (a response cut off while thinking) and all content otherwise. Newlines that frame the
     block are framing, not content (the Qwen templates strip them the same way).
+
+    The reasoning runs from the block's opening `<think>` (the prompt's, or the first one in the
+    text) to the first `</think>`, as vLLM's and SGLang's reasoning parsers read it: a `<think>`
+    the model writes inside its reasoning is reasoning text, and re-rendering the message writes
+    the sampled text again.
     """
     before, closed, after = text.partition(THINK_CLOSE)
     if closed:
-        return before.rpartition(THINK_OPEN)[2].strip("\n"), after.lstrip("\n")
+        if not prompt_opened and THINK_OPEN in before:
+            before = before.partition(THINK_OPEN)[2]
+        return before.strip("\n"), after.lstrip("\n")
     if prompt_opened:
         return text.strip("\n"), ""
     if text.startswith(THINK_OPEN):
@@ -64,9 +71,28 @@ def split_reasoning(text: str, *, prompt_opened: bool = False) -> tuple[str | No
 # ---------------------------------------------------------------------------------------------
 
 
+def tool_call_arguments(call: ToolCall) -> dict[str, Any]:
+    """A call's arguments as an object. OpenAI-style clients give them as a JSON string, which
+    vLLM and SGLang parse before the chat template writes the object; so does this. A string that
+    does not hold a JSON object is refused (a template would write it verbatim as the "object")."""
+    arguments: Any = call.arguments
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        shown = arguments if len(arguments) <= 80 else arguments[:77] + "..."
+        raise ValueError(f"tool call {call.name!r}: its arguments must be a JSON object, or a string "
+                         f"that holds one; got the string {shown!r}")
+    return parsed
+
+
 def json_tool_call(call: ToolCall) -> str:
     """One call in the Qwen3 / Hermes format, as the Qwen3 chat template writes it."""
-    return f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {to_json(call.arguments)}}}\n{TOOL_CALL_CLOSE}'
+    arguments = to_json(tool_call_arguments(call))
+    return f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
 
 
 def xml_parameter_value(value: Any) -> str:
@@ -80,7 +106,7 @@ def xml_tool_call(call: ToolCall) -> str:
     """One call in the Qwen3.5 / Qwen3-Coder XML format."""
     params = "".join(
         f"<parameter={key}>\n{xml_parameter_value(value)}\n</parameter>\n"
-        for key, value in call.arguments.items()
+        for key, value in tool_call_arguments(call).items()
     )
     return f"{TOOL_CALL_OPEN}\n<function={call.name}>\n{params}</function>\n{TOOL_CALL_CLOSE}"
 

@@ -17,7 +17,8 @@ reasoning, unicode, empty content) and over random conversations (hypothesis):
 - the sequence-extension property holds when the renderer claims it (`extension_violation`);
 - `bridge_to_next_turn` either declines or returns exactly the next generation prompt, and never
   declines for a renderer with the property;
-- malformed and cut-off responses parse as MALFORMED / TRUNCATED.
+- malformed and cut-off responses parse as MALFORMED / TRUNCATED;
+- a stop token the model spelled with ordinary tokens stays text when its turn is rendered again.
 
 Parity with a model's official chat template is family-specific and lives with the family's
 renderers (see plait-qwen); `FIXTURE_CONVERSATIONS` is the shared input for it, and
@@ -341,6 +342,29 @@ class RendererContract:
         prompt, completion = sampled_turn(renderer, conversation.messages, 1)
         assert renderer.bridge_to_next_turn(prompt, completion, []) is None
         assert renderer.bridge_to_next_turn(prompt, completion, [Message("assistant", "x")]) is None
+
+    def test_a_stop_token_spelled_in_a_response_stays_text(self, renderer: Renderer) -> None:
+        """Sampling ends only at the stop token itself, so a model can spell its text ("<|im_end|>")
+        with ordinary tokens inside a turn. Rendered again (a supervised example, a re-rendered
+        history), that text must stay text: as the token it would end the turn early."""
+        stop = renderer.stop_sequences()[0]
+        if not isinstance(stop, int):
+            pytest.skip("the renderer names its stops as strings")
+        tokenizer = renderer.tokenizer
+        stop_text = tokenizer.decode([stop], skip_special_tokens=False)
+        question = Message("user", "How does a turn end?")
+        _, completion = sampled_turn(renderer, [question, Message("assistant", "It ends with")], 1)
+        assert completion[-1] == stop
+        # Character by character: each is an ordinary token.
+        spelled = [i for char in f" {stop_text}" for i in tokenizer.encode(char, add_special_tokens=False)]
+        assert stop not in spelled
+        message, termination = renderer.parse_response(
+            [*completion[:-1], *spelled, *tokenizer.encode(" here.", add_special_tokens=False), stop])
+        assert termination.is_clean and message.content.endswith(f"It ends with {stop_text} here.")
+        tokens = renderer.build_supervised_example([question, message])[0].to_ints()
+        plain = renderer.build_supervised_example([question, Message("assistant", "It ends here.")])[0].to_ints()
+        assert tokens.count(stop) == plain.count(stop), "the spelled stop token became the token"
+        assert f"It ends with {stop_text} here." in tokenizer.decode(tokens, skip_special_tokens=False)
 
     def test_cut_off_response_is_truncated(self, renderer: Renderer) -> None:
         conversation = next(c for c in self.conversations() if c.name == "multi_turn")

@@ -6,8 +6,10 @@ rendered string (added tokens split the text first, then byte-level BPE runs on 
 renderer that writes the official template's text produces its token ids. Two deliberate
 differences from tokenizing the whole string:
 
-- Text a message carries (content, reasoning, tool output) is encoded with special tokens turned
-  off: a tool that prints "<|im_end|>" cannot end the turn. Only the renderer writes control tokens.
+- Special-token text inside an assistant message (a stop token the model spelled with ordinary
+  tokens: the token itself would have ended its turn) stays text; elsewhere it becomes the control
+  token as the engines encode it, unless `literal_special_tokens = "as_text"` keeps all message
+  text as text (a tool that prints "<|im_end|>" cannot end the turn).
 - Renderers that claim the sequence-extension property put a boundary where the generation prompt
   ends inside an assistant turn, so that the history shows the turn with the token boundary the
   sampler saw (`<think>\\n` + `\\n</think>` is 198 198 when sampled, 271 when BPE merges "\\n\\n").
@@ -18,17 +20,17 @@ turns pieces into ids, builds prompts and supervised examples, parses responses 
 
 from __future__ import annotations
 
-import copy
+import bisect
 import re
-import weakref
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 
 from plait.errors import ModelError
 from plait.types import Message, ModelInput, ParseTermination, ToolCall, ToolSpec, TrainOnWhat
 from plait_hf.chat_template import common_prefix_length, trained_span_end
+from plait_hf.encoding import TokenEncoder
 from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -62,6 +64,13 @@ class QwenOptions:
     `enable_thinking=false`): the model answers without reasoning."""
     system_prompt: str | None = None
     """Prepended as a system message when a conversation has none."""
+    literal_special_tokens: Literal["as_tokens", "as_text"] = attrs.field(
+        default="as_tokens", validator=attrs.validators.in_(("as_tokens", "as_text")))
+    """How special-token text in a message (a user pasting "<|im_end|>") is encoded. "as_tokens":
+    as the control token, like the official template with the model's tokenizer (what vLLM and
+    SGLang produce). "as_text": as ordinary text, so that no message can end or open a turn.
+    Either way a stop token spelled in an assistant message stays text (the model sampled it as
+    text: the token would have ended its turn)."""
 
 
 @attrs.frozen
@@ -71,20 +80,12 @@ class Rendered:
     head: list[Piece]
     messages: list[list[Piece]]
     generation: list[Piece]
+    roles: list[str]
+    """The role of each message: it decides how special-token text in it is encoded."""
 
 
-_TEXT_ENCODERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def text_encoder(tokenizer: Any) -> Any:
-    """A copy of the tokenizer's backend that encodes special-token strings as plain text (one
-    per tokenizer: copying a 150k-token vocabulary takes seconds)."""
-    encoder = _TEXT_ENCODERS.get(tokenizer)
-    if encoder is None:
-        encoder = copy.deepcopy(tokenizer.backend_tokenizer)
-        encoder.encode_special_tokens = True  # message text never becomes a control token
-        _TEXT_ENCODERS[tokenizer] = encoder
-    return encoder
+Group = tuple[Sequence[Piece], frozenset[str]]
+"""Pieces and the special tokens whose text stays text in them."""
 
 
 class QwenRenderer:
@@ -114,7 +115,7 @@ class QwenRenderer:
         self._token_text = {token_id: text for text, token_id in added.items()}
         # Longest first, so that a token that contains another wins.
         self._added_pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
-        self._text_encoder = text_encoder(tokenizer)
+        self._encoder = TokenEncoder.of(tokenizer)
         self._generation_ids = self._encode(self._generation_pieces())
 
     # -- family hooks --------------------------------------------------------------------
@@ -173,22 +174,48 @@ class QwenRenderer:
         return "".join(self._token_text[p] if isinstance(p, int) else p for p in pieces
                        if not isinstance(p, Boundary))
 
-    def _encode(self, pieces: Sequence[Piece]) -> list[int]:
+    def _kept_as_text(self, role: str) -> frozenset[str]:
+        """The special tokens whose text stays text in a message of `role`."""
+        if self.options.literal_special_tokens == "as_text":
+            return self._encoder.special_tokens
+        if role == "assistant":
+            # The model's own turn: sampling ends at a stop token, so a stop token spelled inside
+            # the turn was sampled as ordinary tokens (a re-render must not end the turn there).
+            return frozenset(self._token_text[t] for t in self.stop_sequences())
+        return frozenset()
+
+    def _encode(self, pieces: Sequence[Piece], kept_as_text: frozenset[str] = frozenset()) -> list[int]:
+        return self._encode_groups([(pieces, kept_as_text)])
+
+    def _encode_groups(self, groups: Sequence[Group]) -> list[int]:
+        """Ids of the pieces of every group, in order. Text runs on across groups (it is encoded
+        in one go, as the tokenizer encodes the rendered string); each group's rule for
+        special-token text holds in the text it contributed."""
         ids: list[int] = []
-        run: list[str] = []
+        run: list[tuple[str, frozenset[str]]] = []
 
         def flush() -> None:
-            if run:
-                ids.extend(self._text_encoder.encode("".join(run), add_special_tokens=False).ids)
-                run.clear()
+            if not run:
+                return
+            starts, offset = [], 0
+            for text, _ in run:
+                starts.append(offset)
+                offset += len(text)
 
-        for piece in pieces:
-            if isinstance(piece, str):
-                run.append(piece)
-            else:
-                flush()
-                if isinstance(piece, int):
-                    ids.append(piece)
+            def keep_as_text(start: int, token: str) -> bool:
+                return token in run[bisect.bisect_right(starts, start) - 1][1]
+
+            ids.extend(self._encoder.encode("".join(text for text, _ in run), keep_as_text))
+            run.clear()
+
+        for pieces, kept in groups:
+            for piece in pieces:
+                if isinstance(piece, str):
+                    run.append((piece, kept))
+                else:
+                    flush()
+                    if isinstance(piece, int):
+                        ids.append(piece)
         flush()
         return ids
 
@@ -232,7 +259,13 @@ class QwenRenderer:
             if messages[index].role == "assistant" and self.keep_reasoning:
                 pieces = self._break_after_generation_prompt(pieces)
             rendered.append(pieces)
-        return Rendered(self._head(first_system, tools), rendered, self._generation_pieces())
+        return Rendered(self._head(first_system, tools), rendered, self._generation_pieces(),
+                        [m.role for m in messages])
+
+    def _groups(self, rendered: Rendered, start: int = 0) -> list[Group]:
+        """Messages `start`... of a rendered conversation, each with its role's rule."""
+        return [(pieces, self._kept_as_text(role))
+                for pieces, role in zip(rendered.messages[start:], rendered.roles[start:], strict=True)]
 
     @staticmethod
     def _is_tool_response_wrapper(content: str) -> bool:
@@ -260,20 +293,21 @@ class QwenRenderer:
         if role != "assistant":
             raise ValueError(f"{type(self).__name__} only builds assistant generation prompts")
         rendered = self._render(self._with_system(messages), tools)
-        pieces = [*rendered.head, *(p for m in rendered.messages for p in m), *rendered.generation]
-        if prefill:
-            pieces.append(prefill)
-        return ModelInput.from_ints(self._encode(pieces))
+        # A prefill is the start of the assistant's turn.
+        generation = [*rendered.generation, *([prefill] if prefill else [])]
+        return ModelInput.from_ints(self._encode_groups([
+            (rendered.head, self._kept_as_text("system")), *self._groups(rendered),
+            (generation, self._kept_as_text("assistant"))]))
 
     def _encode_messages(self, rendered: Rendered) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of head + messages and each message's (start, end) span. Every message
         starts or ends at a control token, so encoding message by message equals encoding the
         whole text."""
-        tokens = self._encode(rendered.head)
+        tokens = self._encode(rendered.head, self._kept_as_text("system"))
         spans = []
-        for pieces in rendered.messages:
+        for group in self._groups(rendered):
             start = len(tokens)
-            tokens += self._encode(pieces)
+            tokens += self._encode_groups([group])
             spans.append((start, len(tokens)))
         return tokens, spans
 
@@ -348,5 +382,5 @@ class QwenRenderer:
             if not rendered_turn.startswith(sampled):
                 return None
             tail = rendered_turn[len(sampled):]
-        delta = [*self._template(tail), *(p for m in after.messages[2:] for p in m), *after.generation]
-        return [*prompt, *completion, *self._encode(delta)]
+        return [*prompt, *completion, *self._encode_groups([
+            (self._template(tail), frozenset()), *self._groups(after, start=2), (after.generation, frozenset())])]

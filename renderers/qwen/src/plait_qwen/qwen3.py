@@ -72,9 +72,9 @@ class _Qwen3Family(QwenRenderer):
         if tools:
             system = first_system.content + "\n\n" if first_system is not None else ""
             declarations = "".join("\n" + to_json(openai_tool(t)) for t in tools)
-            return [self._id(IM_START), "system\n", system,
-                    *self._template(QWEN3_TOOLS_INTRO + declarations + QWEN3_TOOLS_OUTRO),
-                    self._id(IM_END), "\n"]
+            # The declarations are the environment's text, encoded like a message's.
+            return [self._id(IM_START), "system\n", system, *self._template(QWEN3_TOOLS_INTRO), declarations,
+                    *self._template(QWEN3_TOOLS_OUTRO), self._id(IM_END), "\n"]
         if first_system is not None:
             return [self._id(IM_START), "system\n" + first_system.content, self._id(IM_END), "\n"]
         return []

@@ -67,8 +67,9 @@ class Qwen35Renderer(QwenRenderer):
         system = self._content(first_system.content) if first_system is not None else None
         if tools:
             declarations = "".join("\n" + to_json(openai_tool(t)) for t in tools)
-            return [self._id(IM_START), "system\n",
-                    *self._template(QWEN35_TOOLS_INTRO + declarations + QWEN35_TOOLS_OUTRO),
+            # The declarations are the environment's text, encoded like a message's.
+            return [self._id(IM_START), "system\n", *self._template(QWEN35_TOOLS_INTRO), declarations,
+                    *self._template(QWEN35_TOOLS_OUTRO),
                     *(["\n\n" + system] if system else []), self._id(IM_END), "\n"]
         if system is not None:
             return [self._id(IM_START), "system\n" + system, self._id(IM_END), "\n"]
