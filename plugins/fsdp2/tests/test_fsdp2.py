@@ -5,7 +5,9 @@ ranks that die or hang."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -205,7 +207,12 @@ def test_bad_input_fails_in_the_controller_and_leaves_the_trainer_usable(tiny_mo
         trainer.close()
 
 
+def _stack_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("plait-*-stacks-*"))
+
+
 def test_a_rank_that_dies_fails_the_call_naming_it(tiny_model: ResolvedModel) -> None:
+    before = _stack_dirs()
     trainer = FSDP2Trainer(tiny_model, options=OPTIONS)
     try:
         os.kill(trainer.pids[1], signal.SIGKILL)
@@ -218,6 +225,7 @@ def test_a_rank_that_dies_fails_the_call_naming_it(tiny_model: ResolvedModel) ->
     finally:
         trainer.close()
     assert not any(_alive(pid) for pid in trainer.pids)
+    assert _stack_dirs() == before, "no hang was diagnosed: the per-rank stack files are removed"
 
 
 def test_a_rank_that_hangs_is_named_within_the_timeout(tiny_model: ResolvedModel) -> None:
@@ -226,12 +234,15 @@ def test_a_rank_that_hangs_is_named_within_the_timeout(tiny_model: ResolvedModel
         os.kill(trainer.pids[1], signal.SIGSTOP)  # alive, but never answers
         start = time.monotonic()
         with pytest.raises(EngineError, match=r"rank\(s\) \[1\] did not answer forward_backward within 20 s "
-                                              r"\(rank\(s\) \[0\] wait for them in a collective\)"):
+                                              r"\(rank\(s\) \[0\] wait for them in a collective\)") as info:
             trainer.forward_backward(grpo_batch(1), "ppo")
         assert time.monotonic() - start < 60
     finally:
         trainer.close()
     assert not any(_alive(pid) for pid in trainer.pids)
+    kept = Path(info.value.message.rsplit("full stack dumps: ", 1)[1].splitlines()[0])
+    assert (kept / "rank1.txt").is_file(), "a diagnosed hang keeps the stack dumps its error points at"
+    shutil.rmtree(kept)
 
 
 def _alive(pid: int) -> bool:

@@ -43,6 +43,15 @@ def engines(tiny_model: ResolvedModel):
     megatron.close()
 
 
+def assert_same_up_to_summation_order(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    """Equal up to the rounding of float32 sums taken in another order (CPUs' kernels differ):
+    an element's error is bounded by the tensor's scale, not its own size, since a gradient
+    element near zero is the difference of large terms (e.g. embedding rows summed over tokens)."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=max(1e-4 * scale, 1e-6), msg=name)
+    assert float((actual - expected).norm()) <= 1e-4 * float(expected.norm()) + 1e-6, name
+
+
 @pytest.mark.parametrize("loss", ["cross_entropy", "ppo"])
 def test_logprobs_loss_gradients_and_step_equal_plait_torch(engines, tiny_model: ResolvedModel, loss: str) -> None:
     reference, megatron = engines
@@ -59,7 +68,7 @@ def test_logprobs_loss_gradients_and_step_equal_plait_torch(engines, tiny_model:
     grads_ref = {n: p.grad for n, p in reference.model.named_parameters()}
     assert grads_mg.keys() == grads_ref.keys()
     for name, grad in grads_ref.items():
-        torch.testing.assert_close(grads_mg[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_same_up_to_summation_order(grads_mg[name], grad, name)
 
     # Adam's large eps keeps the update smooth in the gradient (as the contract kit's SMOOTH_ADAM):
     # with a small eps, gradients of ~0 that differ in rounding would move weights by +-lr.

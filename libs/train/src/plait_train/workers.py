@@ -27,11 +27,13 @@ import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -146,7 +148,10 @@ class WorkerGroup:
         self.name = name
         self.world_size = world_size
         self._failure: str | None = None
-        self._stack_dir = Path(tempfile.mkdtemp(prefix=f"plait-{name}-stacks-"))
+        self._stack_dir = Path(tempfile.mkdtemp(prefix=f"plait-{name.replace(' ', '-')}-stacks-"))
+        # The stack files only matter once a hang is diagnosed (`_fail_hang` keeps them); they go
+        # when the group stops, or at the latest when it is collected or the process exits.
+        self._remove_stacks = weakref.finalize(self, shutil.rmtree, self._stack_dir, ignore_errors=True)
         self.store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
         address = ("127.0.0.1", int(self.store.port))
         if "forkserver" in multiprocessing.get_all_start_methods():
@@ -285,6 +290,7 @@ class WorkerGroup:
             else:
                 stuck.append(rank)
                 lines.append(f"rank {rank}: stuck at {frame}")
+        self._remove_stacks.detach()  # the error message points at them
         culprits = stuck or silent
         self._failure = (f"{self.name} rank(s) {culprits} did not answer {method} within {timeout_s:g} s"
                          + (f" (rank(s) {waiting} wait for them in a collective)" if stuck and waiting else ""))
@@ -304,3 +310,4 @@ class WorkerGroup:
                 process.join(timeout=5.0)
         for conn in self._conns:
             conn.close()
+        self._remove_stacks()
