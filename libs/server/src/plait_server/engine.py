@@ -19,7 +19,12 @@ Engine plugins that drive an HTTP server (vLLM, SGLang) share three things, kept
   and `WeightStaging`, which writes a `WeightUpdate` as safetensors for the server to load.
 - `ServerOptions` and `ServerEngine`: the options and the lifecycle every such engine has
   (launch or attach, lazy health wait, health, close, the pause gate, disk staging, in-flight
-  request count); an engine plugin subclasses both and adds its wire protocol.
+  request count, restarts); an engine plugin subclasses both and adds its wire protocol.
+- Restarts: a launched server that dies (it exited, or a request failed and it no longer answers
+  /health) is launched again with the same command, at most `max_restarts` times per engine;
+  requests wait for it, it gets back the weights the dead one had (the last directory they were
+  loaded from, the version label, the LoRA adapters), and the requests that were running on the
+  dead one are sent once more. An attached server is never restarted.
 
 httpx is imported on use of `EngineHTTP`, so importing this module costs nothing.
 """
@@ -42,9 +47,9 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import structlog
@@ -55,6 +60,7 @@ from plait.models import ResolvedModel
 from plait.types import EngineHealth, ModelInput, WeightUpdate
 
 log = structlog.get_logger("plait_server.engine")
+T = TypeVar("T")
 
 _LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 _PR_SET_PDEATHSIG = 1
@@ -123,7 +129,7 @@ class ServerProcess:
         return EngineError(
             f"the {self.name} server exited with code {self.exit_code}{what}; "
             f"last lines of {self.log_path}:\n{self.log_tail()}",
-            fix="read the server log above; the engine must be rebuilt after a crash",
+            fix="read the server log above for the cause",
         )
 
     def stop(self, grace_s: float = 15.0) -> None:
@@ -469,6 +475,10 @@ class ServerOptions:
     weights_dir: str | None = None
     """Where `apply_weights` stages safetensors for the server to load (it must be able to read
     them); None = a temporary directory."""
+    max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    """How many times a launched server that dies is started again (with its weights, its
+    running requests sent once more) before the engine gives up; 0 = never. An attached server
+    (url) is never restarted."""
 
 
 class ServerEngine:
@@ -476,7 +486,11 @@ class ServerEngine:
 
     A subclass sets `server_name`, builds the launch command in `launch_command`, reads what it
     needs once the server answers in `_on_ready`, and implements sampling, pause and weight
-    loading on its wire.
+    loading on its wire: `_load_weights_from_disk`, `_set_weight_version` and, with LoRA,
+    `_load_lora_adapter` / `_unload_lora_adapter` (the public methods here add restarts and
+    remember what a restarted server must get back). Its sampling requests go through
+    `_reissued_after_restart(send, in_flight=True)`; a broadcast weight update sets
+    `_weights_from_broadcast`, and joining or leaving a broadcast group `_in_broadcast_group`.
     """
 
     server_name = "server"
@@ -486,6 +500,7 @@ class ServerEngine:
         self.options = options
         self.vocab_size = model_vocab_size(model)
         self._rng = random.Random(seed)
+        self._launch_seed = seed
         self._version = 0
         self._gate = PauseGate()
         self._update_lock: asyncio.Lock | None = None
@@ -494,20 +509,37 @@ class ServerEngine:
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
         self._closed = False
-        self.server: ServerProcess | None = None
         self._staging = WeightStaging(options.weights_dir, f"plait-{self.server_name.lower()}-weights-")
+        # What a restarted server must be given back (see `_restore`).
+        self._weights_path: str | None = None  # None: the checkpoint a new server starts with
+        self._weights_from_broadcast = False
+        self._in_broadcast_group = False
+        self._lora_adapters: dict[str, str] = {}
+        self._restarts = 0
+        self._restart_lock: asyncio.Lock | None = None
+        self._restarter: asyncio.Task[Any] | None = None
+        self._log_path = options.log_path
+        self.server: ServerProcess | None = None
         if options.url:
-            base_url = options.url
+            self.http = self._client(options.url, None)
         else:
-            port = options.port or free_port(options.host)
-            log_path = options.log_path or os.path.join(
+            self._launch()
+
+    def _client(self, base_url: str, server: ServerProcess | None) -> EngineHTTP:
+        headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
+        return EngineHTTP(base_url, name=self.server_name, timeout_s=self.options.control_timeout_s,
+                          server=server, headers=headers)
+
+    def _launch(self) -> None:
+        """Start the server's command (on options.port, or a free port) and point `http` at it.
+        Every launch of this engine writes to the same log file."""
+        port = self.options.port or free_port(self.options.host)
+        if self._log_path is None:
+            self._log_path = os.path.join(
                 tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log")
-            argv, env = self.launch_command(port, seed)
-            self.server = ServerProcess(self.server_name, argv, log_path=log_path, env=env)
-            base_url = f"http://{options.host}:{port}"
-        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
-        self.http = EngineHTTP(base_url, name=self.server_name, timeout_s=options.control_timeout_s,
-                               server=self.server, headers=headers)
+        argv, env = self.launch_command(port, self._launch_seed)
+        self.server = ServerProcess(self.server_name, argv, log_path=self._log_path, env=env)
+        self.http = self._client(f"http://{self.options.host}:{port}", self.server)
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -515,7 +547,7 @@ class ServerEngine:
         raise NotImplementedError
 
     async def _on_ready(self) -> None:
-        """Called once, when the server first answers /health."""
+        """Called when the server first answers /health (and again after each restart)."""
 
     async def _status(self) -> str:
         """One line for `health()`."""
@@ -531,17 +563,34 @@ class ServerEngine:
     def base_url(self) -> str:
         return self.http.base_url
 
+    @property
+    def restarts(self) -> int:
+        """How many times this engine has launched its server again after it died."""
+        return self._restarts
+
     async def _healthy(self) -> bool:
         timeout = min(10.0, self.options.control_timeout_s)
         response = await self.http.request("GET", "/health", timeout_s=timeout, accept=(200, 503))
         return response.status_code == 200
 
+    async def _answers_health(self) -> bool:
+        try:
+            return await self._healthy()
+        except EngineError:
+            return False
+
     async def _ensure_ready(self) -> None:
         if self._closed:
             raise EngineError(f"the {self.server_name} engine is closed", fix="build a new engine")
         if self._ready:
-            if self.server is not None and not self.server.alive():
-                raise self.server.crash_error()
+            # The restart's own calls (restoring the weights) go through; everyone else waits
+            # for a restart under way, or starts one for a server found dead.
+            if asyncio.current_task() is not self._restarter:
+                if self._restart_lock is not None and self._restart_lock.locked():
+                    async with self._restart_lock:
+                        pass
+                if self.server is not None and not self.server.alive():
+                    await self._restart(self.server)
             return
         if self._ready_lock is None:
             self._ready_lock = asyncio.Lock()
@@ -580,6 +629,124 @@ class ServerEngine:
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
         self._staging.cleanup()
+
+    # -- restarts -------------------------------------------------------------------------
+
+    async def _reissued_after_restart(self, send: Callable[[], Awaitable[T]], *, in_flight: bool) -> T:
+        """`send()`: one request to the server. If it fails because the launched server died,
+        the server is restarted (see `_restart`) and `send()` runs once more, on the new one.
+        `in_flight`: a sampling request, which waits while the engine is paused and counts as
+        in flight (`_request_slot`); otherwise a control call (weights, adapters)."""
+        reissued = False
+        while True:
+            async with self._request_slot() if in_flight else self._ready_slot():
+                server = self.server
+                try:
+                    return await send()
+                except EngineError as exc:
+                    failure = exc
+            # outside the slot: a pause("wait") must not wait for a restart
+            if reissued or not await self._replaced_dead_server(server, failure):
+                raise failure
+            reissued = True
+            log.debug("re-issuing a request that was running when the server died", server=self.server_name)
+
+    @contextlib.asynccontextmanager
+    async def _ready_slot(self) -> Any:
+        await self._ensure_ready()
+        yield
+
+    async def _replaced_dead_server(self, server: ServerProcess | None, failure: EngineError) -> bool:
+        """After a request to `server` failed with `failure`: True once a new server stands in
+        place of that one, which was dead (restarted here, or by a concurrent request); False
+        when the server is fine and the failure was the request's own. An `EngineError` when
+        the server is down and will not come back."""
+        if self._closed:
+            return False
+        if server is None:
+            if await self._answers_health():
+                return False
+            raise EngineError(
+                failure.message,
+                fix=f"this engine is attached to the server at {self.options.url} (inference.options.url), "
+                    "and plait restarts only servers it launched: restart that server, or leave url unset "
+                    "so that the engine launches (and restarts) its own") from failure
+        if self.server is not server:
+            return True
+        # A server whose process lives on can still be dead inside (vLLM: EngineCore died, and
+        # the API server answers 500 until it shuts itself down).
+        if server.alive() and await self._answers_health():
+            return False
+        await self._restart(server)
+        return True
+
+    async def _restart(self, dead: ServerProcess) -> None:
+        """Replace the launched server `dead` with a new one: the same command (on a fresh port
+        unless options.port), the weights the dead one had, and no request reaches it before it
+        has them. Nothing to do when a concurrent request has replaced it already."""
+        if self._restart_lock is None:
+            self._restart_lock = asyncio.Lock()
+        async with self._restart_lock:
+            if self.server is not dead or self._closed:
+                return
+            how = f"exited with code {dead.exit_code}" if not dead.alive() else "stopped answering GET /health"
+            if self._restarts >= self.options.max_restarts:
+                raise EngineError(
+                    f"the {self.server_name} server {how} after {self._restarts} restarts "
+                    f"(inference.options.max_restarts = {self.options.max_restarts}); "
+                    f"last lines of {dead.log_path}:\n{dead.log_tail()}",
+                    fix="read the server log for the cause; raise inference.options.max_restarts to restart it more often")
+            reason = self._why_weights_cannot_be_restored()
+            if reason is not None:
+                raise EngineError(
+                    f"the {self.server_name} server {how}, and a new one could not be given its weights: {reason}; "
+                    f"last lines of {dead.log_path}:\n{dead.log_tail()}",
+                    fix="read the server log for the cause; weights synced by disk (sync.method 'disk' or "
+                        "'in_process') are given back to a restarted server")
+            self._restarts += 1
+            log.warning(f"the {self.server_name} server {how}; restarting it and re-issuing its running requests",
+                        server=self.server_name, exit_code=dead.exit_code, log=str(dead.log_path),
+                        restart=f"{self._restarts} of {self.options.max_restarts}")
+            version = self._version
+            await asyncio.to_thread(dead.stop)  # the rest of its process group too (vLLM's EngineCore)
+            await self.http.aclose()
+            self._restarter = asyncio.current_task()
+            try:
+                self._launch()
+                assert self.server is not None
+                await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
+                await self._on_ready()
+                await self._restore(version)
+            except BaseException:
+                if self.server is not None:
+                    self.server.stop(grace_s=0)  # a server without its weights must take no request
+                raise
+            finally:
+                self._restarter = None
+            log.info("server restarted", server=self.server_name, version=version, url=self.http.base_url)
+
+    def _why_weights_cannot_be_restored(self) -> str | None:
+        if self._in_broadcast_group:
+            return "it had joined a weight broadcast group, which a new server is not part of"
+        if self._weights_from_broadcast:
+            return "its weights came by broadcast, and no copy of them is on disk"
+        return None
+
+    async def _restore(self, version: int) -> None:
+        """Give a restarted server what the dead one had: the weights it last loaded from disk
+        (or the checkpoint, which a new server starts with), the version label, the adapters."""
+        try:
+            if self._weights_path is not None:
+                await self._load_weights_from_disk(self._weights_path, version)
+            elif version != self._version:
+                await self._set_weight_version(version)
+            for name, path in self._lora_adapters.items():
+                await self._load_lora_adapter(name, path)
+        except EngineError as exc:
+            raise EngineError(f"the restarted {self.server_name} server could not be given the weights "
+                              f"it had (version {version}, from {self._weights_path or self.model.path}): {exc.message}",
+                              fix=exc.fix) from exc
+        self._version = version
 
     # -- requests -------------------------------------------------------------------------
 
@@ -627,10 +794,36 @@ class ServerEngine:
             return
         path = await self._staging.stage(update)
         await self.load_weights_from_disk(str(path), update.version)
-        self._staging.prune(keep=path)
+        self._staging.prune(keep=path)  # the newest stays: a restarted server reloads it
 
     async def load_weights_from_disk(self, path: str, version: int) -> None:
-        raise NotImplementedError
+        """Load the safetensors in directory `path` as `version` (sent again to a restarted
+        server if this one dies under it; a restarted server reloads `path`)."""
+        await self._reissued_after_restart(lambda: self._load_weights_from_disk(str(path), version), in_flight=False)
+        self._weights_path = str(path)
+        self._weights_from_broadcast = False
 
     async def set_weight_version(self, version: int) -> None:
+        await self._reissued_after_restart(lambda: self._set_weight_version(version), in_flight=False)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load (or replace) the PEFT adapter in directory `path` under `name` (the server needs
+        enable_lora); a restarted server loads it again."""
+        await self._reissued_after_restart(lambda: self._load_lora_adapter(name, str(path)), in_flight=False)
+        self._lora_adapters[name] = str(path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._reissued_after_restart(lambda: self._unload_lora_adapter(name), in_flight=False)
+        self._lora_adapters.pop(name, None)
+
+    async def _load_weights_from_disk(self, path: str, version: int) -> None:
         raise NotImplementedError
+
+    async def _set_weight_version(self, version: int) -> None:
+        raise NotImplementedError
+
+    async def _load_lora_adapter(self, name: str, path: str) -> None:
+        raise EngineError(f"the {self.server_name} engine has no LoRA adapters")
+
+    async def _unload_lora_adapter(self, name: str) -> None:
+        raise EngineError(f"the {self.server_name} engine has no LoRA adapters")

@@ -202,9 +202,10 @@ class SGLangEngine(ServerEngine):
         return [None, *(float(e[0]) for e in entries[1:])]
 
     async def _generate(self, body: dict[str, Any]) -> Any:
-        async with self._request_slot():
-            response = await self.http.request("POST", "/generate", json=body, timeout_s=self.options.request_timeout_s)
-        return response.json()
+        async def send() -> Any:
+            return await self.http.request("POST", "/generate", json=body, timeout_s=self.options.request_timeout_s)
+
+        return (await self._reissued_after_restart(send, in_flight=True)).json()
 
     # -- pause / resume -------------------------------------------------------------------
 
@@ -240,14 +241,14 @@ class SGLangEngine(ServerEngine):
         async with self._lock():
             await self.http.request("POST", path, json=body)  # 400 {"success": false, "message"} -> EngineError
 
-    async def load_weights_from_disk(self, path: str, version: int) -> None:
+    async def _load_weights_from_disk(self, path: str, version: int) -> None:
         await self._weights_call("/update_weights_from_disk", {
             "model_path": str(path), "weight_version": str(version), "flush_cache": self._flush_allowed(),
             "abort_all_requests": False})
         self._version = int(version)
         log.debug("weights loaded from disk", path=path, version=version)
 
-    async def set_weight_version(self, version: int) -> None:
+    async def _set_weight_version(self, version: int) -> None:
         await self._weights_call("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
         self._version = int(version)
 
@@ -262,6 +263,7 @@ class SGLangEngine(ServerEngine):
             "master_address": group.master_address, "master_port": group.master_port,
             "rank_offset": group.rank_offset, "world_size": group.world_size,
             "group_name": GROUP_NAME, "backend": group.backend})
+        self._in_broadcast_group = True
 
     async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
         body: dict[str, Any] = {
@@ -270,18 +272,19 @@ class SGLangEngine(ServerEngine):
             "flush_cache": version is not None and self._flush_allowed()}
         if version is not None:
             body["weight_version"] = str(version)
+        self._weights_from_broadcast = True  # from the first bucket on, no copy is on disk
         await self._weights_call("/update_weights_from_distributed", body)
         if version is not None:
             self._version = int(version)
 
     async def leave_weight_broadcast(self) -> None:
         await self._weights_call("/destroy_weights_update_group", {"group_name": GROUP_NAME})
+        self._in_broadcast_group = False
 
     # -- LoRA -----------------------------------------------------------------------------
 
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Load the PEFT adapter in directory `path` under `name` (server needs enable_lora)."""
+    async def _load_lora_adapter(self, name: str, path: str) -> None:
         await self._weights_call("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 
-    async def unload_lora_adapter(self, name: str) -> None:
+    async def _unload_lora_adapter(self, name: str) -> None:
         await self._weights_call("/unload_lora_adapter", {"lora_name": name})

