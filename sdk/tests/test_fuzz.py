@@ -1,18 +1,23 @@
 """A bounded fuzz of the ORS server: malformed and out-of-order requests, over real HTTP.
 
 A hypothesis state machine sends session-lifecycle requests in any order, with valid, reused,
-foreign and missing session ids, and bodies that are valid, subtly wrong or garbage, plus requests
-to random paths with random methods. After every request: no 5xx, no crash, and every 4xx says in
-its `detail` what was wrong; a `/call` that is well-formed but names a bad tool or input answers
-in-band (`ok: false` with a message), as ORS prescribes. After every run: no session is left on
-the server, and every environment that was built was torn down.
+foreign and missing session ids, and bodies that are valid, subtly wrong or garbage (also hostile
+JSON: integers past Python's 4300-digit limit, nesting up to 100,000 deep, NaN and overflowing
+numbers, in bodies and in X-Secrets), plus requests to random paths with random methods, and
+races of concurrent /create requests with one session id. After every request: no 5xx, no
+redirect, no crash, and every 4xx says in its `detail` what was wrong; a `/call` that is
+well-formed but names a bad tool or input answers in-band (`ok: false` with a message), as ORS
+prescribes; of a race's creates at most one wins and the rest are 409s. After every run: no
+session is left on the server, and every environment that was built was torn down.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import string
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -23,9 +28,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_m
 
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, ToolOutput, tool
 
-MIN_REQUESTS = 1000
+MIN_REQUESTS = 2000
+RACERS = 4  # concurrent /create requests per race
 
-pytestmark = pytest.mark.slow  # about 20 s: run with -m slow (CI does)
+pytestmark = pytest.mark.slow  # about 30 s: run with -m slow (CI does)
 
 
 class Counts:
@@ -81,6 +87,13 @@ known_paths = ["/health", "/version", "/list_environments", "/create_session", "
                "/fuzzed/call", "/fuzzed/score_group", "/prompt", "/call", "/nosuchenv/tools", "/nosuchenv/call"]
 any_sid = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, max_size=12)
 session_routes = ["/fuzzed/prompt", "/fuzzed/messages", "/fuzzed/task_tools", "/prompt", "/task_tools"]
+body_routes = ["/create", "/fuzzed/call", "/fuzzed/score_group", "/fuzzed/tasks", "/fuzzed/num_tasks",
+               "/fuzzed/task", "/fuzzed/task_range", "/call", "/task"]
+# JSON that Python's parser chokes on (or reads as infinity), or that nests beyond any sane body
+huge_integer = st.integers(4301, 6000).map(lambda digits: b"-" + b"7" * digits)
+deep_nesting = st.integers(101, 100_000).flatmap(lambda depth: st.sampled_from(
+    [b"[" * depth + b"]" * depth, b'{"a":' * depth + b"1" + b"}" * depth]))
+hostile_json = huge_integer | deep_nesting | st.sampled_from([b"NaN", b"-Infinity", b"1e999", b"[1e400]"])
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +105,9 @@ def served() -> Any:
 
 def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
     server, client = served
-    tally = {"requests": 0, "4xx": 0, "2xx": 0, "in_band_errors": 0}
+    tally = {"requests": 0, "4xx": 0, "2xx": 0, "in_band_errors": 0, "races": 0, "hostile_json": 0}
+    tally_lock = threading.Lock()
+    racers = ThreadPoolExecutor(RACERS)
 
     def send(method: str, path: str, *, sid: str | None = None, body: Any = None, raw: bytes | None = None,
              headers: dict[str, str] | None = None, malformed: bool = False) -> httpx.Response:
@@ -101,17 +116,20 @@ def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
             all_headers["X-Session-ID"] = sid
         content = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         response = client.request(method, path, content=content, headers=all_headers)
-        tally["requests"] += 1
+        with tally_lock:
+            tally["requests"] += 1
         status = response.status_code
         where = f"{method} {path} sid={sid!r} body={(raw or content or b'')[:120]!r}"
         assert status < 500, f"{where} answered {status}: {response.text[:300]}"
         assert status < 300 or status >= 400, f"{where} answered {status} (a redirect)"
         if status >= 400:
-            tally["4xx"] += 1
+            with tally_lock:
+                tally["4xx"] += 1
             detail = response.json().get("detail")
             assert isinstance(detail, str) and len(detail) > 10, f"{where}: 4xx without a message: {response.text}"
         else:
-            tally["2xx"] += 1
+            with tally_lock:
+                tally["2xx"] += 1
             assert not malformed, f"{where} was malformed but answered {status}: {response.text[:200]}"
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 check_stream(where, response.text)
@@ -148,6 +166,28 @@ def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
             body = {"task_spec": spec} if by_spec else {"split": "train", "index": index, "env_name": "Fuzzed"}
             send("POST", "/create", sid=sid, body=body)
             return sid
+
+        @rule(target=active, sid=reserved, by_spec=st.booleans())
+        def create_race(self, sid: str, by_spec: bool) -> str:
+            body = {"task_spec": {"race": True}} if by_spec else {"split": "train", "index": 1}
+            statuses = sorted(racers.map(lambda _: send("POST", "/create", sid=sid, body=body).status_code,
+                                         range(RACERS)))
+            tally["races"] += 1
+            assert statuses in ([200] + [409] * (RACERS - 1), [409] * RACERS), f"race on {sid!r}: {statuses}"
+            return sid
+
+        @rule(path=st.sampled_from(body_routes), sid=st.one_of(active, any_sid), value=hostile_json,
+              field=st.sampled_from(["task_spec", "input", "split", "index", "start", "candidates", None]))
+        def hostile_body(self, path: str, sid: str, value: bytes, field: str | None) -> None:
+            raw = value if field is None else b'{"name": "echo", "%s": %s}' % (field.encode(), value)
+            tally["hostile_json"] += 1
+            send("POST", path, sid=sid, raw=raw, headers={"Content-Type": "application/json"}, malformed=True)
+
+        @rule(sid=reserved, value=hostile_json.filter(lambda v: len(v) < 12_000))  # a header, not a body
+        def hostile_secrets(self, sid: str, value: bytes) -> None:
+            secrets = base64.b64encode(b'{"KEY": {"value": "v", "allowed_domains": %s}}' % value).decode()
+            tally["hostile_json"] += 1
+            send("POST", "/create", sid=sid, body={"task_spec": {}}, headers={"X-Secrets": secrets}, malformed=True)
 
         @rule(sid=st.one_of(reserved, active, any_sid),
               body=st.one_of(
@@ -220,8 +260,9 @@ def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
                 client.post("/delete_session", headers={"X-Session-ID": sid})
 
     run_state_machine_as_test(ServerMachine, settings=settings(
-        max_examples=60, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+        max_examples=120, stateful_step_count=30, deadline=None, database=None, derandomize=True,
         suppress_health_check=list(HealthCheck)))
+    racers.shutdown()
 
     deadline_checks = 200
     while (server.sessions or Counts.built != Counts.torn_down) and deadline_checks:
@@ -233,3 +274,4 @@ def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
     print(f"fuzz: {tally}, environments built and torn down: {Counts.built}")
     assert tally["requests"] >= MIN_REQUESTS, tally
     assert tally["4xx"] >= MIN_REQUESTS // 2, tally
+    assert tally["races"] >= 50 and tally["hostile_json"] >= 200, tally

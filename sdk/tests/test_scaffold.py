@@ -16,9 +16,9 @@ from plait_sdk.scaffold import scaffold
 
 REPO = Path(__file__).resolve().parents[2]
 # Third-party packages the generated plugin's tests need at run time and to build (hatchling).
-DEPENDENCIES = ["pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "httpx", "httpcore", "anyio",
+DEPENDENCIES = ["pydantic", "pydantic_core", "uvicorn", "httptools", "uvloop", "httpx", "httpcore", "anyio",
                 "h11", "pluggy", "attrs", "cattrs", "structlog", "click", "rich", "numpy", "matplotlib",
-                "jsonschema", "pytest", "hatchling", "editables", "typing_extensions"]
+                "jsonschema", "pytest", "hypothesis", "hatchling", "editables", "typing_extensions"]
 
 
 def test_names_that_are_not_packages_are_refused(tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_names_that_are_not_packages_are_refused(tmp_path: Path) -> None:
 
 def _dependency_dirs() -> list[str]:
     """Where the dependencies live here: the fresh venv sees them through a .pth file (no
-    download), but not plait itself, which it installs from this checkout."""
+    download), but not plait's own distributions, which it installs from this checkout."""
     dirs: list[str] = []
     for name in DEPENDENCIES:
         module = importlib.import_module(name)
@@ -65,7 +65,7 @@ def test_plait_env_new_passes_its_own_tests_in_a_fresh_venv(tmp_path: Path) -> N
 
     install = subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
-         "-e", str(REPO / "core"), "-e", str(REPO / "sdk"), "-e", str(package)],
+         "-e", str(REPO / "core"), "-e", str(REPO / "libs" / "testing"), "-e", str(REPO / "sdk"), "-e", str(package)],
         capture_output=True, text=True, timeout=600, env=clean)
     assert install.returncode == 0, install.stderr[-3000:]
 

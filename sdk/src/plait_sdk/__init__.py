@@ -22,7 +22,7 @@ from plait_sdk.types import (
 
 
 def __getattr__(name: str) -> object:
-    # The server pulls in FastAPI; import it only when asked for, so that plugin discovery
+    # The server pulls in uvicorn and pydantic models; import it only when asked for, so that plugin discovery
     # (which imports plait_sdk.plugin) stays light.
     if name in ("Server", "ServerOptions"):
         from plait_sdk import server

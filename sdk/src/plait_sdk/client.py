@@ -22,6 +22,7 @@ import contextlib
 import email.utils
 import functools
 import json
+import logging
 import os
 import ssl
 import time
@@ -49,6 +50,12 @@ from plait_sdk.types import (
 log = structlog.get_logger("plait_sdk.client")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+# httpx logs every request at INFO ("HTTP Request: ..."), and loading plait's plugins configures
+# logging at INFO, so a run would print a line per ORS request. Quieted unless someone chose a
+# level for httpx's logger themselves.
+if logging.getLogger("httpx").level == logging.NOTSET:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @attrs.frozen
@@ -124,6 +131,9 @@ class ORSEnvironment:
         self._env_name: str | None = options.env_name.lower() if options.env_name else None
         self.http = _HTTP(self.url, options.request_timeout_s, max_connections=None)
         self._has_version: bool | None = None
+        # Optional routes this server turned out to lack (404), remembered for every later session:
+        # ors-sdk servers have no /messages, and asking each session again costs a request.
+        self.missing_routes: set[str] = set()
 
     @classmethod
     def from_options(cls, *, options: ORSOptions) -> ORSEnvironment:
@@ -397,8 +407,6 @@ class ORSSession:
         self.lost: str | None = None  # why the server no longer has this session
         self._tools: list[ToolSpec] | None = None
         self._terminal: ToolSpec | None = None
-        self._has_task_tools = True
-        self._has_messages = True
         self._pinger: asyncio.Task[None] | None = None
         self.http = _HTTP(env.url, env.options.request_timeout_s, max_connections=8)
 
@@ -426,26 +434,26 @@ class ORSSession:
     async def prompt(self) -> list[Block]:
         return [block_from_wire(b) for b in await self._request("GET", await self.env.path("prompt"))]
 
+    async def _optional_route(self, suffix: str) -> Any:
+        """GET an optional route; None if this server lacks it (learned once per server)."""
+        if suffix in self.env.missing_routes:
+            return None
+        try:
+            return await self._request("GET", await self.env.path(suffix))
+        except ServerError as exc:
+            if not _route_missing(exc):
+                raise
+            self.env.missing_routes.add(suffix)
+            return None
+
     async def messages(self) -> list[Message]:
-        if self._has_messages:
-            try:
-                found = await self._request("GET", await self.env.path("messages"))
-                return [message_from_wire(m) for m in found]
-            except ServerError as exc:
-                if not _route_missing(exc):
-                    raise
-                self._has_messages = False
+        found = await self._optional_route("messages")
+        if found is not None:
+            return [message_from_wire(m) for m in found]
         return prompt_as_messages(await self.prompt())
 
     async def _list_tools(self) -> None:
-        listing = None
-        if self._has_task_tools:
-            try:
-                listing = await self._request("GET", await self.env.path("task_tools"))
-            except ServerError as exc:
-                if not _route_missing(exc):
-                    raise
-                self._has_task_tools = False
+        listing = await self._optional_route("task_tools")
         if listing is None:
             listing = await self._request("GET", await self.env.path("tools"))
         self._tools = [tool_spec_from_wire(t) for t in listing.get("tools") or []]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, get_type_hints
@@ -39,6 +40,8 @@ from plait_sdk.types import (
 )
 
 _TOOL_ATTR = "_plait_tool"
+_TOOL_METHODS: weakref.WeakKeyDictionary[type, dict[str, tuple[Callable[..., Any], ToolInfo, type | None]]] = (
+    weakref.WeakKeyDictionary())
 
 
 @attrs.define
@@ -249,7 +252,18 @@ class Environment(ABC):
 
     @classmethod
     def _tool_methods(cls) -> dict[str, tuple[Callable[..., Any], ToolInfo, type | None]]:
-        """Tool name -> (function, info, owning toolset or None). Raises on name collisions."""
+        """Tool name -> (function, info, owning toolset or None). Raises on name collisions.
+
+        Found once per class and kept (read-only): every tool call looks its tool up here, and
+        scanning the class with dir() each time cost more than the rest of the call.
+        """
+        found = _TOOL_METHODS.get(cls)
+        if found is None:
+            found = _TOOL_METHODS[cls] = cls._find_tool_methods()
+        return found
+
+    @classmethod
+    def _find_tool_methods(cls) -> dict[str, tuple[Callable[..., Any], ToolInfo, type | None]]:
         found: dict[str, tuple[Callable[..., Any], ToolInfo, type | None]] = {}
         for owner in (cls, *cls.toolsets):
             for attr in dir(owner):

@@ -28,6 +28,14 @@ def build_environment(name: str, options: dict[str, Any]) -> Any:
     from plait.targets import load_target
 
     if ":" in name:
+        if options:  # fail like a registered environment given an unknown option, not serve without it
+            from plait.errors import ConfigError
+
+            raise ConfigError(f"env.options.{sorted(options)[0]}",
+                              f"unknown key; {name} is given as module:Class, which takes no options "
+                              f"(got {', '.join(sorted(options))})",
+                              fix="leave out -o, or register the environment in a plugin with an options "
+                                  "class and serve it by name")
         return load_target(name)
     return build("env", name, options=options, options_path="env.options")
 

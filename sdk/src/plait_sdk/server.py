@@ -1,4 +1,4 @@
-"""An Open Reward Standard (ORS) server for any plait environment (FastAPI + uvicorn, SSE).
+"""An Open Reward Standard (ORS) server for any plait environment (a plain ASGI app on uvicorn, SSE).
 
     from plait_sdk import Server
     Server([MyEnv]).run()                    # loopback, port 8080
@@ -15,6 +15,10 @@ Differences from the official servers, all on purpose:
 - A malformed or out-of-order request gets a 4xx whose `detail` says what was wrong and how to fix
   it; never a 5xx, never a redirect (the official servers answer 500 or 308 in several such cases).
   A 5xx means the environment's own code failed (e.g. `setup()` on a task from its own split).
+  Malformed JSON includes integers past Python's 4300-digit limit, NaN/Infinity and nesting
+  deeper than `ServerOptions.max_json_depth`. Every answer, a 5xx too, leaves the keep-alive
+  connection open, and a path with a trailing slash is served like the path without it.
+- Of concurrent `/create` requests with one session id exactly one wins; the others get 409.
 - Resume tokens (`task_id`) belong to the session that started the call; an unknown one is a 404.
 - `/delete_session` also deletes the session if `/delete` was never called (no leak).
 """
@@ -23,26 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import hmac
 import importlib.metadata
 import inspect
 import ipaddress
 import json
+import math
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import pydantic
 import structlog
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from plait.errors import PlaitError
 from plait.protocols import Environment as EnvironmentProtocol
@@ -63,6 +64,8 @@ from plait_sdk.types import (
 log = structlog.get_logger("plait_sdk.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+ENDPOINTS = ("/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
+             "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)")
 
 
 @attrs.frozen
@@ -82,6 +85,9 @@ class ServerOptions:
     result_linger_s: float = 60.0
     """How long a finished call's result stays available for resuming."""
     max_body_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 100
+    """Request bodies and X-Secrets nesting deeper are refused: values that deep would run the
+    server's or the environment's recursive code (copies, validation, encoding) out of stack."""
     max_sessions: int = 100_000
 
 
@@ -139,6 +145,46 @@ class ScoreGroupBody(_Body):
     task_id: str | None = None
 
 
+def parse_json(raw: bytes | str, max_depth: int) -> Any:
+    """Standard JSON only, or a ValueError that says what is wrong: no NaN/Infinity (also none
+    by overflow, as in 1e999), no integer too long to convert (Python's 4300-digit limit),
+    nothing nested deeper than `max_depth`."""
+    try:
+        data = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError(f"it nests deeper than {max_depth} levels") from None
+    # ValueError covers JSONDecodeError, UnicodeDecodeError and the integer-length limit
+    if _nests_deeper_than(raw, data, max_depth):
+        raise ValueError(f"it nests deeper than {max_depth} levels")
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: Python would read infinity, which no JSON can carry back
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _nests_deeper_than(raw: bytes | str, data: Any, max_depth: int) -> bool:
+    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    if brackets <= max_depth:
+        return False  # the usual small body: too few brackets to nest that deep, no walk needed
+    stack: list[tuple[Any, int]] = [(data, 1)] if isinstance(data, dict | list) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
 def _validation_message(exc: pydantic.ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -159,9 +205,13 @@ class _Call:
 
     task_id: str
     task: asyncio.Task[str]
-    done: asyncio.Event = attrs.field(factory=asyncio.Event)
-    result: str | None = None
-    error: str | None = None
+
+    def error(self) -> str | None:
+        """Why the finished call has no result (None when it has one)."""
+        if self.task.cancelled():
+            return "the call was cancelled because its session was deleted"
+        exc = self.task.exception()
+        return None if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 @attrs.define(eq=False)
@@ -223,7 +273,10 @@ class Server:
         self.reserved: dict[str, float] = {}  # sids handed out by /create_session
         self._reaper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self.app = self._build_app()
+        self._version = importlib.metadata.version("plait-sdk")
+        self._root_routes, self._env_routes = self._routes()
+        self.app: Callable[[Any, Any, Any], Awaitable[None]] = self.asgi
+        """The ASGI application uvicorn runs (replace it to wrap the server in middleware)."""
 
     # -- session bookkeeping ---------------------------------------------------------------------
 
@@ -261,8 +314,7 @@ class Server:
         session.deleted = True
         self.sessions.pop(session.sid, None)
         for call in session.calls.values():
-            if not call.done.is_set():
-                call.task.cancel()
+            call.task.cancel()  # (a no-op for one that has finished)
         if session.opening.done():
             await _close_opened(session.opening)
         else:  # setup still runs (maybe in a thread that cannot be cancelled): close when it ends
@@ -286,7 +338,7 @@ class Server:
         return served
 
     @staticmethod
-    def _sid(request: Request) -> str:
+    def _sid(request: _Request) -> str:
         sid = request.headers.get("x-session-id", "").strip()
         if not sid:
             raise RequestError(400, "the X-Session-ID header is required for this endpoint "
@@ -295,7 +347,7 @@ class Server:
             raise RequestError(400, "X-Session-ID must be at most 256 printable characters")
         return sid
 
-    def _session(self, request: Request, env_name: str | None = None) -> _Session:
+    def _session(self, request: _Request, env_name: str | None = None) -> _Session:
         sid = self._sid(request)
         session = self.sessions.get(sid)
         if session is None:
@@ -312,13 +364,16 @@ class Server:
 
     async def _ready(self, session: _Session) -> EnvSession:
         """The open environment session, waiting for setup up to `setup_wait_s`."""
+        opening = session.opening
+        if not opening.done():  # (asyncio.wait neither cancels the setup nor mistakes its own errors)
+            await asyncio.wait((opening,), timeout=self.options.setup_wait_s)
+            if not opening.done():
+                raise RequestError(503, f"session {session.sid!r} is still running setup(); retry after "
+                                        f"{self.options.retry_after_s} s",
+                                   {"Retry-After": str(self.options.retry_after_s),
+                                    "X-Backend-State": "starting"})
         try:
-            return await asyncio.wait_for(asyncio.shield(session.opening), self.options.setup_wait_s)
-        except TimeoutError:
-            raise RequestError(503, f"session {session.sid!r} is still running setup(); retry after "
-                                    f"{self.options.retry_after_s} s",
-                               {"Retry-After": str(self.options.retry_after_s),
-                                "X-Backend-State": "starting"}) from None
+            return opening.result()
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             if session.task_from_client:
@@ -326,20 +381,18 @@ class Server:
                                         f"{message}") from exc
             raise _EnvironmentFailure(f"environment setup failed: {message}") from exc
 
-    async def _body(self, request: Request, model: type[_Body]) -> Any:
+    async def _body(self, request: _Request, model: type[_Body]) -> Any:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.options.max_body_bytes):
             raise RequestError(413, f"request body is larger than {self.options.max_body_bytes} bytes")
-        raw = await request.body()
-        if len(raw) > self.options.max_body_bytes:
-            raise RequestError(413, f"request body is larger than {self.options.max_body_bytes} bytes")
+        raw = await request.body(self.options.max_body_bytes)
         fields = ", ".join(model.model_fields)
         if not raw.strip():
-            raise RequestError(422, f"{request.method} {request.url.path} needs a JSON object body "
+            raise RequestError(422, f"{request.method} {request.path} needs a JSON object body "
                                     f"(fields: {fields})")
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            data = parse_json(raw, self.options.max_json_depth)
+        except ValueError as exc:
             raise RequestError(422, f"request body is not valid JSON ({exc}); send a JSON object "
                                     f"(fields: {fields})") from None
         if not isinstance(data, dict):
@@ -348,7 +401,7 @@ class Server:
         try:
             return model.model_validate(data)
         except pydantic.ValidationError as exc:
-            raise RequestError(422, f"invalid body for {request.method} {request.url.path}: "
+            raise RequestError(422, f"invalid body for {request.method} {request.path}: "
                                     f"{_validation_message(exc)}") from None
 
     async def _check_split(self, served: _Served, split: str) -> None:
@@ -385,15 +438,14 @@ class Server:
                 return dict(await served.env.get_task(split.name, 0))
         raise RequestError(404, f"environment {served.name!r} has no tasks to list tools from")
 
-    @staticmethod
-    def _secrets(request: Request, body: CreateBody) -> dict[str, str]:
+    def _secrets(self, request: _Request, body: CreateBody) -> dict[str, str]:
         secrets = dict(body.secrets or {})
         raw = request.headers.get("x-secrets", "").strip()
         if not raw:
             return secrets
         try:
-            payload = json.loads(base64.b64decode(raw, validate=True))
-        except (binascii.Error, ValueError) as exc:
+            payload = parse_json(base64.b64decode(raw, validate=True), self.options.max_json_depth)
+        except ValueError as exc:  # binascii.Error is a ValueError too
             raise RequestError(400, f"the X-Secrets header must be base64 of a JSON object ({exc})") from None
         if not isinstance(payload, dict):
             raise RequestError(400, "the X-Secrets header must encode a JSON object {NAME: {\"value\": ...}}")
@@ -406,22 +458,21 @@ class Server:
                 raise RequestError(400, f"X-Secrets entry {key!r} must be a string or {{\"value\": str}}")
         return secrets
 
-    def _stream(self, session: _Session, call: _Call) -> StreamingResponse:
+    def _stream(self, session: _Session, call: _Call) -> _EventStream:
         async def events() -> AsyncIterator[bytes]:
             yield sse.event("task_id", call.task_id)
-            while not call.done.is_set():
-                try:
-                    await asyncio.wait_for(asyncio.shield(call.done.wait()), self.options.ping_interval_s)
-                except TimeoutError:
+            while not call.task.done():
+                await asyncio.wait((call.task,), timeout=self.options.ping_interval_s)
+                if not call.task.done():
                     session.last_seen = time.monotonic()
                     yield sse.ping_comment()
-            if call.error is not None:
-                yield sse.event("error", call.error)
-                return
-            for piece in sse.result_events(call.result or ""):
-                yield piece
+            error = call.error()
+            if error is not None:
+                yield sse.event("error", error)
+            else:  # every piece at once: one write, not one per 4096 characters
+                yield b"".join(sse.result_events(call.task.result()))
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return _EventStream(events())
 
     def _start_call(self, session: _Session, work: Callable[[], Any]) -> _Call:
         task_id = uuid.uuid4().hex
@@ -431,18 +482,11 @@ class Server:
 
         call = _Call(task_id, asyncio.ensure_future(run()))
 
-        def finish(task: asyncio.Task[str]) -> None:
-            if task.cancelled():
-                call.error = "the call was cancelled because its session was deleted"
-            elif task.exception() is not None:
-                exc = task.exception()
-                call.error = f"{type(exc).__name__}: {exc}"
-                log.warning("call failed", sid=session.sid, error=call.error)
-            else:
-                call.result = task.result()
-            call.done.set()
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.options.result_linger_s, session.calls.pop, task_id, None)
+        def finish(_task: asyncio.Task[str]) -> None:
+            error = call.error()
+            if error is not None and not call.task.cancelled():
+                log.warning("call failed", sid=session.sid, error=error)
+            asyncio.get_running_loop().call_later(self.options.result_linger_s, session.calls.pop, task_id, None)
 
         call.task.add_done_callback(finish)
         session.calls[task_id] = call
@@ -456,234 +500,251 @@ class Server:
                                     "call again without task_id")
         return call
 
-    # -- the app ---------------------------------------------------------------------------------
+    # -- the ASGI application ----------------------------------------------------------------------
+    #
+    # A plain ASGI app with a table of routes rather than a web framework: the request handling is
+    # all here, the routes are fixed, and a framework's layers (middleware, routing scans, response
+    # models) cost more CPU per request than the handlers themselves.
 
-    def _build_app(self) -> FastAPI:
-        @contextlib.asynccontextmanager
-        async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-            self._ensure_reaper()
-            yield
-            await self.close_all()
+    async def asgi(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
 
-        app = FastAPI(title="plait ORS server", lifespan=lifespan, docs_url=None, redoc_url=None,
-                      openapi_url=None)
-        version = importlib.metadata.version("plait-sdk")
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._ensure_reaper()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close_all()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
-        app.add_middleware(_Guard, server=self)
-
-        @app.exception_handler(StarletteHTTPException)
-        async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-            if exc.status_code == 404:
-                detail = (f"no endpoint {request.method} {request.url.path}; ORS endpoints are /health, /version, "
-                          "/list_environments, /create_session, /create, /ping, /delete, /delete_session and "
-                          f"/{{env}}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|"
-                          f"score_group); environments: {sorted(self.envs)}")
-            elif exc.status_code == 405:
-                detail = (f"{request.method} is not allowed on {request.url.path}; "
-                          f"use {exc.headers.get('Allow', 'another method') if exc.headers else 'another method'}")
-            else:
-                detail = str(exc.detail)
-            return JSONResponse({"detail": detail}, status_code=exc.status_code,
-                                headers=dict(exc.headers or {}))
-
-        @app.exception_handler(RequestError)
-        async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
-
-        @app.exception_handler(_EnvironmentFailure)
-        async def environment_failure(_request: Request, exc: _EnvironmentFailure) -> JSONResponse:
-            return JSONResponse({"detail": str(exc)}, status_code=500)
-
-        @app.exception_handler(Exception)
-        async def environment_bug(request: Request, exc: Exception) -> JSONResponse:
+    async def _http(self, scope: Any, receive: Any, send: Any) -> None:
+        self._ensure_reaper()
+        request = _Request(scope, receive)
+        # Every failure is answered here, before the response starts: the connection stays usable.
+        try:
+            key = self.options.api_key
+            if key and request.path != "/health" and not _key_matches(request.headers, key):
+                raise RequestError(401, "missing or wrong API key: send it in the X-API-Key header")
+            handler, env_name = self._route(request)
+            result = await handler(request, env_name)
+            if not isinstance(result, _EventStream):
+                result = _json(result)
+        except RequestError as exc:
+            await _send_json(send, exc.status, _json({"detail": exc.detail}), exc.headers)
+            return
+        except _EnvironmentFailure as exc:
+            await _send_json(send, 500, _json({"detail": str(exc)}))
+            return
+        except Exception as exc:
             # Only the environment's own code gets here: every request problem is a RequestError.
-            log.error("environment code failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+            log.error("environment code failed", path=request.path, error=f"{type(exc).__name__}: {exc}")
             detail = (f"the environment failed: {type(exc).__name__}: {exc}" if self.return_errors != "none"
                       else "the environment failed")
-            return JSONResponse({"detail": detail}, status_code=500)
+            await _send_json(send, 500, _json({"detail": detail}))
+            return
+        if isinstance(result, _EventStream):
+            await result.send(send)
+        else:
+            await _send_json(send, 200, result)
 
-        def env_route(method: str, suffix: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-            """Register a handler at /{env}/suffix and, for the default environment, at /suffix."""
+    def _route(self, request: _Request) -> tuple[_Handler, str | None]:
+        """The handler for a request, and the environment its path names (None: the default one)."""
+        first, _, rest = request.path[1:].partition("/")
+        if not rest:  # /create, /health, ... and the default environment's /splits, /call, ...
+            methods, env_name = self._root_routes.get(first) or self._env_routes.get(first), None
+        else:
+            methods, env_name = (None if "/" in rest else self._env_routes.get(rest)), first
+        if methods is None:
+            raise RequestError(404, f"no endpoint {request.method} {request.path}; ORS endpoints are "
+                                    f"{ENDPOINTS}; environments: {sorted(self.envs)}")
+        handler = methods.get(request.method)
+        if handler is None:
+            allowed = ", ".join(methods)
+            raise RequestError(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
+                               {"Allow": allowed})
+        return handler, env_name
 
-            def register(handler: Callable[..., Any]) -> Callable[..., Any]:
-                async def with_env(request: Request, env_name: str) -> Any:
-                    return await handler(request, env_name)
+    def _routes(self) -> tuple[dict[str, dict[str, _Handler]], dict[str, dict[str, _Handler]]]:
+        """Routes at the root (/NAME), and per environment (/{env}/NAME, and /NAME for the default one)."""
+        root: dict[str, dict[str, _Handler]] = {
+            "health": {"GET": self._health},
+            "version": {"GET": self._version_route},
+            "list_environments": {"GET": self._list_environments},
+            "create_session": {"POST": self._create_session},
+            "create": {"POST": self._create},
+            "ping": {"POST": self._ping},
+            "delete": {"POST": self._delete_route},
+            "delete_session": {"POST": self._delete_session},
+        }
+        per_env: dict[str, dict[str, _Handler]] = {
+            "splits": {"GET": self._splits},
+            "tasks": {"POST": self._tasks},
+            "num_tasks": {"POST": self._num_tasks_route},
+            "task": {"POST": self._task_route},
+            "task_range": {"POST": self._task_range},
+            "tools": {"GET": self._tools},
+            "task_tools": {"GET": self._task_tools},
+            "prompt": {"GET": self._prompt},
+            "messages": {"GET": self._messages},
+            "call": {"POST": self._call},
+            "score_group": {"POST": self._score_group},
+        }
+        return root, per_env
 
-                async def default_env(request: Request) -> Any:
-                    return await handler(request, None)
+    # -- handlers: (request, environment named by the path or None) -> JSON value or event stream --
 
-                app.add_api_route(f"/{{env_name}}/{suffix}", with_env, methods=[method])
-                app.add_api_route(f"/{suffix}", default_env, methods=[method])
-                return handler
+    async def _health(self, _request: _Request, _env_name: str | None) -> Any:
+        return {"status": "ok"}
 
-            return register
+    async def _version_route(self, _request: _Request, _env_name: str | None) -> Any:
+        return {"version": self._version, "build_sha": None, "server": "plait-sdk"}
 
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+    async def _list_environments(self, _request: _Request, _env_name: str | None) -> Any:
+        return list(self.envs)
 
-        @app.get("/version")
-        async def version_route() -> dict[str, Any]:
-            return {"version": version, "build_sha": None, "server": "plait-sdk"}
+    async def _create_session(self, _request: _Request, _env_name: str | None) -> Any:
+        if len(self.reserved) >= self.options.max_sessions:
+            raise RequestError(429, "too many session ids are outstanding; delete unused ones with "
+                                    "POST /delete_session", {"Retry-After": str(self.options.retry_after_s)})
+        sid = str(uuid.uuid4())
+        self.reserved[sid] = time.monotonic()
 
-        @app.get("/list_environments")
-        async def list_environments() -> list[str]:
-            return list(self.envs)
+        async def events() -> AsyncIterator[bytes]:
+            yield sse.event("task_id", sid) + sse.event("end", "")
 
-        @app.post("/create_session")
-        async def create_session() -> StreamingResponse:
-            if len(self.reserved) >= self.options.max_sessions:
-                raise RequestError(429, "too many session ids are outstanding; delete unused ones with "
-                                        "POST /delete_session", {"Retry-After": str(self.options.retry_after_s)})
-            sid = str(uuid.uuid4())
-            self.reserved[sid] = time.monotonic()
+        return _EventStream(events())
 
-            async def events() -> AsyncIterator[bytes]:
-                yield sse.event("task_id", sid)
-                yield sse.event("end", "")
+    async def _create(self, request: _Request, _env_name: str | None) -> Any:
+        sid = self._sid(request)
+        body: CreateBody = await self._body(request, CreateBody)
+        if body.toolset_name is not None:
+            raise RequestError(400, f"toolset_name {body.toolset_name!r} is not supported: this server "
+                                    "has no platform toolsets; leave it out")
+        has_spec = body.task_spec is not None
+        has_index = body.split is not None or body.index is not None
+        if has_spec == has_index:
+            raise RequestError(422, "give exactly one of task_spec, or split and index together")
+        if (body.split is None) != (body.index is None):
+            raise RequestError(422, "split and index must be given together")
+        served = self._env(body.env_name)
+        task = (body.task_spec if body.task_spec is not None
+                else await self._task(served, body.split or "", body.index or 0))
+        secrets = self._secrets(request, body)
+        # Checked here, after the last await, so that no concurrent /create with the same id can
+        # pass the check too: a second environment would be built and never torn down.
+        if sid in self.sessions:
+            raise RequestError(409, f"session {sid!r} already exists; POST /delete it first or use a new id")
+        if len(self.sessions) >= self.options.max_sessions:
+            raise RequestError(429, f"this server holds {len(self.sessions)} sessions, its limit; "
+                                    "delete finished ones", {"Retry-After": str(self.options.retry_after_s)})
+        opening = asyncio.ensure_future(served.env.open(task, secrets))
+        opening.add_done_callback(_consume_exception)
+        self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
+        return {"sid": sid}
 
-            return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    async def _ping(self, request: _Request, _env_name: str | None) -> Any:
+        self._session(request)
+        return {"status": "ok"}
 
-        @app.post("/create")
-        async def create(request: Request) -> dict[str, str]:
-            sid = self._sid(request)
-            body: CreateBody = await self._body(request, CreateBody)
-            if sid in self.sessions:
-                raise RequestError(409, f"session {sid!r} already exists; POST /delete it first or use a new id")
-            if body.toolset_name is not None:
-                raise RequestError(400, f"toolset_name {body.toolset_name!r} is not supported: this server "
-                                        "has no platform toolsets; leave it out")
-            has_spec = body.task_spec is not None
-            has_index = body.split is not None or body.index is not None
-            if has_spec == has_index:
-                raise RequestError(422, "give exactly one of task_spec, or split and index together")
-            if (body.split is None) != (body.index is None):
-                raise RequestError(422, "split and index must be given together")
-            served = self._env(body.env_name)
-            task = (body.task_spec if body.task_spec is not None
-                    else await self._task(served, body.split or "", body.index or 0))
-            secrets = self._secrets(request, body)
-            if len(self.sessions) >= self.options.max_sessions:
-                raise RequestError(429, f"this server holds {len(self.sessions)} sessions, its limit; "
-                                        "delete finished ones", {"Retry-After": str(self.options.retry_after_s)})
-            opening = asyncio.ensure_future(served.env.open(task, secrets))
-            opening.add_done_callback(_consume_exception)
-            self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
-            return {"sid": sid}
+    async def _delete_route(self, request: _Request, _env_name: str | None) -> Any:
+        session = self._session(request)
+        await self._delete(session)
+        return {"sid": session.sid}
 
-        @app.post("/ping")
-        async def ping(request: Request) -> dict[str, str]:
-            self._session(request)
-            return {"status": "ok"}
-
-        @app.post("/delete")
-        async def delete(request: Request) -> dict[str, str]:
-            session = self._session(request)
+    async def _delete_session(self, request: _Request, _env_name: str | None) -> Any:
+        sid = self._sid(request)
+        known = self.reserved.pop(sid, None) is not None
+        session = self.sessions.get(sid)
+        if session is not None:
             await self._delete(session)
-            return {"sid": session.sid}
+        elif not known:
+            raise RequestError(404, f"no session id {sid!r}: it was never handed out by /create_session, "
+                                    "or was already deleted")
+        return {"sid": sid}
 
-        @app.post("/delete_session")
-        async def delete_session(request: Request) -> dict[str, str]:
-            sid = self._sid(request)
-            known = self.reserved.pop(sid, None) is not None
-            session = self.sessions.get(sid)
-            if session is not None:
-                await self._delete(session)
-            elif not known:
-                raise RequestError(404, f"no session id {sid!r}: it was never handed out by /create_session, "
-                                        "or was already deleted")
-            return {"sid": sid}
+    async def _splits(self, _request: _Request, env_name: str | None) -> Any:
+        return [split_to_wire(s) for s in await self._env(env_name).env.splits()]
 
-        @env_route("GET", "splits")
-        async def splits(_request: Request, env_name: str | None) -> list[dict[str, str]]:
-            return [split_to_wire(s) for s in await self._env(env_name).env.splits()]
+    async def _tasks(self, request: _Request, env_name: str | None) -> Any:
+        served = self._env(env_name)
+        body: SplitBody = await self._body(request, SplitBody)
+        total = await self._num_tasks(served, body.split)
+        return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in range(total)],
+                "env_name": served.name}
 
-        @env_route("POST", "tasks")
-        async def tasks(request: Request, env_name: str | None) -> dict[str, Any]:
-            served = self._env(env_name)
-            body: SplitBody = await self._body(request, SplitBody)
-            total = await self._num_tasks(served, body.split)
-            return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in range(total)],
-                    "env_name": served.name}
+    async def _num_tasks_route(self, request: _Request, env_name: str | None) -> Any:
+        served = self._env(env_name)
+        body: SplitBody = await self._body(request, SplitBody)
+        return {"num_tasks": await self._num_tasks(served, body.split)}
 
-        @env_route("POST", "num_tasks")
-        async def num_tasks(request: Request, env_name: str | None) -> dict[str, int]:
-            served = self._env(env_name)
-            body: SplitBody = await self._body(request, SplitBody)
-            return {"num_tasks": await self._num_tasks(served, body.split)}
+    async def _task_route(self, request: _Request, env_name: str | None) -> Any:
+        served = self._env(env_name)
+        body: TaskBody = await self._body(request, TaskBody)
+        return {"task": await self._task(served, body.split, body.index), "env_name": served.name}
 
-        @env_route("POST", "task")
-        async def task(request: Request, env_name: str | None) -> dict[str, Any]:
-            served = self._env(env_name)
-            body: TaskBody = await self._body(request, TaskBody)
-            return {"task": await self._task(served, body.split, body.index), "env_name": served.name}
+    async def _task_range(self, request: _Request, env_name: str | None) -> Any:
+        served = self._env(env_name)
+        body: TaskRangeBody = await self._body(request, TaskRangeBody)
+        total = await self._num_tasks(served, body.split)
+        indices = range(*slice(body.start, body.stop).indices(total))
+        return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in indices],
+                "env_name": served.name}
 
-        @env_route("POST", "task_range")
-        async def task_range(request: Request, env_name: str | None) -> dict[str, Any]:
-            served = self._env(env_name)
-            body: TaskRangeBody = await self._body(request, TaskRangeBody)
-            total = await self._num_tasks(served, body.split)
-            indices = range(*slice(body.start, body.stop).indices(total))
-            return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in indices],
-                    "env_name": served.name}
+    async def _tools(self, _request: _Request, env_name: str | None) -> Any:
+        served = self._env(env_name)
+        shared, terminal = await self._shared_tools(served)
+        supports = getattr(served.env, "supports_score_group", lambda: False)()
+        return list_tools_to_wire(shared, terminal, supports)
 
-        @env_route("GET", "tools")
-        async def tools(_request: Request, env_name: str | None) -> dict[str, Any]:
-            served = self._env(env_name)
-            shared, terminal = await self._shared_tools(served)
-            supports = getattr(served.env, "supports_score_group", lambda: False)()
-            return list_tools_to_wire(shared, terminal, supports)
+    async def _task_tools(self, request: _Request, env_name: str | None) -> Any:
+        env_session = await self._ready(self._session(request, env_name))
+        supports = getattr(env_session, "supports_score_group", lambda: False)()
+        return list_tools_to_wire(await env_session.tools(), await env_session.terminal_tool(), supports)
 
-        @env_route("GET", "task_tools")
-        async def task_tools(request: Request, env_name: str | None) -> dict[str, Any]:
-            env_session = await self._ready(self._session(request, env_name))
-            supports = getattr(env_session, "supports_score_group", lambda: False)()
-            return list_tools_to_wire(await env_session.tools(), await env_session.terminal_tool(), supports)
+    async def _prompt(self, request: _Request, env_name: str | None) -> Any:
+        env_session = await self._ready(self._session(request, env_name))
+        return [block_to_wire(b) for b in await env_session.prompt()]
 
-        @env_route("GET", "prompt")
-        async def prompt(request: Request, env_name: str | None) -> list[dict[str, Any]]:
-            env_session = await self._ready(self._session(request, env_name))
-            return [block_to_wire(b) for b in await env_session.prompt()]
+    async def _messages(self, request: _Request, env_name: str | None) -> Any:
+        env_session = await self._ready(self._session(request, env_name))
+        found: list[Message] = await env_session.messages()
+        return [message_to_wire(m) for m in found]
 
-        @env_route("GET", "messages")
-        async def messages(request: Request, env_name: str | None) -> list[dict[str, Any]]:
-            env_session = await self._ready(self._session(request, env_name))
-            found: list[Message] = await env_session.messages()
-            return [message_to_wire(m) for m in found]
+    async def _call(self, request: _Request, env_name: str | None) -> Any:
+        session = self._session(request, env_name)
+        body: ToolCallBody = await self._body(request, ToolCallBody)
+        if body.task_id is not None:
+            return self._stream(session, self._resume(session, body.task_id))
+        env_session = await self._ready(session)
 
-        @env_route("POST", "call")
-        async def call(request: Request, env_name: str | None) -> StreamingResponse:
-            session = self._session(request, env_name)
-            body: ToolCallBody = await self._body(request, ToolCallBody)
-            if body.task_id is not None:
-                return self._stream(session, self._resume(session, body.task_id))
-            env_session = await self._ready(session)
+        async def work() -> dict[str, Any]:
+            return run_tool_result_to_wire(await env_session.call(body.name, body.input))
 
-            async def work() -> dict[str, Any]:
-                return run_tool_result_to_wire(await env_session.call(body.name, body.input))
+        return self._stream(session, self._start_call(session, work))
 
-            return self._stream(session, self._start_call(session, work))
+    async def _score_group(self, request: _Request, env_name: str | None) -> Any:
+        session = self._session(request, env_name)
+        body: ScoreGroupBody = await self._body(request, ScoreGroupBody)
+        if body.task_id is not None:
+            return self._stream(session, self._resume(session, body.task_id))
+        env_session = await self._ready(session)
+        if not getattr(env_session, "supports_score_group", lambda: False)():
+            raise RequestError(404, f"environment {session.env_name!r} does not implement score_group")
 
-        @env_route("POST", "score_group")
-        async def score_group(request: Request, env_name: str | None) -> StreamingResponse:
-            session = self._session(request, env_name)
-            body: ScoreGroupBody = await self._body(request, ScoreGroupBody)
-            if body.task_id is not None:
-                return self._stream(session, self._resume(session, body.task_id))
-            env_session = await self._ready(session)
-            if not getattr(env_session, "supports_score_group", lambda: False)():
-                raise RequestError(404, f"environment {session.env_name!r} does not implement score_group")
+        async def work() -> dict[str, Any]:
+            scores = await env_session.score_group(body.candidates)  # type: ignore[attr-defined]
+            if len(scores) != len(body.candidates):
+                raise ValueError(f"score_group returned {len(scores)} scores for "
+                                 f"{len(body.candidates)} candidates")
+            return {"scores": [{"reward": s, "metadata": None} for s in scores]}
 
-            async def work() -> dict[str, Any]:
-                scores = await env_session.score_group(body.candidates)  # type: ignore[attr-defined]
-                if len(scores) != len(body.candidates):
-                    raise ValueError(f"score_group returned {len(scores)} scores for "
-                                     f"{len(body.candidates)} candidates")
-                return {"scores": [{"reward": s, "metadata": None} for s in scores]}
-
-            return self._stream(session, self._start_call(session, work))
-
-        return app
+        return self._stream(session, self._start_call(session, work))
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -693,7 +754,15 @@ class Server:
 
         self._check_host(host)
         log.info("serving", url=f"http://{host}:{port}", environments=list(self.envs))
-        uvicorn.run(self.app, host=host, port=port, timeout_keep_alive=60, access_log=False, log_level="warning")
+        uvicorn.Server(self._uvicorn_config(host=host, port=port)).run()
+
+    def _uvicorn_config(self, **settings: Any) -> Any:
+        import uvicorn
+
+        # loop and http stay "auto": uvloop and httptools when installed (plait-sdk depends on
+        # them where they exist), the pure-Python ones elsewhere.
+        return uvicorn.Config(self.app, interface="asgi3", log_level="warning", access_log=False,
+                              timeout_keep_alive=60, **settings)
 
     def _check_host(self, host: str) -> None:
         if not is_loopback(host) and not self.options.api_key:
@@ -713,8 +782,7 @@ class Server:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                               timeout_keep_alive=60, lifespan="on"))
+        server = uvicorn.Server(self._uvicorn_config(lifespan="on"))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                                   name=f"ors-server-{port}")
         thread.start()
@@ -731,33 +799,70 @@ class Server:
             sock.close()
 
 
-class _Guard:
-    """Plain ASGI middleware (no response buffering, so SSE streams pass straight through): starts
-    the reaper on first use and checks the API key."""
+class _Request:
+    """What the handlers read of an HTTP request. A trailing slash is dropped from the path, so
+    `/env/splits/` is served as `/env/splits` (never redirected)."""
 
-    def __init__(self, app: Any, server: Server) -> None:
-        self.app = app
-        self.server = server
+    __slots__ = ("_receive", "headers", "method", "path")
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.server._ensure_reaper()
-            key = self.server.options.api_key
-            if key and scope["path"] != "/health" and not _key_matches(scope, key):
-                response = JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
-                                        status_code=401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    def __init__(self, scope: Any, receive: Any) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"].rstrip("/") or "/"
+        self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        self._receive = receive
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body; a 413 as soon as it grows past `limit` bytes, without reading the rest."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise RequestError(400, "the client disconnected before it sent the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
 
-def _key_matches(scope: Any, key: str) -> bool:
-    headers = {name.lower(): value for name, value in scope.get("headers", [])}
-    sent = headers.get(b"x-api-key", b"")
-    bearer = headers.get(b"authorization", b"")
-    if not sent and bearer.lower().startswith(b"bearer "):
+_Handler = Callable[[_Request, str | None], Awaitable[Any]]
+_SSE_RAW_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    *((name.lower().encode(), value.encode()) for name, value in SSE_HEADERS.items())]
+
+
+class _EventStream:
+    """A `text/event-stream` answer; each piece goes out as soon as it is made."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+
+    async def send(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_RAW_HEADERS})
+        async for piece in self.events:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _json(data: Any) -> bytes:
+    return dumps(data).encode()
+
+
+async def _send_json(send: Any, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _key_matches(headers: Mapping[str, str], key: str) -> bool:
+    sent = headers.get("x-api-key", "")
+    bearer = headers.get("authorization", "")
+    if not sent and bearer.lower().startswith("bearer "):
         sent = bearer[7:].strip()
-    return hmac.compare_digest(sent, key.encode())
+    return hmac.compare_digest(sent.encode("latin-1"), key.encode())
 
 
 class _EnvironmentFailure(Exception):
