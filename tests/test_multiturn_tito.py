@@ -29,9 +29,11 @@ pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)"
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
+from plait.run.report import rollout_metrics
 from plait.trajectory import Trajectory, trajectory_to_datums
 from plait.types import Datum, SamplingParams
 from plait_hf.chat_template import load_tokenizer
+from plait_sdk import Environment, LocalEnvironment, Split, TextBlock, ToolOutput, terminal, tool
 from plait_testing.models import materialize_model
 from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
@@ -149,3 +151,43 @@ def test_the_context_budget_caps_each_response_and_ends_the_episode(scripted_mod
     assert [len(t.completion.tokens) for t in capped.turns] == [len(script), len(script), 10]
     assert capped.truncated and capped.turns[-1].completion.stop_reason == "length"
     assert len(capped.turns[-1].prompt) + 10 == budget
+
+
+class FaultyGrader(Environment):
+    """Its grader fails, as a crashed sandbox does: the answer has no reward, not a 0."""
+
+    @classmethod
+    def list_splits(cls) -> list[Split]:
+        return [Split("train", "train")]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[dict[str, Any]]:
+        return [{"question": "2+2"}]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock("What is 2+2?")]
+
+    @terminal
+    @tool
+    def answer(self, text: str) -> ToolOutput:
+        raise RuntimeError("the grading sandbox died")
+
+
+def test_an_answer_whose_grading_fails_costs_its_episode_not_a_zero_reward(tiny_qwen3: Path) -> None:
+    model = ResolvedModel("tiny-qwen3", tiny_qwen3, tiny_qwen3)
+    registry = get_registry()
+    engine = registry.get("inference_engine", "torch").load()(model, options=None, seed=0)
+    renderer = registry.get("renderer", "qwen3").load()(model, options=None)
+    env = LocalEnvironment(FaultyGrader)
+    config = EpisodeConfig(SamplingParams(max_tokens=8, temperature=0.0, stop=[]))
+
+    async def episode() -> Trajectory:
+        try:
+            return await run_episode(env, await env.get_task("train", 0), engine, renderer, config)
+        finally:
+            await engine.close()
+
+    trajectory = asyncio.run(episode())
+    assert trajectory.error is not None and "the grading sandbox died" in trajectory.error
+    metrics = rollout_metrics([[trajectory]])
+    assert metrics["env/errors"] == 1.0 and metrics["reward/mean"] == 0.0  # counted, and no reward recorded

@@ -164,6 +164,9 @@ async def run_episode(
                     session.call(terminal.name, {_terminal_argument(terminal): message.content}),
                     config.env_timeout_s,
                 )
+                if isinstance(output, ToolError) and output.reason == "exception":
+                    # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
+                    return result(error=f"grading the answer failed: {output.error}")
                 if isinstance(output, ToolError):
                     state["tool_errors"] += 1
                 else:

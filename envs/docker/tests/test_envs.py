@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -92,7 +94,7 @@ def test_reward_is_the_fraction_of_hidden_tests_and_the_episode_finishes(python_
 @pytest.mark.parametrize(("answer", "execution"), [
     ("I do not know.", "error"),  # no code at all: a syntax error
     ("```python\ndef is_prime(n):\n    while True:\n        pass\n```", "timeout"),
-    ("```python\nimport os\nos.kill(os.getppid(), 9)\n```", "sandbox_error"),
+    ("```python\nimport os\nos.kill(os.getppid(), 9)\n```", "error"),  # the runner is out of its reach
 ])
 def test_broken_answers_get_zero_reward(python_env, answer, execution):
     out = run(submit(python_env, "plait/5", answer))
@@ -134,3 +136,79 @@ def test_a_missing_image_fails_with_the_build_command():
     with pytest.raises(Exception, match="not built") as err:
         build("env", "code.python", options={"sandbox": {"image": "plait-sandbox:does-not-exist"}})
     assert "plait-docker build-image" in err.value.fix
+
+
+@pytest.fixture(scope="module")
+def one_container_env():
+    env = build("env", "code.python", options={"sandbox": {"pool_size": 1, "timeout_s": 5}})
+    yield env
+    run(env.close())
+
+
+def canonical(task_id: str) -> str:
+    task = python_tasks().task(task_id)
+    return f"```python\n{task.prompt}{task.canonical_solution}```"
+
+
+SYSV_POISON = """```python
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+libc.shmdt.argtypes = (ctypes.c_void_p,)
+while True:  # until shmget fails or the memory limit strikes
+    shm = libc.shmget(0, 1 << 20, 0o1000 | 0o600)
+    if shm < 0:
+        break
+    status = ctypes.create_string_buffer(512)
+    libc.shmctl(shm, 2, status)  # IPC_STAT
+    ctypes.c_uint32.from_buffer(status, 4).value = 10000  # hand it over to PID 1's user
+    libc.shmctl(shm, 1, status)  # IPC_SET
+    addr = libc.shmat(shm, None, 0)
+    ctypes.memset(addr, 1, 1 << 20)  # charged to the container's memory
+    libc.shmdt(addr)
+
+def is_palindrome(text):
+    return True
+```"""
+
+
+def test_a_poisoning_submission_does_not_cost_later_grades(one_container_env):
+    # a correct answer that needs a little memory (8 MiB) for a table
+    with_a_table = canonical("plait/1").replace("```python\n", "```python\n_table = bytearray(8 << 20)\n", 1)
+
+    async def episodes():
+        poisoned = await submit(one_container_env, "plait/1", SYSV_POISON)
+        later = [await submit(one_container_env, "plait/1", answer)
+                 for answer in (canonical("plait/1"), with_a_table, with_a_table)]
+        return poisoned, later
+
+    poisoned, later = run(episodes())
+    assert poisoned.reward < 1.0
+    assert [(o.reward, o.metadata["passed"]) for o in later] == [(1.0, True)] * 3, later
+
+
+def test_an_engine_fault_during_submit_is_an_error_not_a_score(one_container_env):
+    # a correct answer that takes a while, and the container is paused from outside meanwhile
+    slow = canonical("plait/1").replace("```python\n", "```python\nimport time\ntime.sleep(3)\n", 1)
+    sandbox = one_container_env.sandbox
+
+    def pause_soon():
+        time.sleep(1.0)
+        for container in sandbox.client.containers.list(filters={"label": f"plait.sandbox.pool={sandbox.pool_id}"}):
+            container.pause()
+
+    async def episode():
+        session = await one_container_env.open({"task_id": "plait/1"})
+        pauser = threading.Thread(target=pause_soon)
+        pauser.start()
+        faulted = await session.call("submit", {"answer": slow})
+        pauser.join()
+        retried = await session.call("submit", {"answer": canonical("plait/1")})  # the episode goes on
+        await session.close()
+        return faulted, retried
+
+    faulted, retried = run(episode())
+    assert isinstance(faulted, ToolError) and faulted.reason == "exception", faulted
+    assert "paused" in faulted.error
+    assert retried.finished and retried.reward == 1.0 and retried.metadata["passed"] is True

@@ -15,6 +15,7 @@ _EXPORTS = {
     "Sandbox": "plait_docker.sandbox",
     "SandboxOptions": "plait_docker.sandbox",
     "ExecutionResult": "plait_docker.sandbox",
+    "SandboxFault": "plait_docker.sandbox",
     "janitor": "plait_docker.sandbox",
     "build_image": "plait_docker.image",
     "ImageRecipe": "plait_docker.image",

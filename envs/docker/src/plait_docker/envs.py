@@ -21,7 +21,7 @@ import attrs
 from plait.config import positive
 from plait.errors import EnvironmentError_
 from plait_docker.grading import CodeTask, extract_code, grade_answer
-from plait_docker.sandbox import Sandbox, SandboxOptions
+from plait_docker.sandbox import Sandbox, SandboxFault, SandboxOptions
 from plait_docker.tasks import TaskSet, humaneval_tasks, python_tasks
 from plait_sdk import Environment, LocalEnvironment, Split, TextBlock, ToolOutput, terminal, tool
 
@@ -86,6 +86,8 @@ class CodeEnv(Environment):
     @terminal
     async def submit(self, answer: str) -> ToolOutput:
         """Submit the final answer: the complete function in a ```python code block."""
+        # A fault of the sandbox raises SandboxFault: the call fails (a tool error) and the episode
+        # goes on, rather than scoring the answer for what the engine did.
         task = self.task
         grade = await grade_answer(self.sandbox, task, extract_code(answer, task.entry_point))
         return ToolOutput(blocks=[TextBlock(grade.summary())], reward=grade.reward, finished=True,
@@ -112,8 +114,10 @@ class MultiTurnCodeEnv(CodeEnv):
             return ToolOutput(blocks=[TextBlock(
                 f"run_python may be called at most {self.max_tool_calls} times; submit your answer now.")],
                 metadata={"execution": "refused"})
-        self.tool_calls += 1
         result = await self.sandbox.run(code)
+        if result.engine_fault:  # not the model's doing: the call fails and is not counted
+            raise SandboxFault(f"the sandbox failed: {result.detail}", fix="call run_python again")
+        self.tool_calls += 1
         return ToolOutput(blocks=[TextBlock(result.summary())], metadata={"execution": result.reason})
 
 

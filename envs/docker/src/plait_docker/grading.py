@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from plait_docker.sandbox import ExecutionResult, Sandbox
+from plait_docker.sandbox import ExecutionResult, Sandbox, SandboxFault
 
 
 @attrs.frozen
@@ -190,7 +190,13 @@ def new_nonce() -> str:
 
 
 async def grade_answer(sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s: float | None = None) -> Grade:
-    """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the sandbox."""
+    """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the sandbox.
+
+    Raises `SandboxFault` when the sandbox failed (`ExecutionResult.engine_fault`): the answer's
+    outcome is then unknown, and grading it 0 would blame it for the engine."""
     nonce = new_nonce()
     result = await sandbox.run(grading_program(task, code, nonce), timeout_s=timeout_s)
+    if result.engine_fault:
+        raise SandboxFault(f"the sandbox failed while grading {task.task_id}: {result.detail}",
+                           fix="submit the answer again; if this repeats, check the Docker engine")
     return read_grade(task, result, nonce)

@@ -1,13 +1,15 @@
 """Run untrusted Python programs inside Docker containers, from a pool of warm containers.
 
-Every container is locked down: no network, a read-only root with a small tmpfs work dir, memory
-(without swap), CPU and process limits, PID 1 and the program under two different non-root users,
-all capabilities dropped, no-new-privileges, and Docker's default seccomp profile. Each execution
-is one `docker exec` of the in-container runner (`_runner.py`), which enforces the wall-clock
-timeout and the output cap, kills whatever the program left behind and wipes the work dir, so the
-container goes back to the pool clean. The host enforces a second deadline and a second output cap
-on the exec stream; when a run does not end normally (host timeout, cancellation, a killed runner)
-the container is reset, and replaced if the reset fails.
+Every container is locked down: no network, a read-only root with a small noexec tmpfs work dir,
+memory (without swap), CPU and process limits, small System V IPC limits, PID 1 and the program
+under two different non-root users, all capabilities dropped, no-new-privileges, and plait's own
+seccomp profile (`seccomp.py`). Each execution is one `docker exec` of the in-container runner
+(`_runner.py`), which reads its job from stdin, enforces the wall-clock timeout and the output cap,
+kills whatever the program left behind and wipes everything that could carry over, so the
+container goes back to the pool clean. The program cannot reach the runner (its seccomp guard), so
+a runner that stops answering, or a container that is paused or dies, is a fault of the sandbox:
+the host notices it from the runner's heartbeat within HEARTBEAT_LOSS_S, reports `sandbox_error`
+(`ExecutionResult.engine_fault`), and resets the container, or replaces it.
 
 Everything created carries labels; `janitor` removes containers whose owning process is gone.
 """
@@ -25,7 +27,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
 from importlib import resources
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ import attrs
 import docker
 import docker.errors
 import docker.types
+import docker.utils.socket
 import requests
 import structlog
 
@@ -46,6 +48,7 @@ from plait_docker.engine import (
     connect,
 )
 from plait_docker.image import DEFAULT_RECIPE, require_image
+from plait_docker.seccomp import security_opt as seccomp_security_opt
 
 log = structlog.get_logger("plait_docker.sandbox")
 
@@ -59,9 +62,9 @@ Reason = Literal[
     "disk_limit",  # the work dir filled up
     "output_limit",  # more stdout/stderr than the cap
     "background_processes",  # processes outlived the program (they were killed)
-    "program_too_large",  # the program does not fit into an exec call
+    "program_too_large",  # the program (or its stdin) is larger than allowed
     "cancelled",  # the caller cancelled the execution
-    "sandbox_error",  # the sandbox itself failed (engine error, runner killed, unreadable report)
+    "sandbox_error",  # the sandbox failed, not the program (see ExecutionResult.engine_fault)
 ]
 
 REASON_DETAILS: dict[str, str] = {
@@ -80,12 +83,17 @@ REASON_DETAILS: dict[str, str] = {
 }
 
 RUNNER_SOURCE = resources.files("plait_docker").joinpath("_runner.py").read_text(encoding="utf-8")
-# One exec argument may hold at most 128 KiB (the kernel's MAX_ARG_STRLEN), the JSON payload included.
-MAX_PAYLOAD_BYTES = 120_000
-# The host's deadline is the program's timeout plus this: runner start-up and cleanup.
+# The host's last-resort deadline is the program's timeout plus this: runner start-up and cleanup.
 HOST_GRACE_S = 10.0
+# The runner writes a heartbeat every 0.25 s; this long without one, it is stopped (or frozen).
+HEARTBEAT_LOSS_S = 4.0
+# ... and this long for the first one (an exec can be slow to start on a loaded machine).
+FIRST_HEARTBEAT_S = 10.0
 RESET_TIMEOUT_S = 15.0
 CLOSE_WAIT_S = 60.0
+# System V IPC objects count against the container's memory and outlive the program until the
+# runner removes them: they may hold at most a quarter of the memory limit, in a few objects.
+IPC_SHARE_OF_MEMORY = 4
 
 
 @attrs.frozen
@@ -101,8 +109,10 @@ class SandboxOptions:
     cpus: float = attrs.field(default=1.0, validator=positive)
     pids: int = attrs.field(default=64, validator=positive)
     work_dir_mb: int = attrs.field(default=16, validator=positive)
+    work_dir_inodes: int = attrs.field(default=4096, validator=positive)  # files and directories
     output_limit_bytes: int = attrs.field(default=64 * 1024, validator=positive)  # per stream
     max_program_bytes: int = attrs.field(default=64 * 1024, validator=positive)
+    max_stdin_bytes: int = attrs.field(default=1024 * 1024, validator=positive)
     acquire_timeout_s: float = attrs.field(default=300.0, validator=positive)
 
     @property
@@ -126,6 +136,13 @@ class ExecutionResult:
     def ok(self) -> bool:
         return self.reason == "ok"
 
+    @property
+    def engine_fault(self) -> bool:
+        """The sandbox failed, not the program (the container was paused, stopped or removed from
+        outside, the runner stopped answering, the engine failed): the program's outcome is
+        unknown, so this must not be scored as the program's failure."""
+        return self.reason == "sandbox_error"
+
     def summary(self, max_chars: int = 2000) -> str:
         """A text observation for a model: the outcome, then the (clipped) output."""
         parts = [f"[{self.reason}] {self.detail}"]
@@ -146,6 +163,11 @@ def _failure(reason: str, detail: str = "", **fields: Any) -> ExecutionResult:
 
 class SandboxClosedError(EngineError):
     """An execution was requested from a sandbox that has been closed."""
+
+
+class SandboxFault(EngineError):
+    """An execution ended in a fault of the sandbox (`ExecutionResult.engine_fault`), so there is
+    no outcome of the program to score."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,6 +224,14 @@ def _remove_pool_containers(client: docker.DockerClient, pool_id: str) -> None:
         _remove_container(container)
 
 
+def _ipc_sysctls(memory_mb: int) -> dict[str, str]:
+    """Limits of the container's own IPC namespace: System V objects and POSIX queues."""
+    shm_bytes = memory_mb * 2**20 // IPC_SHARE_OF_MEMORY
+    return {"kernel.shmmax": str(shm_bytes), "kernel.shmall": str(shm_bytes // os.sysconf("SC_PAGE_SIZE")),
+            "kernel.shmmni": "64", "kernel.msgmni": "16", "kernel.sem": "32 1024 32 16",
+            "fs.mqueue.queues_max": "16"}
+
+
 # ------------------------------------------------------------------------------------------------
 # One exec, streamed under a deadline
 # ------------------------------------------------------------------------------------------------
@@ -214,25 +244,39 @@ class _ContainerUnusable(Exception):
 @attrs.define
 class _StreamOutcome:
     stdout: bytes
-    stderr: bytes
+    stderr: bytes  # without the runner's heartbeats
     exit_code: int | None  # None when the host stopped reading (see host_reason)
-    host_reason: str | None  # "timeout" | "cancelled" | "output_limit" | None
-    stream: Any
+    host_reason: str | None  # "timeout" | "unresponsive" | "cancelled" | "output_limit" | None
+    exec_id: str
+    sock: Any
     reader: threading.Thread
 
     def close(self) -> None:
         """Drop the connection (after a reset has ended the exec, if it had to be stopped)."""
-        self.stream.close()
+        raw = getattr(self.sock, "_sock", self.sock)
+        with contextlib.suppress(OSError):
+            raw.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            raw.close()
+        response = getattr(self.sock, "_response", None)
+        if response is not None:
+            response.close()
         self.reader.join(timeout=5)
 
 
 _END = object()
+HEARTBEAT = b"\0"
 
 
-def _pump(stream: Iterator[tuple[bytes | None, bytes | None]], chunks: queue.Queue) -> None:
+def _pump(sock: Any, stdin: bytes | None, chunks: queue.Queue) -> None:
+    """Send `stdin` (then end it), and queue the exec's (stream, bytes) frames until it ends."""
     try:
-        for item in stream:
-            chunks.put(item)
+        if stdin is not None:
+            raw = getattr(sock, "_sock", sock)
+            raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)
+        for frame in docker.utils.socket.frames_iter(sock, tty=False):
+            chunks.put(frame)
     except Exception as exc:  # the connection breaks when the container is reset or removed
         chunks.put(exc)
     finally:
@@ -240,37 +284,47 @@ def _pump(stream: Iterator[tuple[bytes | None, bytes | None]], chunks: queue.Que
 
 
 def _stream_exec(api: docker.APIClient, container_id: str, cmd: list[str], *, user: str, workdir: str,
-                 deadline: float, cancel: threading.Event | None, cap_bytes: int) -> _StreamOutcome:
-    """Start `cmd` in the container and read its output until it ends, the deadline passes,
-    `cancel` is set, or more than `cap_bytes` arrive. The caller closes the outcome (after
-    resetting the container when the exec had to be stopped)."""
+                 deadline: float, cancel: threading.Event | None, cap_bytes: int,
+                 stdin: bytes | None = None) -> _StreamOutcome:
+    """Start `cmd` in the container, send it `stdin`, and read its output until it ends, the
+    deadline passes, the runner's heartbeat stops, `cancel` is set, or more than `cap_bytes`
+    arrive. The caller closes the outcome (after resetting the container when the exec had to be
+    stopped)."""
     try:
-        exec_id = api.exec_create(container_id, cmd, user=user, workdir=workdir, stdout=True, stderr=True)["Id"]
-        stream = api.exec_start(exec_id, stream=True, demux=True)
+        exec_id = api.exec_create(container_id, cmd, user=user, workdir=workdir, stdin=stdin is not None,
+                                  stdout=True, stderr=True)["Id"]
+        sock = api.exec_start(exec_id, socket=True)
     except (docker.errors.APIError, requests.RequestException) as exc:
         raise _ContainerUnusable(str(exc)) from exc
     chunks: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_pump, args=(stream, chunks), daemon=True, name="sandbox-exec-reader")
+    reader = threading.Thread(target=_pump, args=(sock, stdin, chunks), daemon=True, name="sandbox-exec-reader")
     reader.start()
     out, err = bytearray(), bytearray()
     host_reason = None
+    last_sign, silence_allowed = time.monotonic(), FIRST_HEARTBEAT_S
     while True:
         if cancel is not None and cancel.is_set():
             host_reason = "cancelled"
             break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             host_reason = "timeout"
             break
+        if now - last_sign > silence_allowed:
+            host_reason = "unresponsive"
+            break
         try:
-            item = chunks.get(timeout=min(remaining, 0.05))
+            item = chunks.get(timeout=0.05)
         except queue.Empty:
             continue
         if item is _END or isinstance(item, Exception):
             break
-        stdout_chunk, stderr_chunk = item
-        out += stdout_chunk or b""
-        err += stderr_chunk or b""
+        last_sign, silence_allowed = time.monotonic(), HEARTBEAT_LOSS_S
+        stream_id, data = item
+        if stream_id == docker.utils.socket.STDERR:
+            err += data.replace(HEARTBEAT, b"")
+        else:
+            out += data
         if len(out) + len(err) > cap_bytes:
             host_reason = "output_limit"
             break
@@ -280,7 +334,7 @@ def _stream_exec(api: docker.APIClient, container_id: str, cmd: list[str], *, us
             exit_code = api.exec_inspect(exec_id)["ExitCode"]
         except (docker.errors.APIError, requests.RequestException):
             exit_code = None
-    return _StreamOutcome(bytes(out), bytes(err), exit_code, host_reason, stream, reader)
+    return _StreamOutcome(bytes(out), bytes(err), exit_code, host_reason, exec_id, sock, reader)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -347,16 +401,18 @@ class Sandbox:
             user=f"{DEFAULT_RECIPE.init_uid}:{DEFAULT_RECIPE.init_uid}",
             network_mode="none",
             read_only=True,
-            tmpfs={work_dir: f"rw,exec,nosuid,nodev,size={opts.work_dir_mb}m,uid={self._uid},gid={self._uid}"},
+            tmpfs={work_dir: f"rw,noexec,nosuid,nodev,size={opts.work_dir_mb}m,nr_inodes={opts.work_dir_inodes},"
+                             f"mode=700,uid={self._uid},gid={self._uid}"},
             mem_limit=f"{opts.memory_mb}m",
             memswap_limit=f"{opts.memory_mb}m",  # the same as mem_limit: no swap
             nano_cpus=int(opts.cpus * 1e9),
             pids_limit=opts.pids,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true"],
+            security_opt=["no-new-privileges:true", seccomp_security_opt()],
             ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=256),
                      docker.types.Ulimit(name="core", soft=0, hard=0)],
             ipc_mode="none",  # a private IPC namespace without a writable /dev/shm
+            sysctls=_ipc_sysctls(opts.memory_mb),
             log_config=docker.types.LogConfig(type="none"),
         )
 
@@ -407,33 +463,76 @@ class Sandbox:
                     return
         self._discard(container)
 
-    def _reset(self, container: Any) -> bool:
-        """Kill the sandbox user's processes and wipe the work dir; False if that failed."""
+    def _reset(self, container: Any, abandoned_exec: str) -> bool:
+        """Kill the sandbox user's processes and wipe what they left; False if that failed.
+
+        The run that was abandoned may not even have started yet (an exec starts after the call
+        that starts it has returned), and a runner that starts late would run its program and
+        then kill the next execution's runner; so the container is clean only once that exec has
+        ended and a reset after it succeeded (a reset's runner and the abandoned one may kill each
+        other meanwhile)."""
+        give_up = time.monotonic() + RESET_TIMEOUT_S
+        while time.monotonic() < give_up:
+            try:
+                outcome = _stream_exec(
+                    self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "reset"],
+                    user=f"{self._uid}:{self._uid}", workdir=DEFAULT_RECIPE.work_dir,
+                    deadline=give_up, cancel=None, cap_bytes=65536)
+            except _ContainerUnusable:
+                return False
+            outcome.close()
+            if outcome.exit_code == 0 and self._exec_ended(abandoned_exec):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _exec_ended(self, exec_id: str) -> bool:
         try:
-            outcome = _stream_exec(
-                self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "reset"],
-                user=f"{self._uid}:{self._uid}", workdir=DEFAULT_RECIPE.work_dir,
-                deadline=time.monotonic() + RESET_TIMEOUT_S, cancel=None, cap_bytes=4096)
-        except _ContainerUnusable:
+            info = self.client.api.exec_inspect(exec_id)
+        except docker.errors.NotFound:
+            return True
+        except (docker.errors.APIError, requests.RequestException):
             return False
-        outcome.close()
-        return outcome.exit_code == 0
+        return not info.get("Running") and info.get("ExitCode") is not None
+
+    def _container_state(self, container: Any) -> str:
+        """"running", "paused", "gone", or the status of a container that is not running."""
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return "gone"
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            return f"unknown ({exc})"
+        state = container.attrs["State"]
+        if state.get("Paused"):
+            return "paused"
+        if state.get("Running"):
+            return "running"
+        return f"{state.get('Status')}, exit code {state.get('ExitCode')}"
 
     # -- executions --------------------------------------------------------------------------
 
-    def execute(self, code: str, *, timeout_s: float | None = None,
+    def execute(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None,
                 cancel: threading.Event | None = None) -> ExecutionResult:
-        """Run the Python program `code` in a container; never raises for anything the program does."""
+        """Run the Python program `code` in a container, with `stdin` as its standard input (none:
+        an empty one); never raises for anything the program does."""
         opts = self.options
         timeout = min(timeout_s if timeout_s is not None else opts.timeout_s, opts.max_timeout_s)
         if timeout <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         code = code.encode("utf-8", "replace").decode("utf-8")  # lone surrogates cannot be written out
-        code_bytes = len(code.encode("utf-8"))
-        payload = json.dumps({"code": code, "timeout_s": timeout, "output_limit_bytes": opts.output_limit_bytes})
-        if code_bytes > opts.max_program_bytes or len(payload.encode()) > MAX_PAYLOAD_BYTES:
+        stdin = (stdin or "").encode("utf-8", "replace").decode("utf-8")
+        code_bytes, stdin_bytes = len(code.encode("utf-8")), len(stdin.encode("utf-8"))
+        if code_bytes > opts.max_program_bytes:
             return _failure("program_too_large",
                             f"the program has {code_bytes} bytes; at most {opts.max_program_bytes} are allowed")
+        if stdin_bytes > opts.max_stdin_bytes:
+            return _failure("program_too_large",
+                            f"the input (stdin) has {stdin_bytes} bytes; at most {opts.max_stdin_bytes} are allowed")
+        # The job goes to the runner on its stdin, never on a command line (which the host's process
+        # list would show, hidden tests included).
+        payload = json.dumps({"code": code, "stdin": stdin, "timeout_s": timeout,
+                              "output_limit_bytes": opts.output_limit_bytes}).encode()
         with self._cond:
             self._in_flight += 1
         try:
@@ -465,46 +564,69 @@ class Sandbox:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def _execute_in(self, container: Any, payload: str, timeout: float,
+    def _execute_in(self, container: Any, payload: bytes, timeout: float,
                     cancel: threading.Event | None) -> tuple[ExecutionResult, bool]:
         """(result, whether the container is clean and reusable)."""
         started = time.monotonic()
         # The runner's report holds at most two capped streams, JSON-escaped (at most 6 bytes a byte).
         cap = 12 * self.options.output_limit_bytes + 65536
         outcome = _stream_exec(
-            self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "run", payload],
+            self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "run"],
             user=f"{self._uid}:{self._uid}", workdir=DEFAULT_RECIPE.work_dir,
-            deadline=started + timeout + HOST_GRACE_S, cancel=cancel, cap_bytes=cap)
+            deadline=started + timeout + HOST_GRACE_S, cancel=cancel, cap_bytes=cap, stdin=payload)
         try:
-            if outcome.host_reason is not None:
-                clean = self._reset(container)
-                detail = REASON_DETAILS[outcome.host_reason]
-                if outcome.host_reason == "timeout":
-                    detail = f"no result within {timeout + HOST_GRACE_S:.0f}s; the sandbox runner stopped answering"
-                return _failure(outcome.host_reason, detail, duration_s=time.monotonic() - started), clean
-            try:
-                report = json.loads(outcome.stdout)
-                result = ExecutionResult(
-                    reason=report["reason"], detail=REASON_DETAILS.get(report["reason"], report["reason"]),
-                    exit_code=report["exit_code"], stdout=report["stdout"], stderr=report["stderr"],
-                    duration_s=report["duration_s"], limits_hit=tuple(report["limits_hit"]))
-            except (ValueError, KeyError, TypeError):
-                stderr_tail = outcome.stderr.decode("utf-8", "replace")[-500:]
-                return _failure(
-                    "sandbox_error",
-                    f"the sandbox runner ended without a readable report (exit status {outcome.exit_code}); "
-                    f"the program may have killed it. {stderr_tail}".strip(),
-                    duration_s=time.monotonic() - started), self._reset(container)
-            return result, outcome.exit_code == 0
+            if outcome.host_reason in ("cancelled", "output_limit"):
+                clean = self._reset(container, outcome.exec_id)
+                return _failure(outcome.host_reason, duration_s=time.monotonic() - started), clean
+            if outcome.host_reason is None:
+                try:
+                    report = json.loads(outcome.stdout)
+                    return ExecutionResult(
+                        reason=report["reason"], detail=REASON_DETAILS.get(report["reason"], report["reason"]),
+                        exit_code=report["exit_code"], stdout=report["stdout"], stderr=report["stderr"],
+                        duration_s=report["duration_s"], limits_hit=tuple(report["limits_hit"]),
+                    ), outcome.exit_code == 0
+                except (ValueError, KeyError, TypeError):
+                    pass
+            # No report. The program cannot reach the runner, so the runner or the container was
+            # stopped from outside, or the engine failed: a fault of the sandbox, not the program's.
+            detail, clean = self._diagnose(container, outcome, timeout)
+            log.warning("sandbox fault", container=container.name, detail=detail)
+            return _failure("sandbox_error", detail, duration_s=time.monotonic() - started), clean
         finally:
             outcome.close()
 
-    async def run(self, code: str, *, timeout_s: float | None = None) -> ExecutionResult:
+    def _diagnose(self, container: Any, outcome: _StreamOutcome, timeout: float) -> tuple[str, bool]:
+        """What went wrong with a run that gave no report (and whether the container is clean again)."""
+        state = self._container_state(container)
+        clean = False
+        if state == "running":
+            clean = self._reset(container, outcome.exec_id)  # ends a stopped runner too
+            if not clean:  # a container being killed may still have looked alive
+                state = self._container_state(container)
+        if state == "paused":
+            return "the sandbox container was paused from outside during the execution", False
+        if state == "gone":
+            return "the sandbox container was removed from outside during the execution", False
+        if state.startswith("unknown"):
+            return f"the engine did not say what became of the sandbox container: {state}", False
+        if state != "running":
+            return f"the sandbox container stopped during the execution ({state}): killed or stopped from outside", False
+        if outcome.host_reason == "unresponsive":
+            return ("the sandbox runner stopped responding (no heartbeat for "
+                    f"{HEARTBEAT_LOSS_S:.0f}s): stopped from outside, or the engine stalled"), clean
+        if outcome.host_reason == "timeout":
+            return f"the sandbox runner gave no result within {timeout + HOST_GRACE_S:.0f}s", clean
+        stderr_tail = outcome.stderr.decode("utf-8", "replace")[-500:]
+        return (f"the sandbox runner ended without a readable report (exit status {outcome.exit_code}): "
+                f"killed from outside, or it failed. {stderr_tail}").strip(), clean
+
+    async def run(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
         """`execute` on a worker thread. Cancelling the awaiting task stops the execution; the
         cancellation propagates once the container has been cleaned up, so that when `run` returns
         or raises, nothing of the execution is left running."""
         cancel = threading.Event()
-        future = self._executor.submit(self.execute, code, timeout_s=timeout_s, cancel=cancel)
+        future = self._executor.submit(self.execute, code, stdin=stdin, timeout_s=timeout_s, cancel=cancel)
         wrapped = asyncio.wrap_future(future)
         try:
             return await asyncio.shield(wrapped)
