@@ -5,10 +5,11 @@ accuracy rises with it — with the reference engines, and with a real vLLM serv
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from plait_testing.venvs import venv_python
 
 pytestmark = pytest.mark.slow
 
@@ -17,9 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def vllm_overrides() -> list[str]:
     pytest.importorskip("plait_vllm")
-    python = Path(os.environ.get("PLAIT_VLLM_VENV") or REPO / ".venvs" / "vllm") / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no vLLM venv at {python.parent.parent}: run scripts/ci/vllm.sh")
+    python = venv_python("PLAIT_VLLM_VENV", REPO / ".venvs" / "vllm", "scripts/ci/vllm.sh")
     # float32 like the trainer, so that the sampler's logprobs are the trainer's
     return ["inference.engine=vllm", f"inference.options.python={python}", "inference.options.dtype=float32",
             "inference.options.max_model_len=512"]

@@ -18,6 +18,7 @@ import pytest
 
 from plait.models import ResolvedModel
 from plait_testing.models import materialize_model
+from plait_testing.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = "plait_sglang.fake_server"
@@ -47,10 +48,7 @@ def fake_options():
 
 @pytest.fixture(scope="session")
 def sglang_python() -> str:
-    python = sglang_venv() / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no sglang venv at {sglang_venv()}: run scripts/ci/sglang.sh (or set PLAIT_SGLANG_VENV)")
-    return str(python)
+    return venv_python("PLAIT_SGLANG_VENV", sglang_venv(), "scripts/ci/sglang.sh")
 
 
 @pytest.fixture(scope="session")

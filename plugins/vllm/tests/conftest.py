@@ -9,7 +9,6 @@ more on two cores, so the tests share one (each test's engine attaches to it by 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import httpx
@@ -17,20 +16,14 @@ import pytest
 
 from plait.models import ResolvedModel
 from plait_testing.models import materialize_model
+from plait_testing.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def vllm_venv() -> Path:
-    return Path(os.environ.get("PLAIT_VLLM_VENV") or REPO / ".venvs" / "vllm")
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    python = vllm_venv() / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no vLLM venv at {vllm_venv()}: run scripts/ci/vllm.sh (or set PLAIT_VLLM_VENV)")
-    return str(python)
+    return venv_python("PLAIT_VLLM_VENV", REPO / ".venvs" / "vllm", "scripts/ci/vllm.sh")
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from plait.models import ResolvedModel
+from plait_testing.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -149,16 +150,9 @@ def fake_server() -> Iterator[FakeServer]:
 # -- the real vLLM server -----------------------------------------------------------------------
 
 
-def vllm_venv() -> Path:
-    return Path(os.environ.get("PLAIT_VLLM_VENV") or REPO / ".venvs" / "vllm")
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    python = vllm_venv() / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no vLLM venv at {vllm_venv()}: run scripts/ci/vllm.sh (or set PLAIT_VLLM_VENV)")
-    return str(python)
+    return venv_python("PLAIT_VLLM_VENV", REPO / ".venvs" / "vllm", "scripts/ci/vllm.sh")
 
 
 @pytest.fixture(scope="session")
