@@ -16,6 +16,7 @@ from plait.errors import EngineError
 from plait.models import ResolvedModel
 from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
 from plait_server.engine import free_port
+from plait_server.testing import assert_resampled_as_before
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
@@ -332,11 +333,7 @@ def test_a_server_killed_mid_request_is_restarted_with_its_weights(tiny_model: R
             os.killpg(dead, signal.SIGKILL)
             replies = await asyncio.gather(*running)
             assert engine.restarts == 1 and engine.server.pid != dead and engine.weight_version == update.version
-            for reply in replies:
-                assert [s.tokens for s in reply.sequences] == [s.tokens for s in before]
-                for seq, ref in zip(reply.sequences, before, strict=True):
-                    np.testing.assert_allclose(seq.logprobs, ref.logprobs, atol=1e-5)
-                    assert seq.versions() == (update.version,) * len(seq.tokens)
+            assert_resampled_as_before(replies, before, update.version, atol=1e-5)
             after = await greedy(engine, prompt)
             assert after.logprobs != untrained.logprobs, "the restarted server must not serve the checkpoint"
             np.testing.assert_allclose(after.logprobs[0], last_logprob(trainer, [*prompt, *after.tokens]), atol=ATOL)

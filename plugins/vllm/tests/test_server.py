@@ -13,6 +13,7 @@ import pytest
 
 from plait.models import ResolvedModel
 from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait_server.testing import assert_resampled_as_before
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
 
 pytestmark = pytest.mark.vllm
@@ -98,11 +99,7 @@ def test_a_server_whose_engine_dies_mid_request_is_restarted_with_its_weights(
             os.kill(engine_core_pid(dead), signal.SIGKILL)
             replies = await asyncio.gather(*running)
             assert engine.restarts == 1 and engine.server.pid != dead and engine.weight_version == update.version
-            for reply in replies:
-                assert [s.tokens for s in reply.sequences] == [s.tokens for s in before]
-                for seq, ref in zip(reply.sequences, before, strict=True):
-                    np.testing.assert_allclose(seq.logprobs, ref.logprobs, atol=2e-3)
-                    assert seq.versions() == (update.version,) * len(seq.tokens)
+            assert_resampled_as_before(replies, before, update.version, atol=2e-3)
             after = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy)).sequences[0]
             assert after.tokens == (target,) and after.tokens != untrained.tokens
             expected = datum_logprobs(trainer.forward([sft_datum([*prompt, *after.tokens])]))[0][-1]

@@ -27,13 +27,14 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from plait.errors import EngineError
-from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait.types import ModelInput, SampledSequence, SampleResponse, SamplingParams, WeightUpdate
 from plait_server.engine import free_port
 
 
@@ -210,3 +211,14 @@ class ServerEngineFailureContract:
                 assert not (await engine.health()).ok
 
         self.run(body)
+
+
+def assert_resampled_as_before(replies: Sequence[SampleResponse], before: Sequence[SampledSequence],
+                               version: int, atol: float) -> None:
+    """Requests re-issued on a restarted server sample what the dead one did (same seeds and
+    weights), every token tagged with the restored weight version."""
+    for reply in replies:
+        assert [s.tokens for s in reply.sequences] == [s.tokens for s in before]
+        for seq, ref in zip(reply.sequences, before, strict=True):
+            np.testing.assert_allclose(seq.logprobs, ref.logprobs, atol=atol)
+            assert seq.versions() == (version,) * len(seq.tokens)
