@@ -17,6 +17,8 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
+from plait.errors import DataError
+
 # -- Model input and tensors ------------------------------------------------------------------
 
 
@@ -73,6 +75,22 @@ class ModelInput:
 
 TensorDType = Literal["int64", "float32"]
 _NUMPY_DTYPES: dict[str, Any] = {"int64": np.int64, "float32": np.float32}
+
+
+def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
+    """The prompt's token ids, checked: a ModelInput, not empty, every id in the vocabulary."""
+    if not isinstance(prompt, ModelInput):
+        raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
+                        fix="wrap token ids with ModelInput.from_ints(ids)")
+    ids = prompt.to_ints()
+    if not ids:
+        raise DataError("empty prompt: sampling needs at least one prompt token",
+                        fix="render the prompt with the renderer (it starts with the chat template's tokens)")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise DataError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab_size}",
+                        fix="tokenize with the model's own tokenizer")
+    return ids
 
 
 @attrs.frozen(eq=False)

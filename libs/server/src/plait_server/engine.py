@@ -57,7 +57,7 @@ import structlog
 from plait.config import positive
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
-from plait.types import EngineHealth, ModelInput, WeightUpdate
+from plait.types import EngineHealth, ModelInput, WeightUpdate, prompt_token_ids
 
 log = structlog.get_logger("plait_server.engine")
 T = TypeVar("T")
@@ -360,22 +360,6 @@ def model_vocab_size(model: ResolvedModel) -> int:
     if not size:
         raise EngineError(f"{model.path}/config.json has no vocab_size")
     return int(size)
-
-
-def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
-    """The prompt's token ids, checked: a ModelInput, not empty, every id in the vocabulary."""
-    if not isinstance(prompt, ModelInput):
-        raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
-                        fix="wrap token ids with ModelInput.from_ints(ids)")
-    ids = prompt.to_ints()
-    if not ids:
-        raise DataError("empty prompt: sampling needs at least one prompt token",
-                        fix="render the prompt with the renderer (it starts with the chat template's tokens)")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise DataError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab_size}",
-                        fix="tokenize with the model's own tokenizer")
-    return ids
 
 
 def sampling_room(prompt: ModelInput, num_samples: int, vocab_size: int, context: int, option: str) -> tuple[list[int], int]:

@@ -53,11 +53,11 @@ from plait.types import (
     SamplingParams,
     TensorData,
     TensorMeta,
+    prompt_token_ids,
 )
 from plait_server.engine import (
     ServerEngine,
     parse_weight_version,
-    prompt_token_ids,
     sampling_room,
     token_versions,
 )

@@ -56,12 +56,12 @@ from plait.types import (
     SampleResponse,
     SamplingParams,
     WeightUpdate,
+    prompt_token_ids,
 )
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 from plait_train import loading
 from plait_train.ops import target_logprobs
-from plait_train.step import check_token_ids
 from plait_weights import patch as weight_patch
 
 log = structlog.get_logger("plait_torch.inference")
@@ -242,15 +242,7 @@ class TorchInferenceEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def _prompt_ids(self, prompt: ModelInput) -> list[int]:
-        if not isinstance(prompt, ModelInput):
-            raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
-                            fix="wrap token ids with ModelInput.from_ints(ids)")
-        ids = prompt.to_ints()
-        if not ids:
-            raise DataError("empty prompt: sampling needs at least one prompt token",
-                            fix="render the prompt with the renderer (it starts with the chat template's tokens)")
-        check_token_ids(np.asarray(ids), self.vocab_rows, "prompt")
-        return ids
+        return prompt_token_ids(prompt, self.vocab_rows)
 
     def _make_request(self, prompt: ModelInput, num_samples: int, params: SamplingParams) -> _Request:
         ids = self._prompt_ids(prompt)
