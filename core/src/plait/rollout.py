@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import structlog
@@ -62,25 +62,19 @@ class EpisodeConfig:
     most what is left; an episode that reaches it is marked truncated."""
 
 
+_REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
+    "sum": sum, "last": lambda r: r[-1], "max": max, "mean": lambda r: sum(r) / len(r)}
+
+
 def reduce_rewards(rewards: Sequence[float], rule: RewardReduce) -> float:
-    if not rewards:
-        return 0.0
-    if rule == "sum":
-        return float(sum(rewards))
-    if rule == "last":
-        return float(rewards[-1])
-    if rule == "max":
-        return float(max(rewards))
-    return float(sum(rewards) / len(rewards))
+    return float(_REDUCERS[rule](rewards)) if rewards else 0.0
 
 
 def is_correct(output: ToolOutput) -> bool:
     """An environment marks success with metadata "correct" (or "passed"); else reward >= 1."""
     metadata = output.metadata or {}
-    for key in ("correct", "passed"):
-        if key in metadata:
-            return bool(metadata[key])
-    return output.reward is not None and output.reward >= 1.0
+    key = next((k for k in ("correct", "passed") if k in metadata), None)
+    return bool(metadata[key]) if key else output.reward is not None and output.reward >= 1.0
 
 
 class _EnvClock:
@@ -97,7 +91,7 @@ class _EnvClock:
             self.intervals.append((start, time.perf_counter()))
 
 
-def _terminal_argument(spec: ToolSpec) -> str:
+def terminal_argument(spec: ToolSpec) -> str:
     properties = (spec.input_schema or {}).get("properties") or {}
     return next(iter(properties), "answer")
 
@@ -107,10 +101,20 @@ def _tool_result_message(call_id: str | None, name: str, result: ToolOutput | To
     return Message("tool", text, tool_call_id=call_id, name=name)
 
 
+@runtime_checkable
+class DrivesEpisodes(Protocol):
+    """Optional environment capability: it runs whole episodes itself (e.g. an agent via plait-proxy)."""
+
+    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
+                          config: EpisodeConfig) -> Trajectory: ...
+
+
 async def run_episode(
     env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
     config: EpisodeConfig,
 ) -> Trajectory:
+    if isinstance(env, DrivesEpisodes):
+        return await env.run_episode(task, engine, renderer, config)
     clock = _EnvClock()
     turns: list[Turn] = []
     rewards: list[float] = []
@@ -161,7 +165,7 @@ async def run_episode(
                         break
             elif terminal is not None:
                 output = await clock.run(
-                    session.call(terminal.name, {_terminal_argument(terminal): message.content}),
+                    session.call(terminal.name, {terminal_argument(terminal): message.content}),
                     config.env_timeout_s,
                 )
                 if isinstance(output, ToolError) and output.reason == "exception":

@@ -1,0 +1,1 @@
+"""plait-proxy: OpenAI- and Anthropic-compatible endpoints that record the token ids they sample."""

@@ -1,0 +1,255 @@
+"""The proxy's HTTP face: OpenAI Chat Completions and Responses, Anthropic Messages, models and
+sessions, as one ASGI app (Starlette), served by uvicorn in the engine's own event loop.
+
+A request belongs to the session named, in this order, by the path (`/s/<id>/v1/...`), the
+`X-Plait-Session` header, or the API key (`Authorization: Bearer <id>` or `x-api-key`), so that a
+harness that only lets you set a base URL and a key can still be told which episode it is in.
+With `api_key` set the key authenticates instead, and sessions come from the path or header.
+
+Streaming answers are written once the engine has sampled the whole completion: the engine
+contract returns whole sequences. A client that disconnects before then cancels its sampling,
+and the call is not recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Protocol
+
+import attrs
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from plait_proxy import anthropic_messages, openai_chat, openai_responses
+from plait_proxy.chat import ChatRequest, Completion, RequestError
+from plait_proxy.proxy import Proxy
+from plait_proxy.store import RolloutStore
+from plait_sdk.server import parse_json
+
+log = structlog.get_logger("plait.proxy")
+
+
+class WireFormat(Protocol):
+    """What each API module provides (see `plait_proxy.openai_chat`)."""
+
+    def parse_request(self, body: Any) -> ChatRequest: ...
+
+    def response_body(self, request: ChatRequest, completion: Completion) -> dict[str, Any]: ...
+
+    def stream_events(self, request: ChatRequest, completion: Completion) -> Iterator[bytes]: ...
+
+    def error_body(self, error: RequestError) -> dict[str, Any]: ...
+
+
+APIS: dict[str, WireFormat] = {
+    "chat/completions": openai_chat,  # type: ignore[dict-item]  # modules satisfy the protocol
+    "responses": openai_responses,  # type: ignore[dict-item]
+    "messages": anthropic_messages,  # type: ignore[dict-item]
+}
+
+
+@attrs.frozen
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    """When set, every request must carry it; sessions then come from the path or the header."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 64
+
+
+class ProxyApp:
+    def __init__(self, proxy: Proxy, store: RolloutStore, options: ServeOptions | None = None) -> None:
+        self.proxy = proxy
+        self.store = store
+        self.options = options or ServeOptions()
+        routes = [Route("/health", self.health, methods=["GET"]),
+                  Route("/sessions", self.open_session, methods=["POST"]),
+                  Route("/sessions", self.list_sessions, methods=["GET"]),
+                  Route("/sessions/{session}", self.show_session, methods=["GET"]),
+                  Route("/sessions/{session}", self.discard_session, methods=["DELETE"]),
+                  Route("/sessions/{session}/finish", self.finish_session, methods=["POST"])]
+        for prefix in ("", "/s/{session}"):
+            routes.append(Route(prefix + "/v1/models", self.models, methods=["GET"]))
+            routes.append(Route(prefix + "/v1/models/{model:path}", self.model, methods=["GET"]))
+            for path in APIS:
+                routes.append(Route(f"{prefix}/v1/{path}", self._completion_endpoint(path), methods=["POST"]))
+        self.asgi = Starlette(routes=routes)
+
+    # -- completions ---------------------------------------------------------------------------
+
+    def _completion_endpoint(self, path: str) -> Any:
+        wire = APIS[path]
+        api = path.replace("/", "_")
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                self._authenticate(request)
+                session_id = self._session_id(request)
+                chat = wire.parse_request(await self._json(request))
+                session = self.store.get(session_id)
+                completion = await _unless_disconnected(request, self.proxy.complete(session, chat, api))
+            except RequestError as error:
+                return JSONResponse(wire.error_body(error), status_code=error.status)
+            except _Disconnected:
+                return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
+            except Exception as exc:  # the engine failed: the client's request was fine
+                log.error("completion failed", api=api, error=f"{type(exc).__name__}: {exc}")
+                error = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
+                                     status=502, kind="api_error")
+                return JSONResponse(wire.error_body(error), status_code=502)
+            if chat.stream:
+                return StreamingResponse(_iterate(wire.stream_events(chat, completion)),
+                                         media_type="text/event-stream",
+                                         headers={"cache-control": "no-cache"})
+            return JSONResponse(wire.response_body(chat, completion))
+
+        return endpoint
+
+    async def _json(self, request: Request) -> Any:
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > self.options.max_body_bytes:
+                raise RequestError(f"the body is over {self.options.max_body_bytes} bytes", status=413)
+        try:
+            return parse_json(bytes(body), self.options.max_json_depth)
+        except ValueError as exc:
+            raise RequestError(f"the body is not valid JSON: {exc}") from None
+
+    def _authenticate(self, request: Request) -> None:
+        if self.options.api_key is None:
+            return
+        given = _api_key(request)
+        if given is None or not hmac.compare_digest(given.encode(), self.options.api_key.encode()):
+            raise RequestError("missing or wrong API key", status=401, kind="authentication_error")
+
+    def _session_id(self, request: Request) -> str:
+        session = request.path_params.get("session") or request.headers.get("x-plait-session")
+        if not session and self.options.api_key is None:
+            session = _api_key(request)
+        if not session:
+            raise RequestError("no session: put its id in the path (/s/<id>/v1/...), the X-Plait-Session "
+                               "header, or the API key", param="session")
+        if len(session) > 256:
+            raise RequestError("the session id is over 256 characters", param="session")
+        return session
+
+    # -- models and sessions -------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "sessions": len(self.store)})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.proxy.model_name, "object": "model", "created": 0, "owned_by": "plait",
+                "type": "model", "display_name": self.proxy.model_name, "created_at": "1970-01-01T00:00:00Z"}
+
+    async def open_session(self, request: Request) -> Response:
+        return await self._session_call(request, lambda: {"session": self.store.open().id})
+
+    async def list_sessions(self, request: Request) -> Response:
+        return await self._session_call(request, lambda: {"sessions": [
+            {"session": s.id, "calls": len(s.calls), "in_flight": s.in_flight} for s in self.store]})
+
+    async def show_session(self, request: Request) -> Response:
+        session = request.path_params["session"]
+        return await self._session_call(request, lambda: self._live(session).to_json())
+
+    async def finish_session(self, request: Request) -> Response:
+        session = request.path_params["session"]
+        return await self._session_call(request, lambda: self.store.finish(session).to_json())
+
+    async def discard_session(self, request: Request) -> Response:
+        session = request.path_params["session"]
+        return await self._session_call(request, lambda: self.store.discard(session) or {"session": session})
+
+    def _live(self, session_id: str) -> Any:
+        if session_id not in self.store.sessions:
+            raise RequestError(f"unknown session {session_id!r}", status=404)
+        return self.store.sessions[session_id]
+
+    async def _session_call(self, request: Request, action: Any) -> Response:
+        try:
+            self._authenticate(request)
+            return JSONResponse(action())
+        except RequestError as error:
+            return JSONResponse({"detail": error.message}, status_code=error.status)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        """Serve in this event loop (the engine's) until the block ends; yields the base URL."""
+        config = uvicorn.Config(self.asgi, host=self.options.host, port=self.options.port,
+                                log_level="warning", access_log=False, lifespan="off")
+        server = _QuietServer(config)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                task.result()  # raises why it could not start (e.g. the port is taken)
+                raise RuntimeError("the proxy's server stopped before it started")
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield f"http://{self.options.host}:{port}"
+        finally:
+            server.should_exit = True
+            await task
+
+
+class _QuietServer(uvicorn.Server):
+    """A server that leaves signal handling to the program it runs in."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Completion:
+    """`work`'s result, or _Disconnected (with `work` cancelled) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()  # type: ignore[no-any-return]
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise _Disconnected
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _api_key(request: Request) -> str | None:
+    authorization = request.headers.get("authorization", "")
+    if authorization.lower().startswith("bearer "):
+        return authorization[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+async def _iterate(events: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event

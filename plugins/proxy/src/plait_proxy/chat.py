@@ -1,0 +1,101 @@
+"""What every API the proxy speaks comes down to: a chat request in plait's own terms, and the
+completion the engine sampled for it.
+
+Each wire format (`openai_chat`, `openai_responses`, `anthropic_messages`) parses its request
+body into a `ChatRequest` and writes a `Completion` back in its own shape; the proxy in between
+(`plait_proxy.proxy`) only ever sees these types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from plait.types import Message, ParseTermination, SampledSequence, ToolSpec
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class RequestError(Exception):
+    """A request the proxy cannot serve, answered with `status` (4xx) and a message that says
+    what to change. `param` names the offending field, as OpenAI's errors do."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.kind = kind
+
+
+@attrs.frozen
+class ChatRequest:
+    """A chat completion request, whatever API it came in through."""
+
+    model: str
+    messages: tuple[Message, ...] = attrs.field(converter=tuple[Message, ...])
+    max_tokens: int | None = None
+    """None: as many as the context allows (up to the proxy's `max_tokens`)."""
+    tools: tuple[ToolSpec, ...] = attrs.field(converter=tuple[ToolSpec, ...], factory=tuple)
+    tool_choice: str = "auto"
+    """"auto", "none" (tools hidden from the model), "required", or the name of a tool (only
+    that tool is shown). The proxy does not constrain decoding: a model that answers without a
+    tool call under "required" gets its answer returned as it is."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = attrs.field(converter=tuple[str, ...], factory=tuple)
+    """The client's stop strings; the renderer's own stop tokens always apply as well."""
+    n: int = 1
+    stream: bool = False
+    logprobs: bool = False
+    extra: dict[str, Any] = attrs.field(factory=dict)
+    """Fields an API needs to echo back (e.g. OpenAI's `stream_options`, a Responses
+    `instructions`); the proxy ignores them."""
+
+    def shown_tools(self) -> tuple[ToolSpec, ...]:
+        """The tools rendered into the prompt under `tool_choice`."""
+        if self.tool_choice == "none":
+            return ()
+        if self.tool_choice in ("auto", "required"):
+            return self.tools
+        return tuple(t for t in self.tools if t.name == self.tool_choice)
+
+
+@attrs.frozen
+class Choice:
+    """One sampled completion and what the renderer read in it."""
+
+    index: int
+    sequence: SampledSequence
+    """The ids and logprobs exactly as sampled (cut after the token that completed a client stop
+    string, as an engine that stops on strings would have stopped)."""
+    message: Message
+    termination: ParseTermination
+    finish_reason: FinishReason
+    stop_string: str | None = None
+    """The client stop string that ended it, if one did."""
+    token_texts: tuple[str, ...] = attrs.field(converter=tuple[str, ...], factory=tuple)
+    """The decoded text of each sampled token, for APIs that return logprobs per token."""
+
+
+@attrs.frozen
+class Completion:
+    """What the proxy answers one request with."""
+
+    id: str
+    model: str
+    created: int
+    prompt_ids: tuple[int, ...] = attrs.field(converter=tuple[int, ...])
+    choices: tuple[Choice, ...] = attrs.field(converter=tuple[Choice, ...])
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.sequence.tokens) for c in self.choices)
