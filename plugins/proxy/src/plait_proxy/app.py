@@ -49,9 +49,9 @@ class WireFormat(Protocol):
 
 
 APIS: dict[str, WireFormat] = {
-    "chat/completions": openai_chat,  # type: ignore[dict-item]  # modules satisfy the protocol
-    "responses": openai_responses,  # type: ignore[dict-item]
-    "messages": anthropic_messages,  # type: ignore[dict-item]
+    "chat/completions": openai_chat,
+    "responses": openai_responses,
+    "messages": anthropic_messages,
 }
 
 
@@ -102,9 +102,9 @@ class ProxyApp:
                 return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
             except Exception as exc:  # the engine failed: the client's request was fine
                 log.error("completion failed", api=api, error=f"{type(exc).__name__}: {exc}")
-                error = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
-                                     status=502, kind="api_error")
-                return JSONResponse(wire.error_body(error), status_code=502)
+                failure = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
+                                       status=502, kind="api_error")
+                return JSONResponse(wire.error_body(failure), status_code=502)
             if chat.stream:
                 return StreamingResponse(_iterate(wire.stream_events(chat, completion)),
                                          media_type="text/event-stream",
@@ -174,7 +174,12 @@ class ProxyApp:
 
     async def discard_session(self, request: Request) -> Response:
         session = request.path_params["session"]
-        return await self._session_call(request, lambda: self.store.discard(session) or {"session": session})
+
+        def discard() -> dict[str, str]:
+            self.store.discard(session)
+            return {"session": session}
+
+        return await self._session_call(request, discard)
 
     def _live(self, session_id: str) -> Any:
         if session_id not in self.store.sessions:
@@ -231,7 +236,7 @@ async def _unless_disconnected(request: Request, work: Any) -> Completion:
     finally:
         watcher.cancel()
     if task in done:
-        return task.result()  # type: ignore[no-any-return]
+        return task.result()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -90,6 +91,8 @@ class HarnessEnvironment:
         self.tasks: Environment = build("env", options.tasks, options=options.task_options,
                                         options_path="env.options.task_options")
         self.name = f"proxy.harness({self.tasks.name})"
+        for chatty in ("httpx", "httpx2"):  # HTTP clients log every request at INFO
+            logging.getLogger(chatty).setLevel(logging.WARNING)
         self.store = RolloutStore(auto_create=False)
         self._served: dict[tuple[int, int], str] = {}
         self._servers: contextlib.AsyncExitStack | None = None
