@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -195,3 +196,41 @@ def test_a_client_that_disconnects_cancels_its_sampling_and_records_nothing(tiny
         assert store.sessions["gone"].in_flight == 0 and store.sessions["gone"].calls == []
 
     serve(tiny_qwen3, scenario)
+
+
+def test_plait_serve_proxy_serves_a_run_configs_model_and_stores_finished_sessions(
+        tiny_qwen3: Any, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "proxy.toml"
+    config.write_text(f'[model]\nname = "{tiny_qwen3.path}"\n[inference]\nengine = "torch"\n'
+                      '[renderer]\nname = "qwen3_keep_reasoning"\n')
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "plait.cli", "serve", "proxy", str(config), "--port", str(port),
+                               "--store", str(tmp_path / "store")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read().decode() if server.stdout else ""
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "plait serve proxy did not come up in 120 s"
+                time.sleep(0.5)
+        with openai.OpenAI(base_url=f"{url}/s/cli/v1", api_key="key") as client:
+            answer = client.chat.completions.create(model="any", max_tokens=3, messages=[{"role": "user", "content": "hi"}],
+                                                    extra_body={"return_token_ids": True})
+        assert answer.model_extra and len(answer.choices[0].model_extra["token_ids"]) == 3
+        record = httpx.post(f"{url}/sessions/cli/finish").json()
+        stored = json.loads((tmp_path / "store" / "sessions.jsonl").read_text())
+        assert stored == record and stored["calls"][0]["choices"][0]["token_ids"] == answer.choices[0].model_extra["token_ids"]
+    finally:
+        server.terminate()
+        server.wait(30)
