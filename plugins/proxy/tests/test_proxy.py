@@ -157,7 +157,7 @@ def test_a_session_under_a_policy_samples_with_the_runs_settings_and_a_call_budg
 
 
 def test_a_prompt_past_the_context_is_refused_with_a_400(tiny_qwen3: Any) -> None:
-    with pytest.raises(RequestError, match="context is 16") as refused:
+    with pytest.raises(RequestError, match="maximum context length is 16 tokens") as refused:
         run_one(make_proxy(tiny_qwen3, max_context_tokens=16), ask(QUESTION))
     assert refused.value.status == 400
 

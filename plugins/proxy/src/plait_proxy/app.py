@@ -55,6 +55,9 @@ APIS: dict[str, WireFormat] = {
 }
 
 
+NO_RETRY = {"x-should-retry": "false"}  # honoured by the openai and anthropic SDKs
+
+
 @attrs.frozen
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -96,8 +99,8 @@ class ProxyApp:
                 chat = wire.parse_request(await self._json(request))
                 session = self.store.get(session_id)
                 completion = await _unless_disconnected(request, self.proxy.complete(session, chat, api))
-            except RequestError as error:
-                return JSONResponse(wire.error_body(error), status_code=error.status)
+            except RequestError as error:  # the client's to fix: the SDKs' automatic retries would not help
+                return JSONResponse(wire.error_body(error), status_code=error.status, headers=NO_RETRY)
             except _Disconnected:
                 return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
             except Exception as exc:  # the engine failed: the client's request was fine

@@ -99,9 +99,10 @@ class Proxy:
     def _completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
         room = self.limits.max_context_tokens - prompt_tokens
         if room < 1:
+            # litellm (and so mini-swe-agent) recognises this wording and stops instead of retrying
             raise RequestError(
-                f"the prompt is {prompt_tokens} tokens and the model's context is {self.limits.max_context_tokens}: "
-                "shorten the conversation", param="messages", kind="context_length_exceeded")
+                f"This model's maximum context length is {self.limits.max_context_tokens} tokens; the prompt "
+                f"is {prompt_tokens}: shorten the conversation", param="messages", kind="context_length_exceeded")
         return min(room, requested or self.limits.max_tokens, self.limits.max_tokens)
 
     def _choice(self, index: int, sequence: SampledSequence, stops: Sequence[str], completion_id: str) -> Choice:
