@@ -25,13 +25,8 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$check" >/dev/null 2>&1; 
     exit 0
 fi
 
-if ! "$python" -c "import ensurepip, venv" >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-fi
-
-rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
-"$python" -m venv "$venv"
+source "$(dirname "$0")/lib/venv.sh"
+new_venv "$venv" "$python"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$SGLANG_SPEC" msgspec
 "$venv/bin/python" -c "$check"
 echo "sglang.sh: built $venv ($SGLANG_SPEC)"
