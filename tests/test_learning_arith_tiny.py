@@ -39,6 +39,6 @@ OVERRIDES = {"torch": list, "vllm": vllm_overrides, "proxy": proxy_overrides}
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 @pytest.mark.parametrize("variant", ["torch", pytest.param("vllm", marks=pytest.mark.vllm), "proxy"])
 def test_tiny_model_learns_arith(run_arith_tiny, variant: str) -> None:
-    run = run_arith_tiny(*OVERRIDES[variant]())
+    run = run_arith_tiny(*OVERRIDES[variant](), variant=variant != "torch")
     run.assert_learned()
     assert (run.run_dir / "dashboard.png").stat().st_size > 0

@@ -180,3 +180,32 @@ def test_a_cancelled_call_records_nothing(tiny_qwen3: Any) -> None:
         await proxy.engine.close()
 
     asyncio.run(asyncio.wait_for(go(), 300))
+
+
+def test_an_answer_cut_by_an_in_flight_weight_update_is_continued_with_the_new_weights(tiny_qwen3: Any) -> None:
+    from safetensors.torch import load_file
+
+    from plait.types import WeightUpdate
+
+    proxy = make_proxy(tiny_qwen3)
+    store = RolloutStore()
+    weights = {name: t for f in sorted(tiny_qwen3.path.glob("*.safetensors")) for name, t in load_file(f).items()}
+
+    async def go() -> Any:
+        session = store.get("s")
+        answer = asyncio.ensure_future(proxy.complete(session, ask(QUESTION, max_tokens=300, temperature=1.0, seed=1),
+                                                      "openai_chat"))
+        await asyncio.sleep(1.0)  # some tokens in (about 15 ms each)
+        await proxy.engine.pause("abort")
+        await proxy.engine.apply_weights(WeightUpdate(version=1, tensors=weights))
+        await proxy.engine.resume()
+        completion = await answer
+        await proxy.engine.close()
+        return session, completion
+
+    session, completion = asyncio.run(asyncio.wait_for(go(), 300))
+    sequence = completion.choices[0].sequence
+    versions = sequence.versions()
+    assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions), versions
+    assert len(sequence.tokens) == 300 or sequence.stop_reason == "stop"  # not cut short by the update
+    assert session.calls[0].choices[0].sequence == sequence
