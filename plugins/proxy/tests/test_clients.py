@@ -198,6 +198,7 @@ def test_a_client_that_disconnects_cancels_its_sampling_and_records_nothing(tiny
     serve(tiny_qwen3, scenario)
 
 
+@pytest.mark.slow  # a new process loads plait, torch and the model: a minute on a loaded machine
 def test_plait_serve_proxy_serves_a_run_configs_model_and_stores_finished_sessions(
         tiny_qwen3: Any, tmp_path: Path) -> None:
     import socket
