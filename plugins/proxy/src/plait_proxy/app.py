@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from plait.errors import DataError
 from plait_proxy import anthropic_messages, openai_chat, openai_responses
 from plait_proxy.chat import ChatRequest, Completion, RequestError
 from plait_proxy.proxy import Proxy
@@ -103,6 +104,9 @@ class ProxyApp:
                 return JSONResponse(wire.error_body(error), status_code=error.status, headers=NO_RETRY)
             except _Disconnected:
                 return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
+            except DataError as exc:  # the engine's word on this request (its context, its vocabulary)
+                refusal = _engine_refusal(exc)
+                return JSONResponse(wire.error_body(refusal), status_code=400, headers=NO_RETRY)
             except Exception as exc:  # the engine failed: the client's request was fine
                 log.error("completion failed", api=api, error=f"{type(exc).__name__}: {exc}")
                 failure = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
@@ -224,6 +228,13 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def _engine_refusal(error: DataError) -> RequestError:
+    if "max_model_len" in error.message:  # worded so that litellm (mini-swe-agent) stops, not retries
+        return RequestError(f"This model's maximum context length is exceeded: {error.message}",
+                            param="messages", kind="context_length_exceeded")
+    return RequestError(f"the engine refused the request: {error.message}", param="messages")
 
 
 class _Disconnected(Exception):
