@@ -7,9 +7,9 @@
 #   PLAIT_HARNESS_VENV (default .venvs/harness in the repository) is where the venv goes; tests
 #   that run the harnesses read the same variable.
 #
-# Kept apart from plait's own environment: mini-swe-agent and litellm pull in a large tree
-# (datasets, pyarrow, pandas, boto3, tokenizers); the venv is about 850 MB. Only the six clients
-# are pinned; their dependencies resolve at build time.
+# Kept apart from plait's own environment: litellm pulls in a large tree (boto3, tokenizers,
+# aiohttp); the venv is about 520 MB, 2 minutes to build. Only the six clients are pinned; their
+# dependencies resolve at build time.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${PLAIT_HARNESS_VENV:-$repo/.venvs/harness}
@@ -22,6 +22,9 @@ specs=(
     mini-swe-agent==2.4.6
     litellm==1.110.2
 )
+# mini-swe-agent goes in without `datasets` (only its SWE-bench runners import it; with it comes
+# pyarrow and pandas, a third of the venv): its other requirements are installed by name.
+mini_swe_requirements=(jinja2 platformdirs prompt_toolkit python-dotenv pyyaml requests rich tenacity textual typer)
 
 # ready when every pinned distribution is there at its pinned version (importing them all takes
 # 15 s here, so only a fresh build does; litellm would fetch its cost map on import without the
@@ -39,7 +42,9 @@ fi
 source "$(dirname "$0")/lib/venv.sh"
 new_venv "$venv" "$python"
 echo "harness.sh: installing ${specs[*]} into $venv (about 2 minutes)"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "${specs[@]}"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    $(printf '%s\n' "${specs[@]}" | grep -v '^mini-swe-agent==') "${mini_swe_requirements[@]}"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$(printf '%s\n' "${specs[@]}" | grep '^mini-swe-agent==')"
 "$venv/bin/python" -c "$pinned" "${specs[@]}"
 "$venv/bin/python" -c "$imports"
 echo "harness.sh: built $venv"
