@@ -61,7 +61,7 @@ def test_arith_tiny_learns_async(run_arith_tiny):
     it learns (a little slower than the sync run: measured best 10-step reward 0.86 against 0.96,
     held-out accuracy 0 -> 0.84), and staleness and applied importance weights stay in bounds."""
     run = run_arith_tiny("rl.schedule=async", "off_policy.max_staleness=2", "off_policy.correction=token",
-                         "off_policy.truncate=2.0", "off_policy.mask_above=10.0", variant=True)
+                         "off_policy.truncate=2.0", "off_policy.mask_above=10.0")
     run.assert_learned(min_reward=0.65, min_accuracy=0.6)
     steps = [m for m in run.metrics if m["step"] > 0 and "reward/mean" in m]
     for m in steps:

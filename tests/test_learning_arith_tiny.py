@@ -1,5 +1,5 @@
 """The test-sized example learns: `plait run examples/arith_tiny.toml` takes the tiny model's
-reward on math.arith (tiny preset) from below 0.1 to at least 0.8, and its held-out greedy
+reward on math.arith (tiny preset) from below 0.1 to at least 0.8 within 30 of its 60 steps, and its held-out greedy
 accuracy rises with it — with the reference engines, with a real vLLM server sampling
 (`inference.engine = "vllm"`, weights synced to it every step), and with every rollout made by an
 unmodified openai-SDK client through plait-proxy (`proxy.harness`: the trainer sees only what the
@@ -39,6 +39,6 @@ OVERRIDES = {"torch": list, "vllm": vllm_overrides, "proxy": proxy_overrides}
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 @pytest.mark.parametrize("variant", ["torch", pytest.param("vllm", marks=pytest.mark.vllm), "proxy"])
 def test_tiny_model_learns_arith(run_arith_tiny, variant: str) -> None:
-    run = run_arith_tiny(*OVERRIDES[variant](), variant=variant != "torch")
+    run = run_arith_tiny(*OVERRIDES[variant]())
     run.assert_learned()
     assert (run.run_dir / "dashboard.png").stat().st_size > 0
