@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ors_server import RawConnection  # benchmarks/ is the script's directory
 
 from plait.plugins import get_registry
 from plait.types import Message, SamplingParams
@@ -32,8 +33,6 @@ from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Proxy
 from plait_proxy.store import RolloutStore
 from plait_testing.models import materialize_model
-
-from ors_server import RawConnection  # benchmarks/ is the script's directory
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 7*6? Answer with a number."}]
 RESULTS = Path(__file__).parent / "results" / "proxy_latency.json"
