@@ -11,11 +11,30 @@ if [ "${1:-}" = "--fast" ]; then
     shift
     pytest_args=()  # the default markers in pyproject.toml leave out slow and service-bound tests
 else
+    # docker.sh first (it may apt-get); then the others side by side, each logging to a file: they
+    # build venvs of their own (or pip-install one package), so their downloads and installs overlap.
+    first=scripts/ci/docker.sh
+    if [ -e "$first" ]; then
+        echo "== $first"
+        bash "$first" || { echo "setup step $first failed" >&2; exit 1; }
+    fi
+    logs=$(mktemp -d)
+    steps=()
+    pids=()
     for setup in scripts/ci/*.sh; do
-        [ -e "$setup" ] || continue
-        echo "== $setup"
-        bash "$setup" || { echo "setup step $setup failed" >&2; exit 1; }
+        [ "$setup" = "$first" ] && continue
+        bash "$setup" >"$logs/$(basename "$setup").log" 2>&1 &
+        steps+=("$setup")
+        pids+=($!)
     done
+    failed=()
+    for i in "${!steps[@]}"; do
+        wait "${pids[$i]}" || failed+=("${steps[$i]}")
+        echo "== ${steps[$i]}"
+        cat "$logs/$(basename "${steps[$i]}").log"
+    done
+    rm -rf "$logs"
+    [ ${#failed[@]} -eq 0 ] || { echo "setup steps failed: ${failed[*]}" >&2; exit 1; }
 fi
 dirs=()
 for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests examples/plugins/*/tests tests; do
