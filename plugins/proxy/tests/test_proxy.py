@@ -209,3 +209,40 @@ def test_an_answer_cut_by_an_in_flight_weight_update_is_continued_with_the_new_w
     assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions), versions
     assert len(sequence.tokens) == 300 or sequence.stop_reason == "stop"  # not cut short by the update
     assert session.calls[0].choices[0].sequence == sequence
+
+
+def test_the_harness_environment_starts_one_proxy_for_a_batch_of_episodes(
+        tiny_qwen3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plait.rollout import EpisodeConfig
+    from plait_proxy import harness
+    from plait_proxy.harness import HarnessEnvironment, HarnessOptions
+
+    started: list[Any] = []
+
+    class CountedApp(harness.ProxyApp):
+        def serving(self) -> Any:
+            started.append(self)
+            return super().serving()
+
+    monkeypatch.setattr(harness, "ProxyApp", CountedApp)
+
+    pytest.importorskip("plait_math", reason="the episodes' tasks come from math.arith")
+    registry = get_registry()
+    engine = registry.get("inference_engine", "torch").load()(tiny_qwen3, options=None, seed=0)
+    renderer = registry.get("renderer", "qwen3_keep_reasoning").load()(tiny_qwen3, options=None)
+    env = HarnessEnvironment(HarnessOptions(tasks="math.arith", function="plait_proxy.agents:openai_chat"))
+    config = EpisodeConfig(SamplingParams(max_tokens=4, temperature=1.0, seed=0))
+
+    async def go() -> list[Trajectory]:
+        try:
+            tasks = [await env.get_task("train", i) for i in range(6)]
+            return list(await asyncio.gather(*(env.run_episode(t, engine, renderer, config) for t in tasks)))
+        finally:
+            await env.close()
+            await engine.close()
+
+    trajectories = asyncio.run(asyncio.wait_for(go(), 300))
+    assert len(started) == 1 and not env.store.sessions  # one server; every session discarded
+    for trajectory in trajectories:
+        assert trajectory.error is None and trajectory.finished and len(trajectory.turns) == 1
+        assert len(trajectory.turns[0].completion.tokens) == 4  # the run's max_tokens, not the client's

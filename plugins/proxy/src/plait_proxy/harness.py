@@ -96,6 +96,7 @@ class HarnessEnvironment:
         self.store = RolloutStore(auto_create=False)
         self._served: dict[tuple[int, int], str] = {}
         self._servers: contextlib.AsyncExitStack | None = None
+        self._starting = asyncio.Lock()  # a batch's episodes all ask for the proxy at once
 
     async def splits(self) -> list[Split]:
         return await self.tasks.splits()
@@ -118,13 +119,14 @@ class HarnessEnvironment:
     async def _proxy_url(self, engine: InferenceEngine, renderer: Renderer) -> str:
         """The proxy serving `engine` with `renderer`, started on first use (in this event loop)."""
         key = (id(engine), id(renderer))
-        if key not in self._served:
-            if self._servers is None:
-                self._servers = contextlib.AsyncExitStack()
-            proxy = Proxy(engine, renderer, self.options.model_name,
-                          Limits(max_context_tokens=self.options.max_context_tokens))
-            app = ProxyApp(proxy, self.store, ServeOptions(port=0))
-            self._served[key] = await self._servers.enter_async_context(app.serving())
+        async with self._starting:
+            if key not in self._served:
+                if self._servers is None:
+                    self._servers = contextlib.AsyncExitStack()
+                proxy = Proxy(engine, renderer, self.options.model_name,
+                              Limits(max_context_tokens=self.options.max_context_tokens))
+                app = ProxyApp(proxy, self.store, ServeOptions(port=0))
+                self._served[key] = await self._servers.enter_async_context(app.serving())
         return self._served[key]
 
     async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
