@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from plait.trajectory import PromptSource, Turn
-from plait.types import Message, SamplingParams, ToolSpec
+from plait.types import Message, ParseTermination, SamplingParams, ToolSpec
 from plait_proxy.chat import Choice, RequestError
 
 
@@ -75,7 +75,8 @@ class ProxySession:
         return [call.choices[taken[call.index]] for call in self.calls]
 
     def turns(self) -> list[Turn]:
-        return [Turn(call.prompt_ids, choice.sequence, choice.termination.name != "MALFORMED", call.prompt_source)
+        return [Turn(call.prompt_ids, choice.sequence, choice.termination is not ParseTermination.MALFORMED,
+                     call.prompt_source)
                 for call, choice in zip(self.calls, self.taken_choices(), strict=True)]
 
     def to_json(self) -> dict[str, Any]:
