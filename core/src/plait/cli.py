@@ -36,8 +36,7 @@ def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     validate_components(cfg)
     from plait.run.loop import run_training
 
-    summary = run_training(cfg, resume=resume)
-    click.echo(summary)
+    click.echo(run_training(cfg, resume=resume))
 
 
 @cli.command(name="config")
@@ -105,8 +104,7 @@ def plot(run_dir: Path, output: Path | None) -> None:
     """Render a run's standard dashboard to PNG."""
     from plait.plot import plot_run
 
-    path = plot_run(run_dir, output)
-    click.echo(str(path))
+    click.echo(str(plot_run(run_dir, output)))
 
 
 def main() -> None:

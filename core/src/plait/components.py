@@ -50,11 +50,11 @@ def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "floa
     return materialized(name, factory.load(), tokenizer=tokenizer, dtype=dtype)
 
 
-def _lookup(registry: Registry, kind: kinds.Kind[F], name: str, key: str | None = None) -> Factory[F]:
+def _lookup(registry: Registry, kind: kinds.Kind[F], name: str) -> Factory[F]:
     try:
         return registry.get(kind, name)
     except UnknownComponentError as exc:
-        raise ConfigError(key or kind.config_key, exc.message, fix=exc.fix) from None
+        raise ConfigError(kind.config_key, exc.message, fix=exc.fix) from None
 
 
 def _checked(registry: Registry, kind: kinds.Kind[F], name: str, options: Mapping[str, Any],

@@ -18,10 +18,6 @@ import attrs
 from plait.errors import ConfigError
 from plait.schema import non_negative, positive, structure
 
-# ---------------------------------------------------------------------------------------------
-# The run config
-# ---------------------------------------------------------------------------------------------
-
 
 @attrs.frozen
 class RunSection:

@@ -94,8 +94,7 @@ def _finite(value: Any) -> Any:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of a run's metrics.jsonl (a torn last line, from a crash, is skipped)."""
     records = []
-    path = Path(run_dir) / "metrics.jsonl"
-    for line in path.read_text().splitlines():
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

@@ -77,10 +77,8 @@ def checkpoint_dir(name: str, *, tokenizer: str | None = None, dtype: str = "flo
     if not as_path.is_dir():
         return None
     if not _is_checkpoint(as_path):
-        raise ModelError(
-            f"model directory {as_path} has no config.json",
-            fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)",
-        )
+        raise ModelError(f"model directory {as_path} has no config.json",
+                         fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)")
     return ResolvedModel(name, as_path, Path(tokenizer) if tokenizer else as_path, dtype)
 
 
@@ -135,7 +133,4 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
 
 
 def load_materializer(target: str | Callable[[Path], None]) -> Callable[[Path], None]:
-    if callable(target):
-        return target
-    loaded: Callable[[Path], None] = load_target(target)
-    return loaded
+    return target if callable(target) else load_target(target)

@@ -24,7 +24,7 @@ def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], lis
 
 
 def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], title: str,
-           *, markers: bool = False, ylim: tuple[float, float] | None = None, log: bool = False) -> None:
+           *, markers: bool = False, ylim: tuple[float, float] | None = None) -> None:
     drawn = False
     for key in keys:
         steps, values = _series(records, key)
@@ -37,8 +37,6 @@ def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], titl
     ax.tick_params(labelsize=8)
     if ylim:
         ax.set_ylim(*ylim)
-    if log and drawn:
-        ax.set_yscale("log")
     if drawn:
         ax.legend(fontsize=7, loc="best")
     else:

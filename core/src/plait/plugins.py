@@ -62,20 +62,16 @@ class Factory(Generic[F]):
         if not isinstance(self.target, str):
             return self.target
         try:
-            loaded: F = load_target(self.target)
+            return load_target(self.target)
         except ImportError as exc:
             raise PluginError(
                 f"{self.kind.label} {self.name!r} (from plugin {self.plugin!r}) failed to import "
                 f"{self.target!r}: {exc}",
                 fix="install the plugin's dependencies (pip install the distribution that provides it)",
             ) from exc
-        return loaded
 
     def options_class(self) -> type | None:
-        if isinstance(self.options, str):
-            loaded: type = load_target(self.options)
-            return loaded
-        return self.options
+        return load_target(self.options) if isinstance(self.options, str) else self.options
 
     def validate_options(self, data: Mapping[str, Any] | None, path: str) -> Any:
         """`data` as the component's options object (errors name `path`)."""
@@ -170,10 +166,8 @@ class PluginManager:
             try:
                 module = importlib.import_module(module_name)
             except ImportError as exc:
-                raise PluginError(
-                    f"PLAIT_PLUGIN_MODULES names {module_name!r}, which does not import: {exc}",
-                    fix="fix the module name or unset PLAIT_PLUGIN_MODULES",
-                ) from exc
+                raise PluginError(f"PLAIT_PLUGIN_MODULES names {module_name!r}, which does not import: {exc}",
+                                  fix="fix the module name or unset PLAIT_PLUGIN_MODULES") from exc
             self._register(module_name, module, "(local)", "-")
         self._load_entry_points()
         try:
@@ -198,10 +192,8 @@ class PluginManager:
             try:
                 module = ep.load()
             except Exception as exc:  # a broken plugin must name itself, whatever it raised
-                raise PluginError(
-                    f"plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}",
-                    fix=f"reinstall it, or skip it with PLAIT_BLOCK_PLUGINS={ep.name}",
-                ) from exc
+                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}",
+                                  fix=f"reinstall it, or skip it with PLAIT_BLOCK_PLUGINS={ep.name}") from exc
             dist = ep.dist.name if ep.dist else "?"
             version = ep.dist.version if ep.dist else "?"
             self._register(ep.name, module, dist, version)
@@ -210,10 +202,8 @@ class PluginManager:
         try:
             self.pm.register(module, name=name)
         except pluggy.PluginValidationError as exc:
-            raise PluginError(
-                f"plugin {name!r} has an invalid hookimpl: {exc}",
-                fix="check the hookimpl's argument names against plait.hookspecs",
-            ) from exc
+            raise PluginError(f"plugin {name!r} has an invalid hookimpl: {exc}",
+                              fix="check the hookimpl's argument names against plait.hookspecs") from exc
         self.plugins[name] = PluginInfo(name, distribution, version, getattr(module, "__name__", str(module)))
 
     def _fill_registry(self) -> None:

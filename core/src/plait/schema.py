@@ -4,9 +4,9 @@ The generic structurer behind run configs and components' options: an unknown ke
 allowed ones (and suggests the closest), a value of the wrong type says what was expected.
 """
 
-
 from __future__ import annotations
 
+import contextlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -15,6 +15,8 @@ from typing import Any, Literal
 import attrs
 
 from plait.errors import ConfigError, did_you_mean
+
+_SCALARS: dict[Any, str] = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
 
 
 def _join(path: str, key: str | int) -> str:
@@ -48,14 +50,10 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, path)
-            except ConfigError as exc:
-                errors.append(exc)
+            if arg is not type(None):
+                with contextlib.suppress(ConfigError):
+                    return _convert(arg, value, path)
         raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         if not isinstance(value, list | tuple):
@@ -70,22 +68,12 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return {str(k): _convert(value_type, v, _join(path, str(k))) for k, v in value.items()}
     if attrs.has(tp):
         return structure(tp, value, path)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(path, f"expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {type(value).__name__} {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {type(value).__name__} {value!r}")
-        return value
+    if tp in _SCALARS:
+        accepted = int | float if tp is float else tp  # a float takes an int too
+        # bool is a subclass of int, so a bool is taken only where a bool is expected
+        if isinstance(value, bool) != (tp is bool) or not isinstance(value, accepted):
+            raise ConfigError(path, f"expected {_SCALARS[tp]}, got {type(value).__name__} {value!r}")
+        return float(value) if tp is float else value
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     return value
@@ -101,10 +89,8 @@ def structure(cls: type, data: Any, path: str = "") -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(
-                _join(path, key),
-                f"unknown key{did_you_mean(str(key), fields)}; allowed keys: {', '.join(fields)}",
-            )
+            raise ConfigError(_join(path, key),
+                              f"unknown key{did_you_mean(str(key), fields)}; allowed keys: {', '.join(fields)}")
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:
