@@ -1,7 +1,9 @@
+import attrs
 import numpy as np
 
+from plait.serde import from_json, to_json
 from plait.trajectory import Trajectory, Turn, merge_turns, trajectory_to_datums
-from plait.types import SampledSequence
+from plait.types import SampledSequence, TensorData
 
 
 def seq(tokens, version=0):
@@ -40,3 +42,34 @@ def test_a_rewritten_history_starts_a_new_datum():
 def test_failed_episode_trains_on_nothing():
     traj = Trajectory(task={}, turns=[Turn([1], seq([2]))], error="RuntimeError: boom")
     assert trajectory_to_datums(traj, 1.0) == []
+
+
+def routed(rows, layers=2, top_k=2, offset=0):
+    """Distinct, recognisable routing rows: row i holds ids offset + i (mod 250)."""
+    ids = (np.arange(rows)[:, None, None] + offset + np.zeros((1, layers, top_k), dtype=int)) % 250
+    return TensorData.compact(ids)
+
+
+def test_routing_travels_into_the_datum_from_the_last_turn_of_a_segment():
+    t1 = Turn([1, 2], attrs.evolve(seq([3, 4]), routed_experts=routed(3)))
+    t2 = Turn([1, 2, 3, 4, 9, 9], attrs.evolve(seq([5]), routed_experts=routed(6, offset=100)))
+    (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[t1, t2]), 1.0)
+    routing = datum.loss_fn_inputs["routed_experts"]
+    assert routing.dtype == "uint8" and routing.shape == (6, 2, 2) == (datum.model_input.length, 2, 2)
+    assert routing.to_numpy()[:, 0, 0].tolist() == list(range(100, 106))  # the second turn's prefill
+    # A turn whose routing does not cover its sequence (or none) leaves the datum without routing.
+    short = Turn([1, 2], attrs.evolve(seq([3, 4]), routed_experts=routed(2)))
+    (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[short]), 1.0)
+    assert "routed_experts" not in datum.loss_fn_inputs
+
+
+def test_routing_survives_json_and_the_ledger_digest_sees_it():
+    from plait.run.state import TrainedSample
+
+    sequence = attrs.evolve(seq([3, 4]), routed_experts=routed(3))
+    trajectory = Trajectory(task={}, turns=[Turn([1, 2], sequence)])
+    again = from_json(Trajectory, to_json(trajectory))
+    assert again.turns[0].completion.routed_experts == sequence.routed_experts  # dtype and shape kept
+    entry = TrainedSample(0, 0, 0, 1, trajectory).ledger_entry()
+    other = attrs.evolve(trajectory, turns=[Turn([1, 2], attrs.evolve(sequence, routed_experts=routed(3, offset=1)))])
+    assert TrainedSample(0, 0, 0, 1, other).ledger_entry()[-1] != entry[-1]

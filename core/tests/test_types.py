@@ -67,3 +67,13 @@ def test_tool_output_json_round_trip_with_block_union():
     assert data["blocks"][0] == {"text": "hi", "type": "text", "detail": None}
     assert from_json(ToolOutput, data) == out
     assert out.text == "hi"
+
+
+def test_compact_ids_take_the_narrowest_dtype_and_round_trip():
+    for top, dtype in ((255, "uint8"), (256, "uint16"), (70_000, "int32")):
+        ids = np.array([[0, top], [1, 2]])
+        tensor = TensorData.compact(ids)
+        assert (tensor.dtype, tensor.shape, tensor.data.dtype.name) == (dtype, (2, 2), dtype)
+        assert from_json(TensorData, to_json(tensor)) == tensor
+    datum = Datum(ModelInput.from_ints([1, 2]), {"target_tokens": [2, 3], "routed_experts": np.ones((2, 3, 2))})
+    assert datum.loss_fn_inputs["routed_experts"].dtype == "uint8"

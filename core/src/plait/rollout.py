@@ -212,7 +212,8 @@ async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sam
                                     attrs.evolve(sampling, max_tokens=budget, seed=seed))).sequences[0]
         sequence = SampledSequence(
             sequence.tokens + more.tokens, sequence.logprobs + more.logprobs, more.stop_reason,
-            weight_version=more.weight_version, token_versions=sequence.versions() + more.versions())
+            weight_version=more.weight_version, token_versions=sequence.versions() + more.versions(),
+            routed_experts=more.routed_experts)  # the continuation's covers the whole sequence
     return sequence
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
-import numpy as np
 
 from plait.types import Block, ImageBlock, TensorData, TextBlock
 
@@ -20,14 +20,14 @@ converter = cattrs.Converter(forbid_extra_keys=False)
 converter.register_unstructure_hook(
     TensorData, lambda t: {"data": t.data.tolist(), "dtype": t.dtype, "shape": list(t.shape)}
 )
-converter.register_structure_hook(
-    TensorData,
-    lambda d, _: TensorData(
-        np.asarray(d["data"], dtype=np.int64 if d["dtype"] == "int64" else np.float32).reshape(-1),
-        d["dtype"],
-        tuple(d.get("shape") or (len(d["data"]),)),
-    ),
-)
+
+
+def _structure_tensor(data: Any, _: Any) -> TensorData:
+    flat = TensorData.from_list(data["data"], data["dtype"])
+    return attrs.evolve(flat, shape=tuple(data.get("shape") or flat.shape))
+
+
+converter.register_structure_hook(TensorData, _structure_tensor)
 
 _BLOCK_TYPES: dict[str, type] = {"text": TextBlock, "image": ImageBlock}
 

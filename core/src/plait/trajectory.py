@@ -14,7 +14,7 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from plait.types import Datum, ModelInput, SampledSequence
+from plait.types import Datum, ModelInput, SampledSequence, TensorData
 
 PromptSource = Literal["render", "bridge"]
 
@@ -72,7 +72,7 @@ class Trajectory:
         return sum(turn.prompt_source == "bridge" for turn in self.turns)
 
 
-@attrs.frozen
+@attrs.define
 class TokenSegments:
     """A merged token sequence with, per token, the sampler logprob and whether it was sampled."""
 
@@ -80,6 +80,8 @@ class TokenSegments:
     logprobs: list[float]
     sampled: list[bool]
     versions: list[int]
+    routing: TensorData | None = None
+    """The experts that routed every token but the last (MoE samplers asked for them)."""
 
 
 def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
@@ -104,6 +106,9 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
         current.logprobs.extend(completion.logprobs)
         current.sampled.extend([True] * len(completion.tokens))
         current.versions.extend(completion.versions())
+        # A turn's routing covers its whole prompt (the engine ran it), so the last turn's wins.
+        routing = completion.routed_experts
+        current.routing = routing if routing is not None and len(routing) == len(current.tokens) - 1 else None
     if current is not None:
         segments.append(current)
     return segments
@@ -113,7 +118,7 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
     """Next-token-aligned datum: input = tokens[:-1], targets = tokens[1:].
 
     Loss inputs: target_tokens, logprobs (the sampler's, 0 on prompt positions), advantages (on
-    sampled positions only) and mask (1 on sampled positions).
+    sampled positions only), mask (1 on sampled positions) and, when sampled, routed_experts.
     """
     tokens = np.asarray(segment.tokens, dtype=np.int64)
     sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
@@ -122,15 +127,15 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
         advantages = np.full(len(tokens) - 1, float(advantages), dtype=np.float32)
     else:
         advantages = advantages[1:]
-    return Datum(
-        model_input=ModelInput.from_ints(tokens[:-1].tolist()),
-        loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
-            "advantages": advantages * sampled,
-            "mask": sampled,
-        },
-    )
+    inputs: dict[str, Any] = {
+        "target_tokens": tokens[1:],
+        "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
+        "advantages": advantages * sampled,
+        "mask": sampled,
+    }
+    if segment.routing is not None:
+        inputs["routed_experts"] = segment.routing
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1].tolist()), loss_fn_inputs=inputs)
 
 
 def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum]:

@@ -73,8 +73,10 @@ class ModelInput:
         return self.append(EncodedTextChunk(tokens))
 
 
-TensorDType = Literal["int64", "float32"]
-_NUMPY_DTYPES: dict[str, Any] = {"int64": np.int64, "float32": np.float32}
+TensorDType = Literal["int64", "float32", "uint8", "uint16", "int32"]
+"""Tinker's two dtypes, and the narrow integer ones of compact ids (e.g. routed experts)."""
+_NUMPY_DTYPES: dict[str, Any] = {"int64": np.int64, "float32": np.float32, "uint8": np.uint8,
+                                 "uint16": np.uint16, "int32": np.int32}
 
 
 def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
@@ -109,6 +111,14 @@ class TensorData:
         return cls(array.reshape(-1), dtype, tuple(array.shape))
 
     @classmethod
+    def compact(cls, ids: np.ndarray) -> TensorData:
+        """Non-negative integer ids in the narrowest of uint8, uint16 and int32 that holds them."""
+        ids = np.asarray(ids)
+        top = int(ids.max()) if ids.size else 0
+        dtype: TensorDType = "uint8" if top < 1 << 8 else "uint16" if top < 1 << 16 else "int32"
+        return cls(ids.astype(_NUMPY_DTYPES[dtype]).reshape(-1), dtype, tuple(ids.shape))
+
+    @classmethod
     def from_list(cls, values: Sequence[Any], dtype: TensorDType) -> TensorData:
         array = np.asarray(values, dtype=_NUMPY_DTYPES[dtype])
         return cls(array.reshape(-1), dtype, tuple(array.shape))
@@ -140,6 +150,8 @@ def _to_tensor_data(key: str, value: Any) -> TensorData:
         return value
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
         value = value.detach().cpu().numpy()
+    if key == "routed_experts":
+        return TensorData.compact(value)
     dtype: TensorDType = "int64" if key in _INT_KEYS else "float32"
     return TensorData.from_list(value, dtype)
 
@@ -211,7 +223,9 @@ class SampledSequence:
 
     `tokens` include the stop token when the sequence stopped on one. `weight_version` is the
     version of the weights that produced the *last* token; `token_versions`, when set, gives the
-    version of every token (they differ when weights were updated in flight).
+    version of every token (they differ when weights were updated in flight). `routed_experts`
+    (MoE models, when the engine is asked for it) holds the experts that routed every token the
+    engine ran, prompt and completion but the last token: shape (tokens - 1, layers, top_k).
     """
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)

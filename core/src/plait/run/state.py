@@ -72,6 +72,9 @@ class TrainedSample:
     def ledger_entry(self) -> list[int]:
         tokens = [t for turn in self.trajectory.turns for t in turn.completion.tokens]
         digest = zlib.crc32(json.dumps(tokens).encode())
+        for turn in self.trajectory.turns:  # what trains must be what was sampled, routing included
+            if turn.completion.routed_experts is not None:
+                digest = zlib.crc32(turn.completion.routed_experts.data.tobytes(), digest)
         return [self.position, self.index, self.task_index, self.attempt, digest]
 
 

@@ -231,6 +231,10 @@ class MicroBatch:
     lengths: list[int]
     owned: list[int]
     """Per datum: the positions computed for it alone (the rest came from a shared prefix)."""
+    routing: torch.Tensor | None = None
+    """(R x W, layers, top_k) the sampler's experts of every slot (MoE routing data), None without."""
+    routed: torch.Tensor | None = None
+    """(R x W,) True on the slots `routing` covers (padding slots route to experts 0..top_k-1)."""
 
     @property
     def computed_tokens(self) -> int:
@@ -239,8 +243,10 @@ class MicroBatch:
 
     @classmethod
     def build(cls, rows: Sequence[RowPlan], tokens: Sequence[np.ndarray],
-              inputs: Sequence[Mapping[str, np.ndarray]], device: torch.device) -> MicroBatch:
-        """Tensors for `rows`; `tokens[i]` / `inputs[i]` are datum i's input ids and loss inputs."""
+              inputs: Sequence[Mapping[str, np.ndarray]], device: torch.device,
+              routing: Sequence[np.ndarray] | None = None) -> MicroBatch:
+        """Tensors for `rows`; `tokens[i]` / `inputs[i]` are datum i's input ids and loss inputs,
+        `routing[i]` its routed experts (positions, layers, top_k)."""
         width = max(r.size for r in rows)
         ids = np.zeros((len(rows), width), dtype=np.int64)
         chained = any(not r.single_chain for r in rows)
@@ -269,6 +275,15 @@ class MicroBatch:
         def tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device)
 
+        slot_routing = routed = None
+        if routing is not None:
+            layers, top_k = routing[members[0][1]].shape[1:]
+            slot_routing = np.tile(np.arange(top_k, dtype=np.int64), (len(rows) * width, layers, 1))
+            routed = np.zeros(len(rows) * width, dtype=bool)
+            for b, (_, m, _, _) in enumerate(members):
+                slot_routing[slot_index[b, :len(tokens[m])]] = routing[m]
+                routed[slot_index[b, :len(tokens[m])]] = True
+
         return cls(
             indices=[m for _, m, _, _ in members],
             input_ids=tensor(ids),
@@ -278,4 +293,6 @@ class MicroBatch:
             inputs={k: tensor(v) for k, v in loss_inputs.items()},
             lengths=[len(tokens[m]) for _, m, _, _ in members],
             owned=[owned for _, _, _, owned in members],
+            routing=None if slot_routing is None else tensor(slot_routing),
+            routed=None if routed is None else tensor(routed),
         )

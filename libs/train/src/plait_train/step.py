@@ -27,7 +27,12 @@ from plait.types import Datum, ForwardBackwardOutput, TensorData
 from plait_train.layout import INT_INPUTS, LayoutOptions, MicroBatch, plan_micro_batches
 from plait_train.losses import LossOutput, check_inputs
 from plait_train.perf import FlopsModel
+from plait_train.routing import RoutingHooks, same_experts
 from plait_train.scorer import TokenScorer
+
+ROUTED_EXPERTS = "routed_experts"
+"""The loss input that carries the sampler's MoE routing, (positions, layers, top_k) per datum."""
+_ROUTING_SUMS = ("routing_agreed:sum", "routing_natural_agreed:sum", "routing_compared:sum")
 
 
 def lookup_loss(name: str) -> Any:
@@ -122,6 +127,11 @@ def to_output(loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], Sh
             totals[key] = totals.get(key, 0.0) + value
     metrics = merge_metrics(parts)
     metrics.update(totals)
+    if totals.get("routing_compared:sum"):
+        metrics["routing_agreement:mean"] = totals["routing_agreed:sum"] / totals["routing_compared:sum"]
+        metrics["routing_natural_agreement:mean"] = (totals["routing_natural_agreed:sum"]
+                                                     / totals["routing_compared:sum"])
+        metrics["routing_bytes_per_token:mean"] = totals["routing_bytes:sum"] / totals["routing_positions:sum"]
     return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics)
 
 
@@ -129,7 +139,14 @@ class StepRunner:
     """Runs forward / forward_backward of one process's data through a `TokenScorer`."""
 
     def __init__(self, scorer: TokenScorer | torch.nn.Module, *, layout: LayoutOptions, device: torch.device,
-                 flops: FlopsModel, vocab_rows: int, autocast_dtype: torch.dtype | None = None) -> None:
+                 flops: FlopsModel, vocab_rows: int, autocast_dtype: torch.dtype | None = None,
+                 routing: RoutingHooks | None = None, routing_replay: bool = False) -> None:
+        """`routing`: the model's router hooks (MoE models), which compare the trainer's routing
+        with the sampler's routed_experts and, with `routing_replay`, force the sampler's."""
+        if routing_replay and routing is None:
+            raise ValueError("routing replay needs the model's router hooks (a mixture-of-experts model)")
+        self.routing = routing
+        self.routing_replay = routing_replay
         self.scorer = scorer
         self.layout = layout
         self.device = device
@@ -145,6 +162,8 @@ class StepRunner:
         config = dict(loss_fn_config or {})
         # A process of a lockstep group may get no data at all; it still runs its share of passes.
         keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
+        routing = self._routing(data, keys)
+        keys = [k for k in keys if k != ROUTED_EXPERTS]
         loss = check_loss_config(loss_fn, keys, config) if keys else lookup_loss(loss_fn)
         tokens = [np.asarray(d.model_input.to_ints(), dtype=np.int64) for d in data]
         inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
@@ -158,9 +177,16 @@ class StepRunner:
         parts: list[tuple[dict[str, float], int]] = []
         totals = {"model_flops:sum": 0.0, "forward_tokens:sum": 0.0, "prefix_shared_tokens:sum": 0.0}
         per_token = self.flops.train_flops_per_token if backward else self.flops.forward_flops_per_token
+        if routing is not None:
+            totals.update({key: 0.0 for key in _ROUTING_SUMS})
+            totals["routing_bytes:sum"] = float(sum(d.loss_fn_inputs[ROUTED_EXPERTS].data.nbytes for d in data))
+            totals["routing_positions:sum"] = float(sum(len(t) for t in tokens))
         for rows in plans:
-            batch = MicroBatch.build(rows, tokens, inputs, self.device)
+            batch = MicroBatch.build(rows, tokens, inputs, self.device, routing)
             out, batch_logprobs, entropy_sum, active = self._micro_batch(batch, loss, loss_fn, config, backward)
+            if batch.routing is not None:
+                for key, value in self._routing_agreement(batch).items():
+                    totals[key] += value
             chunk_metrics = dict(out.metrics)
             if active:
                 chunk_metrics["entropy:mean"] = entropy_sum / active
@@ -177,6 +203,26 @@ class StepRunner:
             totals["train_tokens:sum"] = float(sum(len(t) for t in tokens))
         return ShardResult(logprobs, parts, totals)
 
+    def _routing(self, data: Sequence[Datum], keys: Sequence[str]) -> list[np.ndarray] | None:
+        """The data's routed experts, when the model routes (and routing data came with them)."""
+        if self.routing_replay and ROUTED_EXPERTS not in keys and data:
+            raise DataError("trainer.options.routing_replay is on, but the data carry no routed_experts",
+                            fix="ask the sampler for them (inference.options.enable_return_routed_experts = true)")
+        if self.routing is None or ROUTED_EXPERTS not in keys:
+            return None
+        return [d.loss_fn_inputs[ROUTED_EXPERTS].to_numpy() for d in data]
+
+    def _routing_agreement(self, batch: MicroBatch) -> dict[str, float]:
+        """Token-layers whose experts (as used, and as the trainer's router chose them) are the
+        sampler's, over the slots the routing data covers."""
+        assert self.routing is not None and batch.routing is not None and batch.routed is not None
+        recorded = batch.routing[batch.routed]
+        used = self.routing.stacked(self.routing.used)[batch.routed]
+        chosen = self.routing.stacked(self.routing.chosen)[batch.routed]
+        return {"routing_agreed:sum": float(same_experts(used, recorded).sum()),
+                "routing_natural_agreed:sum": float(same_experts(chosen, recorded).sum()),
+                "routing_compared:sum": float(recorded.shape[0] * recorded.shape[1])}
+
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -186,7 +232,9 @@ class StepRunner:
                      backward: bool) -> tuple[LossOutput, torch.Tensor, float, int]:
         active = active_positions(batch)
         rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
-        with self._autocast():
+        replay = self.routing.forced(batch.routing) if self.routing_replay and self.routing is not None \
+            and batch.routing is not None else contextlib.nullcontext()
+        with self._autocast(), replay:
             flat, entropy = self.scorer(batch.input_ids, batch.position_ids, batch.reach,
                                         batch.slots[rows, cols], batch.inputs["target_tokens"][rows, cols])
         logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
