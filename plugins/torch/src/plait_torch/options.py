@@ -39,6 +39,10 @@ class TorchTrainerOptions:
     """torch intra-op threads (process-wide); None keeps torch's default."""
     attn_implementation: Literal["sdpa", "eager"] | None = None
     """The transformers attention kernel; None lets transformers choose."""
+    routing_replay: bool = False
+    """Mixture-of-experts models: route every token to the experts the sampler recorded for it
+    (R3) instead of the trainer's own choice; the data must carry routed_experts (sample with
+    inference.options.enable_return_routed_experts = true)."""
 
 
 @attrs.frozen
@@ -53,3 +57,9 @@ class TorchInferenceOptions:
     """torch intra-op threads (process-wide); None keeps torch's default."""
     attn_implementation: Literal["sdpa", "eager"] | None = None
     """The transformers attention kernel; None lets transformers choose."""
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """The dtype to sample in; None = model.dtype. (Sampling in bfloat16 while training in float32
+    is the common split; weight updates are cast on arrival.)"""
+    enable_return_routed_experts: bool = False
+    """Mixture-of-experts models: record the experts every token was routed to, returned with each
+    sample (`SampledSequence.routed_experts`) for routing replay in the trainer."""

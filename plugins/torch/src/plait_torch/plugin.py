@@ -33,3 +33,9 @@ def plait_register_models(register: Any) -> None:
     register("tiny-qwen3-arith", "plait_torch.models:TINY_QWEN3_ARITH",
              description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
                          "for the test-sized RL example")
+    register("tiny-qwen3-moe", "plait_torch.models:TINY_QWEN3_MOE",
+             description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) with the real "
+                         "Qwen3 tokenizer, for mixture-of-experts tests")
+    register("tiny-qwen3-moe-arith", "plait_torch.models:TINY_QWEN3_MOE_ARITH",
+             description="tiny-qwen3-arith upcycled into 8 noisy experts per layer: knows the sums, and its "
+                         "routing differs between float32 and bfloat16, for routing-replay (R3) work")

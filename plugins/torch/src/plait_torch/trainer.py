@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 import torch
 
-from plait.errors import ModelError
+from plait.errors import ConfigError, ModelError
 from plait.models import ResolvedModel
 from plait.types import TrainerCapabilities
 from plait_torch.options import TorchTrainerOptions
@@ -27,6 +28,7 @@ from plait_train.checkpointing import apply_activation_checkpointing
 from plait_train.engine import SingleProcessEngine
 from plait_train.layout import LayoutOptions
 from plait_train.perf import FlopsModel
+from plait_train.routing import RoutingHooks, moe_shape
 from plait_train.scorer import TokenScorer
 from plait_train.step import StepRunner
 
@@ -59,10 +61,15 @@ class TorchTrainer(SingleProcessEngine):
         self.vocab_rows = loading.embedding_rows(self.model)
         self.scorer = TokenScorer(self.model)
         layout = _layout(self.options, self.scorer)
+        routing = RoutingHooks(self.model) if moe_shape(self.model) else None
+        if self.options.routing_replay and routing is None:
+            raise ConfigError("trainer.options.routing_replay", f"model {model.name!r} is not a mixture of "
+                              "experts: it has no router to replay", fix="turn routing_replay off for dense models")
         self.capabilities = TrainerCapabilities(packing=layout.packing, prefix_sharing=layout.prefix_sharing,
-                                                activation_checkpointing=True)
+                                                activation_checkpointing=True, routing_replay=routing is not None)
         runner = StepRunner(self.scorer, layout=layout, device=device, flops=FlopsModel.of(self.model),
-                            vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype)
+                            vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype, routing=routing,
+                            routing_replay=self.options.routing_replay)
         self._init_training(runner, dict(self.model.named_parameters()))  # tied parameters appear once
         log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
                  params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
@@ -88,6 +95,12 @@ class TorchTrainer(SingleProcessEngine):
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(str(file)))
+        if set(self._params) - set(weights):
+            # transformers saves some fused parameters in another layout (a mixture of experts'
+            # 3-D expert weights as one tensor per expert); its loader converts them back.
+            saved = loading.load_causal_lm(attrs.evolve(self.model_info, path=directory), dtype=torch.float32,
+                                           device=torch.device("cpu"), attn_implementation=None)
+            weights = dict(saved.named_parameters())
         missing = sorted(set(self._params) - set(weights))
         if missing:
             raise ModelError(f"trainer state {directory} lacks weights {missing[:5]}", fix="save the state again")
