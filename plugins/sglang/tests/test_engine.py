@@ -225,8 +225,9 @@ def test_routed_experts_decode_or_a_clear_error(tiny_model: ResolvedModel, tmp_p
                     await engine.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=4, stop=[]))
                 return
             seq = (await engine.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=4, stop=[], seed=1))).sequences[0]
+            assert seq.routed_experts.dtype == "uint8"  # 8 experts: the narrowest dtype, not the wire's int32
             routed = seq.routed_experts.to_numpy()
-            assert routed.shape == (len(prompt) + 4 - 1, 2, 2)
+            assert routed.shape == (len(prompt) + 4 - 1, 2, 2) and routed.dtype == np.uint8
             np.testing.assert_array_equal(routed, expected_routing(moe, [*prompt, *seq.tokens])[:-1])
         finally:
             await engine.close()

@@ -23,7 +23,7 @@ from plait.config import RunConfig
 from plait.protocols import InferenceEngine, Renderer
 from plait.rollout import sample_through_aborts
 from plait.trajectory import PromptSource
-from plait.types import Message, ModelInput, SampledSequence, SamplingParams, ToolCall
+from plait.types import Message, ModelInput, SampledSequence, SamplingParams, TensorData, ToolCall
 from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
 from plait_proxy.store import ProxySession, RecordedCall
 
@@ -154,7 +154,8 @@ def _cut_at_stop_string(sequence: SampledSequence, stops: Sequence[str],
                         decode: Callable[[list[int]], str]) -> tuple[SampledSequence, str | None]:
     """`sequence` up to the token that completes the first client stop string in its text, as an
     engine stopping on strings would have returned it (the later tokens were sampled after it and
-    change nothing before it)."""
+    change nothing before it). Its routed experts lose the rows of the dropped tokens, keeping
+    the convention of one row per token the engine ran but the last: prompt + kept tokens - 1."""
     text = decode(list(sequence.tokens))
     found = [(text.find(s), s) for s in stops if s and s in text]
     if not found:
@@ -169,8 +170,17 @@ def _cut_at_stop_string(sequence: SampledSequence, stops: Sequence[str],
         else:
             low = mid + 1
     versions = sequence.versions()[:low]
+    routing = sequence.routed_experts
+    if routing is not None:
+        routing = _first_rows(routing, max(len(routing) - (len(sequence.tokens) - low), 0))
     return SampledSequence(sequence.tokens[:low], sequence.logprobs[:low], "stop",
-                           weight_version=versions[-1], token_versions=versions), stop
+                           weight_version=versions[-1], token_versions=versions, routed_experts=routing), stop
+
+
+def _first_rows(tensor: TensorData, rows: int) -> TensorData:
+    """The first `rows` rows of `tensor`, in its dtype."""
+    head = tensor.to_numpy()[:rows]
+    return TensorData(head.reshape(-1), tensor.dtype, tuple(head.shape))
 
 
 def build_proxy(config: RunConfig, limits: Limits | None = None) -> Proxy:

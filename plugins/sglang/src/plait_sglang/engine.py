@@ -90,14 +90,15 @@ def stop_params(stop: Any) -> dict[str, Any]:
 
 def decode_routed_experts(encoded: str | None, num_layers: int, top_k: int) -> TensorData | None:
     """SGLang's `routed_experts`: base64 of raw little-endian int32 (no header), reshaped to
-    (positions, layers, experts per token)."""
+    (positions, layers, experts per token), kept in the narrowest dtype that holds the ids
+    (`TensorData.compact`: uint8 below 256 experts)."""
     if encoded is None:
         return None
     flat = np.frombuffer(base64.b64decode(encoded), dtype="<i4")
     if flat.size % (num_layers * top_k):
         raise EngineError(f"routed_experts has {flat.size} ids, not a multiple of layers x top-k = "
                           f"{num_layers} x {top_k}")
-    return TensorData.from_numpy(flat.reshape(-1, num_layers, top_k).astype(np.int64))
+    return TensorData.compact(flat.reshape(-1, num_layers, top_k))
 
 
 class SGLangEngine(ServerEngine):

@@ -74,11 +74,12 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "
 
 def decode_routed_experts(encoded: str | None) -> TensorData | None:
     """vLLM's `routed_experts`: base64 of a `.npy` file (header included), shape
-    (tokens - 1, layers, experts per token), dtype the smallest of uint8/uint16/int32."""
+    (tokens - 1, layers, experts per token), dtype the smallest of uint8/uint16/int32; kept
+    narrow (`TensorData.compact`)."""
     if encoded is None:
         return None
     array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
-    return TensorData.from_numpy(array)
+    return TensorData.compact(array)
 
 
 def stop_params(stop: Any) -> dict[str, Any]:
