@@ -46,17 +46,18 @@ class ArithTinyRun:
 
 @pytest.fixture
 def run_arith_tiny(tmp_path: Path) -> Callable[..., ArithTinyRun]:
-    """`run_arith_tiny("trainer.engine=fsdp2", ...)` runs the example for LEARNING_STEPS steps with
-    these overrides."""
+    """`run_arith_tiny("trainer.engine=fsdp2", ...)` runs the example (or `config=`, a variant of
+    it) for LEARNING_STEPS steps with these overrides."""
     for module in ("plait_torch", "plait_math"):
         pytest.importorskip(module)
 
-    def run(*overrides: str, steps: int = LEARNING_STEPS, timeout_s: float = 2400) -> ArithTinyRun:
+    def run(*overrides: str, steps: int = LEARNING_STEPS, timeout_s: float = 2400,
+            config: Path = ARITH_TINY) -> ArithTinyRun:
         args = [arg for item in [f"run.out_dir={tmp_path}", f"rl.steps={steps}", *overrides] for arg in ("-s", item)]
-        done = subprocess.run([sys.executable, "-m", "plait.cli", "run", str(ARITH_TINY), "--no-resume", *args],
+        done = subprocess.run([sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume", *args],
                               capture_output=True, text=True, timeout=timeout_s)
         assert done.returncode == 0, done.stderr[-3000:]
-        run_dir = tmp_path / "arith-tiny"
+        run_dir = next(tmp_path.glob("*/metrics.jsonl")).parent
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         summary = json.loads((run_dir / "summary.json").read_text())
         return ArithTinyRun(run_dir, steps, done.stdout + done.stderr, metrics, summary)

@@ -1,7 +1,8 @@
 """Lossless resume: a run SIGKILLed at many different moments, restarted each time, trains every
 prompt's every sample exactly once, in the run's task order.
 
-Each attempt is a real `plait run` process (tiny-qwen3, math.arith, plait-torch engines) that
+Each attempt is a real `plait run` process (tiny-qwen3-moe with routing replay on: the sampler
+records every token's experts and the trainer forces them; math.arith, plait-torch engines) that
 kills itself with SIGKILL at a fault-injection point (`PLAIT_CRASH_AT=<point>:<step>`, see
 `plait.run.checkpoint.crash_point`): while sampling, after an optimizer step, during the in-flight
 weight update, halfway through writing a checkpoint, and just after one. The run directory's
@@ -9,7 +10,9 @@ trained.jsonl (what the checkpointed weights have seen) is the evidence: after t
 uninterrupted attempt it must hold steps 1..N once each, and the samples of positions
 0..N*groups_per_batch-1 once each. In the async schedule, the samples a checkpoint held
 (completed, not yet trained) are trained as sampled, after a resume too, which the ledger's
-attempt numbers show (how many a checkpoint holds depends on timing).
+attempt numbers show (how many a checkpoint holds depends on timing), routing included: the
+ledger's digest covers each sample's routed experts, and a held sample's digest, recomputed from
+the checkpoint, is the one that was trained.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ pytest.importorskip("plait_math", reason="needs the arithmetic environment (plai
 
 from plait.plugins import build
 from plait.run.checkpoint import CRASH_ENV, LEDGER_FILE
-from plait.run.state import TaskSampler
+from plait.run.state import TaskSampler, TrainedSample
+from plait.serde import from_json
+from plait.trajectory import Trajectory
 from plait_testing.models import materialize_model
 
 pytestmark = pytest.mark.slow
@@ -38,8 +43,8 @@ STEPS, GROUPS, GROUP_SIZE = 8, 2, 2
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_model("tiny-qwen3", tmp_path_factory.mktemp("models") / "tiny-qwen3").path
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return materialize_model("tiny-qwen3-moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe").path
 
 
 def write_config(path: Path, model: Path, out_dir: Path, schedule: str) -> Path:
@@ -54,8 +59,10 @@ name = "{model}"
 [trainer]
 engine = "torch"
 learning_rate = 1e-4
+options = {{ routing_replay = true }}
 [inference]
 engine = "torch"
+options = {{ enable_return_routed_experts = true }}
 [env]
 name = "math.arith"
 [rl]
@@ -95,8 +102,8 @@ CRASHES = {
 
 
 @pytest.mark.parametrize("schedule", ["async", "sync"])
-def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_qwen3, tmp_path):
-    config = write_config(tmp_path / "run.toml", tiny_qwen3, tmp_path / "runs", schedule)
+def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_moe, tmp_path):
+    config = write_config(tmp_path / "run.toml", tiny_moe, tmp_path / "runs", schedule)
     run_dir = tmp_path / "runs" / f"resume-{schedule}"
     for crash_at in CRASHES[schedule]:
         result = attempt(config, crash_at, tmp_path / "cache")
@@ -124,11 +131,22 @@ def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_qwen3,
         # are depends on timing; where they are, this holds.
         trained_attempts = {(position, index): (sample_attempt, r["attempt"])
                             for r in records for position, index, _task, sample_attempt, _ in r["samples"]}
+        digests = {(position, index): digest for r in records for position, index, *_, digest in r["samples"]}
+        held_routing = 0
         for checkpoint in checkpoints:
             state = json.loads((run_dir / "checkpoints" / checkpoint / "controller.json").read_text())
             for held in state["completed"]:
                 sampled_by, trained_by = trained_attempts[held["position"], held["index"]]
                 assert sampled_by == held["attempt"] <= trained_by, (checkpoint, held)
+                trajectory = from_json(Trajectory, held["trajectory"])
+                for turn in trajectory.turns:
+                    routing = turn.completion.routed_experts
+                    assert routing.dtype == "uint8"
+                    assert routing.shape == (len(turn.prompt) + len(turn.completion.tokens) - 1, 2, 2)
+                    held_routing += 1
+                sample = TrainedSample(held["position"], held["index"], held["task_index"], held["attempt"], trajectory)
+                assert sample.ledger_entry()[-1] == digests[held["position"], held["index"]]  # routing as sampled
+        print(f"held samples with routing across checkpoints: {held_routing}")
 
     metric_steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metric_steps == list(range(STEPS + 1))  # step 0: the evaluation before training
