@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "engines": (["engines.py"], venv(vllm_venv(), "scripts/ci/vllm.sh")),
     "ors_server": (["ors_server.py"], venv(OPENREWARD_VENV, "scripts/ci/sdk.sh")),
     "docker_sandbox": (["docker_sandbox.py"], docker_engine),
+    "proxy_latency": (["proxy_latency.py"], None),
+    "routing_replay": (["routing_replay.py"], None),
 }
 
 
