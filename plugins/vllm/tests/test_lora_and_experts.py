@@ -105,6 +105,37 @@ def test_a_cpu_server_refuses_routed_experts_at_start_up_with_its_log(vllm_pytho
     asyncio.run(asyncio.wait_for(body(), 300))
 
 
+def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(vllm_python: str, tiny_moe: ResolvedModel,
+                                                                       tmp_path: Path) -> None:
+    """vLLM 0.32's CPU backend serves a mixture of experts but reloads its weights wrongly (the same
+    checkpoint reloaded in place changes the logprobs; measured), so an update is refused with
+    what to do instead, rather than leaving the sampler on a policy nobody trained."""
+    from safetensors.torch import load_file
+
+    from plait.types import WeightUpdate
+    from plait_vllm.engine import VLLMEngine, is_cpu_build
+    from plait_vllm.options import VLLMOptions
+
+    if not is_cpu_build(vllm_python):
+        pytest.skip("a GPU build of vLLM")
+
+    async def body() -> None:
+        engine = VLLMEngine(tiny_moe, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
+                                                         log_path=str(tmp_path / "server.log")), seed=0)
+        try:
+            sampled = await engine.sample(ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[]))
+            assert len(sampled.sequences[0].tokens) == 2  # it serves the model
+            same = load_file(str(next(Path(tiny_moe.path).glob("*.safetensors"))))
+            with pytest.raises(EngineError, match="mixture-of-experts") as caught:
+                await engine.apply_weights(WeightUpdate(version=1, tensors=same))
+            assert "inference.engine = 'torch'" in caught.value.fix
+            assert engine.weight_version == 0
+        finally:
+            await engine.close()
+
+    asyncio.run(asyncio.wait_for(body(), 300))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (and a GPU build of vLLM)")
 def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(vllm_python: str, tiny_moe: ResolvedModel,

