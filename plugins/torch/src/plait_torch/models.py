@@ -71,13 +71,12 @@ def qwen3_tokenizer_dir() -> Path:
     return package_dir(*QWEN_TOKENIZER_PACKAGE, "the Qwen3 tokenizer") / "tokenizer_files"
 
 
-def build_tiny_qwen3(dest: Path) -> None:
-    """Write the tiny random Qwen3 checkpoint (config, safetensors, Qwen3 tokenizer) into `dest`.
-
-    Deterministic: the same seed and config give the same weights on every machine.
-    """
+def build_random_qwen3(dest: Path, architecture: str, sizes: dict[str, Any]) -> None:
+    """Write a random `architecture` ("Qwen3" or "Qwen3Moe") checkpoint of `sizes` with the Qwen3
+    tokenizer into `dest`. Deterministic: the same seed and sizes give the same weights anywhere."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    import transformers
+    from transformers import AutoTokenizer, GenerationConfig
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -85,17 +84,23 @@ def build_tiny_qwen3(dest: Path) -> None:
     for name in QWEN_TOKENIZER_FILES:
         shutil.copyfile(source / name, dest / name)
     tokenizer = AutoTokenizer.from_pretrained(str(dest), local_files_only=True)
-    config = Qwen3Config(**TINY_QWEN3_CONFIG, bos_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = getattr(transformers, f"{architecture}Config")(
+        **sizes, bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(TINY_QWEN3_SEED)
-        model = Qwen3ForCausalLM(config)
+        model = getattr(transformers, f"{architecture}ForCausalLM")(config)
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(str(dest), safe_serialization=True)
+
+
+def build_tiny_qwen3(dest: Path) -> None:
+    """The tiny random Qwen3 checkpoint (config, safetensors, Qwen3 tokenizer) in `dest`."""
+    build_random_qwen3(dest, "Qwen3", TINY_QWEN3_CONFIG)
 
 
 def convert_smollm2_gguf(dest: Path) -> None:
@@ -218,30 +223,8 @@ TINY_QWEN3_MOE_CONFIG = {
 
 
 def build_tiny_qwen3_moe(dest: Path) -> None:
-    """Write the tiny random Qwen3-MoE checkpoint (config, safetensors, Qwen3 tokenizer) into `dest`.
-
-    Deterministic: the same seed and config give the same weights on every machine.
-    """
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    source = qwen3_tokenizer_dir()
-    for name in QWEN_TOKENIZER_FILES:
-        shutil.copyfile(source / name, dest / name)
-    tokenizer = AutoTokenizer.from_pretrained(str(dest), local_files_only=True)
-    config = Qwen3MoeConfig(**TINY_QWEN3_MOE_CONFIG, bos_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(TINY_QWEN3_SEED)
-        model = Qwen3MoeForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(str(dest), safe_serialization=True)
+    """The tiny random Qwen3-MoE checkpoint (config, safetensors, Qwen3 tokenizer) in `dest`."""
+    build_random_qwen3(dest, "Qwen3Moe", TINY_QWEN3_MOE_CONFIG)
 
 
 TINY_QWEN3_MOE = ModelSource(
