@@ -15,6 +15,7 @@ import pytest
 
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
+from plait.serde import from_json, to_json
 from plait.trajectory import Trajectory, Turn, merge_turns, trajectory_to_datums
 from plait.types import (
     Message,
@@ -28,7 +29,7 @@ from plait.types import (
 )
 from plait_proxy.chat import ChatRequest
 from plait_proxy.proxy import Proxy, _cut_at_stop_string
-from plait_proxy.store import RolloutStore, tensor_from_json, tensor_json
+from plait_proxy.store import RolloutStore
 
 pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)")
 
@@ -147,7 +148,7 @@ def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_p
     for call, stored in zip(session.calls, record["calls"], strict=True):
         encoded = stored["choices"][0]["routed_experts"]
         assert set(encoded) == {"dtype", "shape", "base64"} and encoded["dtype"] == "uint8"
-        assert tensor_from_json(encoded) == call.choices[0].sequence.routed_experts
+        assert from_json(TensorData, encoded) == call.choices[0].sequence.routed_experts
     assert len(line) < 4 * sum(len(c.choices[0].sequence.routed_experts.data) for c in session.calls)
 
 
@@ -193,7 +194,7 @@ def test_cutting_keeps_the_dtype_and_a_sequence_without_routing() -> None:
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32", "int64", "float32"])
 def test_tensor_json_round_trips(dtype: str) -> None:
     tensor = TensorData.from_list(np.arange(5 * 2 * 3).reshape(5, 2, 3).tolist(), dtype)  # type: ignore[arg-type]
-    encoded = json.loads(json.dumps(tensor_json(tensor)))
-    assert tensor_from_json(encoded) == tensor
+    encoded = json.loads(json.dumps(to_json(tensor)))
+    assert from_json(TensorData, encoded) == tensor
     empty = TensorData.compact(np.zeros((0, 2, 2), dtype=np.int64))
-    assert tensor_from_json(tensor_json(empty)) == empty
+    assert from_json(TensorData, to_json(empty)) == empty

@@ -8,9 +8,9 @@ episode took. `ProxySession.turns` gives those as `plait.trajectory.Turn`s, whic
 `plait.trajectory.merge_turns` joins into one training sequence wherever a prompt extends the
 previous prompt and completion token for token, and splits where it does not.
 
-A choice's `routed_experts` (mixture-of-experts engines asked for them) is recorded compactly:
-{"dtype", "shape", "base64"} of its raw little-endian bytes (`tensor_json`; `tensor_from_json`
-reads it back), or null.
+A choice's `routed_experts` (mixture-of-experts engines asked for them) is recorded as
+`plait.serde.to_json` writes compact ids: {"dtype", "shape", "base64"} of its raw little-endian
+bytes (`from_json(TensorData, ...)` reads it back), or null.
 
 Finished sessions leave the store (and, with a directory, are appended to `sessions.jsonl`
 there), so a long-running proxy holds only what is in flight. Sessions nobody finishes expire
@@ -19,7 +19,6 @@ after `idle_timeout_s`.
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import time
@@ -28,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 
+from plait.serde import to_json
 from plait.trajectory import PromptSource, Turn
-from plait.types import Message, ParseTermination, SamplingParams, TensorData, ToolSpec
+from plait.types import Message, ParseTermination, SamplingParams, ToolSpec
 from plait_proxy.chat import Choice, RequestError
 
 
@@ -99,26 +98,9 @@ def _call_json(call: RecordedCall) -> dict[str, Any]:
             "finish_reason": c.finish_reason, "content": c.message.content,
             "reasoning_content": c.message.reasoning_content,
             "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in c.message.tool_calls],
-            "routed_experts": None if c.sequence.routed_experts is None else tensor_json(c.sequence.routed_experts),
+            "routed_experts": to_json(c.sequence.routed_experts),
         } for c in call.choices],
     }
-
-
-def tensor_json(tensor: TensorData) -> dict[str, Any]:
-    """`tensor` as {"dtype", "shape", "base64"}: its raw little-endian bytes, base64-encoded (a
-    routing of thousands of tokens stays a few bytes per token, not a JSON list of ints)."""
-    data = np.ascontiguousarray(tensor.data, dtype=np.dtype(tensor.dtype).newbyteorder("<"))
-    return {"dtype": tensor.dtype, "shape": list(tensor.shape), "base64": base64.b64encode(data.tobytes()).decode("ascii")}
-
-
-def tensor_from_json(record: dict[str, Any]) -> TensorData:
-    """The tensor `tensor_json` wrote."""
-    dtype = np.dtype(record["dtype"])
-    data = np.frombuffer(base64.b64decode(record["base64"]), dtype=dtype.newbyteorder("<")).astype(dtype)
-    shape = tuple(int(n) for n in record["shape"])
-    if data.size != int(np.prod(shape)):
-        raise ValueError(f"a {record['dtype']} tensor of shape {shape} cannot hold {data.size} values")
-    return TensorData(data, record["dtype"], shape)
 
 
 @attrs.define
