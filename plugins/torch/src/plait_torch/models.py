@@ -204,7 +204,8 @@ def recipe_digest(*parts: Any) -> str:
 TINY_QWEN3_ARITH = ModelSource(
     description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
     materialize=build_tiny_qwen3_arith,
-    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, build_tiny_qwen3, TINY_QWEN3_CONFIG),
+    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, build_tiny_qwen3, build_random_qwen3,
+                           TINY_QWEN3_CONFIG),
 )
 
 
@@ -231,7 +232,7 @@ TINY_QWEN3_MOE = ModelSource(
     description="a small random Qwen3MoeForCausalLM (tiny-qwen3's attention, 8 experts, top 2, every layer) "
                 "with the real Qwen3 tokenizer",
     materialize=build_tiny_qwen3_moe,
-    revision=recipe_digest(build_tiny_qwen3_moe, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED),
+    revision=recipe_digest(build_tiny_qwen3_moe, build_random_qwen3, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED),
 )
 
 
