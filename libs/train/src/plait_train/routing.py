@@ -40,10 +40,11 @@ def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def moe_shape(model: torch.nn.Module) -> MoeShape | None:
     """Layers, experts per token and experts of the model's routers; None for a dense model."""
-    routers = find_routers(model)
-    if not routers:
-        return None
-    return MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts))
+    return _shape(find_routers(model))
+
+
+def _shape(routers: list[torch.nn.Module]) -> MoeShape | None:
+    return MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts)) if routers else None
 
 
 class RoutingHooks:
@@ -57,9 +58,10 @@ class RoutingHooks:
 
     def __init__(self, model: torch.nn.Module) -> None:
         routers = find_routers(model)
-        if not routers:
+        shape = _shape(routers)
+        if shape is None:
             raise ValueError(f"{type(model).__name__} has no top-k router: it is not a mixture of experts")
-        self.shape = MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts))
+        self.shape = shape
         self.chosen: list[torch.Tensor | None] = [None] * len(routers)
         self.used: list[torch.Tensor | None] = [None] * len(routers)
         self._forced: torch.Tensor | None = None
