@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -13,21 +12,12 @@ import torch
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait_testing.inference import run_with
 from plait_testing.trainer import random_tokens
 from plait_torch.inference import TorchInferenceEngine
 from plait_torch.options import TorchInferenceOptions
 
 VOCAB = 151936
-
-
-def run(engine: TorchInferenceEngine, body: Callable[[TorchInferenceEngine], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        try:
-            return await asyncio.wait_for(body(engine), 120)
-        finally:
-            await engine.close()
-
-    return asyncio.run(main())
 
 
 def prompt(seed: int = 0, length: int = 6) -> ModelInput:
@@ -38,7 +28,7 @@ def test_logprobs_equal_a_plain_transformers_forward(tiny_model: ResolvedModel) 
     from transformers import AutoModelForCausalLM
 
     engine = TorchInferenceEngine(tiny_model)
-    response = run(engine, lambda e: e.sample(prompt(), 3, SamplingParams(max_tokens=6, stop=[], seed=4, temperature=1.5)))
+    response = run_with(lambda: engine, lambda e: e.sample(prompt(), 3, SamplingParams(max_tokens=6, stop=[], seed=4, temperature=1.5)))
     reference = AutoModelForCausalLM.from_pretrained(str(tiny_model.path), local_files_only=True).eval()
     for seq in response.sequences:
         ids = torch.tensor([prompt().to_ints() + list(seq.tokens)])
@@ -70,7 +60,7 @@ def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None
         group = await asyncio.gather(*[e.sample(prompt(), 1, SamplingParams(max_tokens=2, stop=[], seed=s)) for s in range(4)])
         return [r.sequences[0].tokens for r in group]
 
-    tokens = run(engine, body)
+    tokens = run_with(lambda: engine, body)
     assert calls[0] == 1, f"the prefill ran on {calls[0]} rows for one distinct prompt"
     assert calls[1] == 4 and len(set(tokens)) == 4
 
@@ -84,7 +74,7 @@ def test_max_model_len_bounds_prompt_and_completion(tiny_model: ResolvedModel) -
         with pytest.raises(DataError, match="max_model_len 9"):
             await e.sample(prompt(length=9), 1, SamplingParams(max_tokens=1))
 
-    run(engine, body)
+    run_with(lambda: engine, body)
 
 
 def test_a_cancelled_request_leaves_the_batch(tiny_model: ResolvedModel) -> None:
@@ -100,7 +90,7 @@ def test_a_cancelled_request_leaves_the_batch(tiny_model: ResolvedModel) -> None
         assert len((await e.sample(prompt(4), 1, SamplingParams(max_tokens=2, stop=[]))).sequences[0].tokens) == 2
         assert (await e.health()).ok
 
-    run(engine, body)
+    run_with(lambda: engine, body)
     # The cancelled rows were dropped, not decoded on to 500 tokens: the batch ended with the kept one.
     assert len(calls) < 30, f"{len(calls)} forward passes"
 
@@ -129,7 +119,7 @@ def test_bad_weight_updates_are_rejected_whole(tiny_model: ResolvedModel) -> Non
         await e.apply_weights(WeightUpdate(3, {k: v.numpy() for k, v in weights.items()}))  # numpy arrays work
         assert e.weight_version == 3
 
-    run(engine, body)
+    run_with(lambda: engine, body)
 
 
 def test_close_fails_pending_requests(tiny_model: ResolvedModel) -> None:
@@ -166,5 +156,5 @@ def test_weights_applied_without_pause_take_effect_between_steps(tiny_model: Res
         await e.apply_weights(WeightUpdate(1, weights))
         return (await long).sequences[0].versions()
 
-    versions = run(engine, body)
+    versions = run_with(lambda: engine, body)
     assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 from plait.errors import ConfigError
 from plait.models import ResolvedModel
 from plait.types import ModelInput, SampledSequence, SamplingParams
+from plait_testing.inference import run_with
 from plait_testing.trainer import random_tokens
 from plait_torch.inference import TorchInferenceEngine
 from plait_torch.options import TorchInferenceOptions
@@ -21,25 +21,6 @@ from plait_train.routing import RoutingHooks
 
 VOCAB = 151936
 LAYERS, TOP_K = 2, 2
-
-
-@pytest.fixture(scope="module")
-def tiny_moe(tiny_model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
-    """A random 2-layer Qwen3-MoE (8 experts, 2 per token) with tiny-qwen3's tokenizer."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    dest = Path(tmp_path_factory.mktemp("models")) / "tiny-moe"
-    config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                            num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                            num_experts=8, num_experts_per_tok=TOP_K, max_position_embeddings=512,
-                            tie_word_embeddings=True)
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(0)
-        Qwen3MoeForCausalLM(config).save_pretrained(str(dest))
-    finally:
-        torch.random.set_rng_state(state)
-    return ResolvedModel("tiny-moe", dest, Path(tiny_model.tokenizer_path))
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +38,6 @@ def reference(tiny_moe: ResolvedModel) -> Callable[[list[int]], np.ndarray]:
         return hooks.stacked(hooks.chosen).numpy()
 
     return routing
-
-
-def run(engine: TorchInferenceEngine, body: Callable[[TorchInferenceEngine], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        try:
-            return await asyncio.wait_for(body(engine), 120)
-        finally:
-            await engine.close()
-
-    return asyncio.run(main())
 
 
 def recording(model: ResolvedModel, **options: Any) -> TorchInferenceEngine:
@@ -88,7 +59,7 @@ def check_routing(seq: SampledSequence, prompt: list[int],
 
 def test_one_prompt_records_the_routing_of_every_fed_token(tiny_moe: ResolvedModel, reference) -> None:
     ids = random_tokens(0, 7, VOCAB)
-    response = run(recording(tiny_moe), lambda e: e.sample(
+    response = run_with(lambda: recording(tiny_moe), lambda e: e.sample(
         ModelInput.from_ints(ids), 3, SamplingParams(max_tokens=6, stop=[], seed=1)))
     for seq in response.sequences:
         assert len(seq.tokens) == 6
@@ -118,7 +89,7 @@ def test_batched_prompts_of_different_lengths_keep_padding_out(tiny_moe: Resolve
         return forward(*args, **kwargs)
 
     engine.model.forward = counting
-    responses = run(engine, body)
+    responses = run_with(lambda: engine, body)
     assert rows[:2] == [3, 7], "the three requests should share one prefill and one batch"
     for ids, budget, response in zip(prompts, budgets, responses, strict=True):
         for seq in response.sequences:
@@ -128,7 +99,7 @@ def test_batched_prompts_of_different_lengths_keep_padding_out(tiny_moe: Resolve
 
 def test_off_by_default(tiny_moe: ResolvedModel) -> None:
     engine = TorchInferenceEngine(tiny_moe, options=TorchInferenceOptions(device="cpu"))
-    response = run(engine, lambda e: e.sample(ModelInput.from_ints(random_tokens(4, 5, VOCAB)), 2,
+    response = run_with(lambda: engine, lambda e: e.sample(ModelInput.from_ints(random_tokens(4, 5, VOCAB)), 2,
                                               SamplingParams(max_tokens=3, stop=[], seed=0)))
     assert all(seq.routed_experts is None for seq in response.sequences)
 
@@ -146,11 +117,11 @@ def test_bfloat16_samples_close_to_float32(tiny_moe: ResolvedModel) -> None:
     ids = random_tokens(5, 6, VOCAB)
     half = TorchInferenceEngine(tiny_moe, options=TorchInferenceOptions(device="cpu", dtype="bfloat16"))
     assert next(half.model.parameters()).dtype == torch.bfloat16
-    seq = run(half, lambda e: e.sample(ModelInput.from_ints(ids), 1,
+    seq = run_with(lambda: half, lambda e: e.sample(ModelInput.from_ints(ids), 1,
                                        SamplingParams(max_tokens=8, stop=[], seed=3))).sequences[0]
     full = TorchInferenceEngine(tiny_moe, options=TorchInferenceOptions(device="cpu"))
     assert next(full.model.parameters()).dtype == torch.float32
-    expected = run(full, lambda e: e.compute_logprobs(ModelInput.from_ints([*ids, *seq.tokens])))[len(ids):]
+    expected = run_with(lambda: full, lambda e: e.compute_logprobs(ModelInput.from_ints([*ids, *seq.tokens])))[len(ids):]
     np.testing.assert_allclose(seq.logprobs, expected, atol=0.1)
     assert not np.allclose(seq.logprobs, expected, rtol=0, atol=1e-5)
 
@@ -180,7 +151,7 @@ def test_aborted_requests_keep_consistent_routing(tiny_moe: ResolvedModel, refer
         await e.pause("abort")
         return await running, await queued
 
-    running, queued = run(engine, body)
+    running, queued = run_with(lambda: engine, body)
     for seq in running.sequences:
         assert seq.stop_reason == "abort" and 3 <= len(seq.tokens) < 400
         check_routing(seq, running_ids, reference)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -41,6 +41,20 @@ from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum, voca
 
 MakeEngine = Callable[[], InferenceEngine]
 MakeTrainer = Callable[[], TrainerEngine]
+E = TypeVar("E", bound=InferenceEngine)
+
+
+def run_with(make_engine: Callable[[], E], body: Callable[[E], Awaitable[Any]], timeout_s: float = 120) -> Any:
+    """Run `body(engine)` on a fresh engine in a new event loop, with a timeout; close it after."""
+
+    async def main() -> Any:
+        engine = make_engine()
+        try:
+            return await asyncio.wait_for(body(engine), timeout_s)
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())
 
 
 class InferenceEngineContract:
@@ -93,16 +107,7 @@ class InferenceEngineContract:
     # -- helpers ----------------------------------------------------------------------------------
 
     def run(self, make_engine: MakeEngine, body: Callable[[InferenceEngine], Awaitable[Any]]) -> Any:
-        """Run `body(engine)` on a fresh engine in a new event loop, with a timeout; close it after."""
-
-        async def main() -> Any:
-            engine = make_engine()
-            try:
-                return await asyncio.wait_for(body(engine), self.timeout_s)
-            finally:
-                await engine.close()
-
-        return asyncio.run(main())
+        return run_with(make_engine, body, self.timeout_s)
 
     def prompt(self, vocab: int, seed: int = 0, length: int | None = None) -> ModelInput:
         return ModelInput.from_ints(random_tokens(seed, length or self.prompt_len, vocab))
