@@ -359,7 +359,9 @@ class InferenceEngineContract:
         new = 1 if self.takes_weight_updates else 0  # the version after the pause
 
         async def body(engine: InferenceEngine) -> None:
-            long = await self.start_long_request(engine, vocab, max_tokens=48)
+            # long enough to be mid-stream at the pause even on a fast server (48 tokens once
+            # finished between the probes and the pause on vLLM CPU)
+            long = await self.start_long_request(engine, vocab, max_tokens=256)
             await engine.pause("keep")
             assert not long.done(), "pause('keep') must hold in-flight requests"
             held = asyncio.ensure_future(engine.sample(self.prompt(vocab, seed=2), 1, SamplingParams(max_tokens=2, stop=[])))
@@ -369,7 +371,7 @@ class InferenceEngineContract:
             assert not long.done() and not held.done(), "nothing may run while paused"
             await engine.resume()
             seq = (await long).sequences[0]
-            assert len(seq.tokens) == 48 and seq.stop_reason == "length"
+            assert len(seq.tokens) == 256 and seq.stop_reason == "length"
             versions = seq.versions()
             assert versions[0] == 0 and versions[-1] == new and list(versions) == sorted(versions), (
                 f"tokens before the pause carry version 0, after it version {new}: {versions}")
