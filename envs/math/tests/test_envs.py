@@ -14,7 +14,7 @@ import pytest
 from plait import protocols
 from plait.errors import ConfigError, EnvironmentError_
 from plait.plugins import build, get_registry
-from plait.types import ToolError, ToolOutput
+from plait.types import Message, ToolError, ToolOutput
 
 ENVS = {
     "math.arith": {"preset": "tiny"},
@@ -161,12 +161,13 @@ def test_a_task_spec_alone_opens_an_episode() -> None:
 
 @pytest.mark.parametrize(("name", "options", "message"), [
     ("math.arith", {"presett": "tiny"}, r"env\.options\.presett: unknown key \(did you mean \"preset\"\?\)"),
-    ("math.arith", {"preset": "huge"}, "preset 'huge' is not one of tiny, smollm, default, hard"),
+    ("math.arith", {"preset": "huge"}, "preset 'huge' is not one of sums, tiny, smollm, default, hard"),
     ("math.arith", {"max_digits": "2"}, r"env\.options\.max_digits: expected int \| none, got str '2'"),
     ("math.arith", {"min_digits": 3, "max_digits": 2}, "max_digits must be between min_digits"),
     ("math.arith", {"operators": ["+", "%"]}, r"operators: \['%'\] not supported"),
     ("math.arith", {"answer_format": "latex"}, r"env\.options\.answer_format: expected 'plain' \| .*got str 'latex'"),
     ("math.arith", {"preset": "tiny", "answer_format": "boxed"}, "prompt_style 'bare'"),
+    ("math.arith", {"shots": -1}, "shots must be >= 0"),
     ("math.arith", {"wrong_format_reward": 2.0}, "wrong_format_reward must be between 0 and 1"),
     ("math.arith", {"test_fraction": 0.0}, "test_fraction must be strictly between 0 and 1"),
     ("math.arith", {"train_size": 0}, "train_size must be > 0"),
@@ -190,6 +191,29 @@ def test_presets_and_overrides() -> None:
     assert "*" in overridden["expression"]
     boxed = run(make("math.arith", answer_format="boxed").get_task("train", 0))
     assert "\\boxed{N}" in boxed["prompt"] and boxed["answer_format"] == "boxed"
+
+
+def test_worked_examples_come_first_as_chat_turns_shared_by_every_task() -> None:
+    async def opening(env: protocols.Environment, index: int) -> tuple[dict[str, Any], list[Message]]:
+        task = await env.get_task("train", index)
+        session = await env.open(task)
+        try:
+            return task, await session.messages()
+        finally:
+            await session.close()
+
+    sums = make("math.arith", preset="sums")
+    (first, messages), (_, other) = run(opening(sums, 0)), run(opening(sums, 1))
+    assert [m.role for m in messages] == ["user", "assistant"] * 3 + ["user"]
+    assert messages[:-1] == other[:-1], "every task shares the examples, so prompts share a prefix"
+    assert messages[-1].content == first["prompt"]
+    for question, answer in zip(messages[0:-1:2], messages[1:-1:2], strict=True):
+        a, b = question.content.removesuffix(" =").split(" + ")
+        assert answer.content == str(int(a) + int(b))
+    _, tagged = run(opening(make("math.arith", preset="default", shots=1), 0))
+    assert len(tagged) == 3 and tagged[1].content.startswith("<answer>") and "answer tags" in tagged[0].content
+    _, none = run(opening(make("math.arith", preset="default"), 0))
+    assert [m.role for m in none] == ["user"]
 
 
 def test_wrong_format_reward_option() -> None:

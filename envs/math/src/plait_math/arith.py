@@ -15,19 +15,27 @@ from typing import Any, ClassVar, Literal
 import attrs
 
 from plait.config import positive
-from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat
+from plait.types import Message
+from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat, format_number
 from plait_math.base import MathEnvironment, bind, make_task, unit_interval
 from plait_math.problems import Problem, ProblemSpec, generate
 from plait_sdk import LocalEnvironment
 
 PromptStyle = Literal["instruct", "bare"]
+# How a worked example's answer is written in each format.
+EXAMPLE_ANSWERS = {"plain": "{}", "last_number": "{}", "boxed": "\\boxed{{{}}}", "answer_tag": "<answer>{}</answer>",
+                   "hash": "#### {}"}
 
 # Each preset fixes every knob; see the README for what each is for and how it was measured.
 ARITH_PRESETS: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M-Instruct's demo task: a+b after three worked examples as earlier chat turns; it
+    # answers a bare number from the start (greedy ~0.2 right), so GRPO lifts accuracy in minutes.
+    "sums": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=["+"],
+                 negatives=False, answer_format="plain", prompt_style="bare", shots=3),
     # A random-init ~10M model trained for minutes: single-digit a+b, prompt "3 + 5 =", bare number.
     "tiny": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=["+"],
                  negatives=False, answer_format="plain", prompt_style="bare"),
-    # SmolLM2-135M-Instruct gets about a third right at first (measured: README), so RL has signal.
+    # Harder for SmolLM2-135M-Instruct: about a third right at first (README), little learnt in 40 steps.
     "smollm": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=3, operators=["+", "-"],
                    negatives=False, answer_format="last_number", prompt_style="instruct"),
     "default": dict(min_digits=1, max_digits=2, min_terms=2, max_terms=3, operators=["+", "-", "*"],
@@ -58,6 +66,9 @@ class ArithOptions:
     answer_format: AnswerFormat | None = None
     prompt_style: PromptStyle | None = None
     """instruct: "What is 3 + 5? <format instruction>"; bare: "3 + 5 =" (for tiny models)."""
+    shots: int | None = None
+    """Worked examples (question, answer in the format) as earlier chat turns before the question;
+    the same for every task, so prompts share them as a common prefix."""
     wrong_format_reward: float = attrs.field(default=0.0, validator=unit_interval)
     """Reward for the right number in the wrong format (0 = strict)."""
     test_fraction: float = 0.2
@@ -68,6 +79,8 @@ class ArithOptions:
     def __attrs_post_init__(self) -> None:
         if self.preset not in self.PRESETS:
             raise ValueError(f"preset {self.preset!r} is not one of {', '.join(self.PRESETS)}")
+        if self.knob("shots") < 0:
+            raise ValueError(f"shots must be >= 0, got {self.knob('shots')}")
         if self.knob("prompt_style") == "bare" and self.knob("answer_format") not in ("plain", "last_number"):
             raise ValueError(
                 f"prompt_style 'bare' tells the model no answer format, so answer_format must be "
@@ -77,7 +90,7 @@ class ArithOptions:
 
     def knob(self, name: str) -> Any:
         value = getattr(self, name)
-        return self.PRESETS[self.preset][name] if value is None else value
+        return self.PRESETS[self.preset].get(name, 0) if value is None else value
 
     def problem_spec(self) -> ProblemSpec:
         return ProblemSpec(
@@ -102,6 +115,20 @@ class ArithEnvironment(MathEnvironment):
         if cls.options.knob("prompt_style") == "bare":
             return f"{problem.expression} ="
         return f"What is {problem.expression}? {FORMAT_INSTRUCTIONS[answer_format]}"
+
+    @classmethod
+    def worked_examples(cls) -> list[Message]:
+        """`shots` question/answer turns, from a stream of train problems no task index reaches."""
+        turns = []
+        answer_format = cls.options.knob("answer_format")
+        for i in range(cls.options.knob("shots")):
+            problem = generate(cls.options.problem_spec(), cls.options.seed, "train", -1 - i)
+            turns += [Message("user", cls.prompt_for(problem, answer_format)),
+                      Message("assistant", EXAMPLE_ANSWERS[answer_format].format(format_number(problem.answer)))]
+        return turns
+
+    async def get_messages(self) -> list[Message]:
+        return [*self.worked_examples(), *await super().get_messages()]
 
     @classmethod
     def make_task(cls, split: str, index: int) -> dict[str, Any]:
