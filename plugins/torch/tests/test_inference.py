@@ -65,6 +65,31 @@ def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None
     assert calls[1] == 4 and len(set(tokens)) == 4
 
 
+def test_a_prefix_every_prompt_shares_is_prefilled_once(tiny_model: ResolvedModel) -> None:
+    """Three prompts that start with the same 20 tokens (a system prompt, worked examples) and end
+    differently (1, 3 and 6 tokens): the 20 run once, then the three rests; tokens and logprobs
+    are those of a prefill without sharing, so also of a plain forward (the test above)."""
+    shared = random_tokens(7, 20, VOCAB)
+    prompts = [ModelInput.from_ints(shared + random_tokens(seed, length, VOCAB)) for seed, length in ((1, 1), (2, 3), (3, 6))]
+    params = SamplingParams(max_tokens=5, stop=[], seed=2, temperature=1.5)
+
+    async def body(e: TorchInferenceEngine) -> list[Any]:
+        await e.pause("keep")  # queue all three, then let the scheduler take them as one batch
+        tasks = [asyncio.ensure_future(e.sample(p, 2, params)) for p in prompts]
+        await asyncio.sleep(0)
+        await e.resume()
+        return [seq for response in await asyncio.gather(*tasks) for seq in response.sequences]
+
+    sharing = TorchInferenceEngine(tiny_model)
+    calls = count_forward_rows(sharing)
+    shared_run = run_with(lambda: sharing, body)
+    assert calls[:3] == [1, 3, 6], f"expected the prefix (1 row), the rests (3 rows), then decoding: {calls[:3]}"
+    plain = run_with(lambda: TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(prefix_sharing=False)), body)
+    for a, b in zip(shared_run, plain, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
 def test_max_model_len_bounds_prompt_and_completion(tiny_model: ResolvedModel) -> None:
     engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(max_model_len=9))
 

@@ -97,6 +97,25 @@ def test_batched_prompts_of_different_lengths_keep_padding_out(tiny_moe: Resolve
             check_routing(seq, ids, reference)
 
 
+def test_a_shared_prefix_records_the_same_routing(tiny_moe: ResolvedModel, reference) -> None:
+    """Prompts that start with the same 18 tokens run them once (prefix_sharing): each sample's
+    routing still covers its whole prompt."""
+    shared = random_tokens(9, 18, VOCAB)
+    prompts = [shared + random_tokens(seed, length, VOCAB) for seed, length in ((4, 2), (5, 5))]
+
+    async def body(e: TorchInferenceEngine) -> list[Any]:
+        await e.pause("keep")
+        tasks = [asyncio.ensure_future(e.sample(ModelInput.from_ints(p), 2, SamplingParams(max_tokens=4, stop=[], seed=s)))
+                 for s, p in enumerate(prompts)]
+        await asyncio.sleep(0)
+        await e.resume()
+        return await asyncio.gather(*tasks)
+
+    for ids, response in zip(prompts, run_with(lambda: recording(tiny_moe), body), strict=True):
+        for seq in response.sequences:
+            check_routing(seq, ids, reference)
+
+
 def test_off_by_default(tiny_moe: ResolvedModel) -> None:
     engine = TorchInferenceEngine(tiny_moe, options=TorchInferenceOptions(device="cpu"))
     response = run_with(lambda: engine, lambda e: e.sample(ModelInput.from_ints(random_tokens(4, 5, VOCAB)), 2,

@@ -79,6 +79,8 @@ from plait_weights import patch as weight_patch
 log = structlog.get_logger("plait_torch.inference")
 
 _SEED_MASK = (1 << 63) - 1
+# Shorter common prefixes cost more as a pass of their own than they save.
+MIN_SHARED_PREFIX = 16
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -418,28 +420,39 @@ class TorchInferenceEngine:
     @torch.inference_mode()
     def _prefill(self, batch: _Batch, version: int) -> None:
         # One prefill per distinct prompt (the samples of a group usually share theirs); its KV
-        # cache is then repeated for every sample of that prompt.
+        # cache is then repeated for every sample of that prompt. The tokens every distinct prompt
+        # starts with run once before the rest (prefix_sharing).
         distinct: dict[tuple[int, ...], int] = {}
         for row in batch.rows:
             distinct.setdefault(tuple(row.request.prompt), len(distinct))
         prompts = list(distinct)
-        width = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width, dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
-            ids[i, width - len(prompt):] = torch.tensor(prompt)
-            mask[i, width - len(prompt):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+        shared = self._shared_prefix(prompts)
+        routed_prefix: list[np.ndarray] = []
+        if shared:
+            self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device), cache=cache,
+                       use_cache=True, logits_to_keep=1)
+            if self._hooks is not None:
+                routed_prefix.append(self._routed_experts())
+            cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=self.device))
+        rests = [prompt[shared:] for prompt in prompts]
+        width = max(len(rest) for rest in rests)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), shared + width, dtype=torch.long)
+        mask[:, :shared] = 1
+        for i, rest in enumerate(rests):  # left padding: every prompt ends at the last column
+            ids[i, width - len(rest):] = torch.tensor(rest)
+            mask[i, shared + width - len(rest):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions[:, shared:], cache=cache,
                          use_cache=True, logits_to_keep=1)
         if self._hooks is not None:  # each prompt's real (right-aligned) positions; samples share them
             routed = self._routed_experts()
             routed = routed.reshape(len(prompts), width, *routed.shape[1:])
-            per_prompt = [routed[i, width - len(prompt):] for i, prompt in enumerate(prompts)]
+            per_prompt = [np.concatenate([*routed_prefix, routed[i, width - len(rest):]]) for i, rest in enumerate(rests)]
             for row in batch.rows:
                 row.routing = [per_prompt[distinct[tuple(row.request.prompt)]]]
         expand = torch.tensor([distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device)
@@ -454,6 +467,16 @@ class TorchInferenceEngine:
             top_p=torch.tensor([r.request.params.top_p for r in rows], device=self.device),
         )
         self._emit(batch, out.logits[:, -1][expand], version)
+
+    def _shared_prefix(self, prompts: list[tuple[int, ...]]) -> int:
+        """Tokens every prompt starts with, worth a pass of their own (0 = none); each prompt keeps
+        at least its last token for the pass that yields its first sample."""
+        if not self.options.prefix_sharing or len(prompts) < 2:
+            return 0
+        shared = min(len(p) for p in prompts) - 1
+        for prompt in prompts[1:]:
+            shared = next((i for i in range(shared) if prompt[i] != prompts[0][i]), shared)
+        return shared if shared >= MIN_SHARED_PREFIX else 0
 
     @torch.inference_mode()
     def _decode_step(self, batch: _Batch, version: int) -> None:

@@ -53,6 +53,9 @@ class TorchInferenceOptions:
     """Sequences decoded together (a request's n samples always run in the same batch)."""
     max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
     """Prompt plus completion tokens; None = the model's max_position_embeddings."""
+    prefix_sharing: bool = True
+    """Run the tokens that every prompt of a batch starts with (a system prompt, worked examples)
+    once, then each prompt's rest on a copy of that cache."""
     threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
     """torch intra-op threads (process-wide); None keeps torch's default."""
     attn_implementation: Literal["sdpa", "eager"] | None = None
