@@ -101,8 +101,9 @@ class RLSection:
     """How the rewards of an episode's tool calls become its reward."""
     env_timeout_s: float = attrs.field(default=300.0, validator=positive)
     """Longest an environment call may take; past it the episode fails (and only it)."""
-    micro_batch_size: int = attrs.field(default=16, validator=positive)
-    """Datums per forward_backward call (bounds activation memory)."""
+    micro_batch_size: int = attrs.field(default=256, validator=positive)
+    """Datums per forward_backward call. The trainer bounds activation memory itself (plait-torch:
+    trainer.options.micro_batch_tokens); prefixes are shared only within a call."""
 
 
 def _at_least_one(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
