@@ -79,6 +79,8 @@ from plait_weights import patch as weight_patch
 log = structlog.get_logger("plait_torch.inference")
 
 _SEED_MASK = (1 << 63) - 1
+# Event-loop turns without a new request after which the queue counts as complete.
+QUEUE_SETTLE_TURNS = 4
 # Shorter common prefixes cost more as a pass of their own than they save.
 MIN_SHARED_PREFIX = 16
 
@@ -345,6 +347,10 @@ class TorchInferenceEngine:
             while True:
                 async with self._cond:
                     await self._cond.wait_for(lambda: bool(self._queue) and not self._paused)
+                await self._let_the_queue_fill()
+                async with self._cond:
+                    if not self._queue or self._paused:
+                        continue
                     requests = self._take_batch()
                     self._batch_active = True
                 try:
@@ -368,6 +374,18 @@ class TorchInferenceEngine:
             while self._queue:  # nobody would serve them: fail them rather than leave them hanging
                 _fail(self._queue.popleft(), EngineError(f"the inference engine's scheduler failed: {exc!r}"))
             raise
+
+    async def _let_the_queue_fill(self) -> None:
+        """Requests sent together (a step's episodes, each a few event-loop turns from its
+        sample() call) reach the queue over several turns: wait until it stops growing, so they
+        share one batch rather than the first few decoding alone while the rest wait for them."""
+        rows, still = -1, 0
+        while still < QUEUE_SETTLE_TURNS:
+            queued = sum(len(request.rows) for request in self._queue)
+            if queued >= self.options.max_batch_size:
+                return
+            rows, still = queued, still + 1 if queued == rows else 0
+            await asyncio.sleep(0)
 
     def _take_batch(self) -> list[_Request]:
         requests = [self._queue.popleft()]
