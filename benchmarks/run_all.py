@@ -22,6 +22,7 @@ from engine_bench import vllm_venv
 ROOT = Path(__file__).resolve().parents[1]
 # where scripts/ci/sdk.sh puts the openreward venv (benchmarks/ors_server.py reads the same)
 OPENREWARD_VENV = Path(os.environ.get("ORS_VENVS") or ROOT / ".venvs") / "openreward"
+TRL_VENV = Path(os.environ.get("PLAIT_TRL_VENV") or ROOT / ".venvs" / "trl")  # as benchmarks/vs_trl.py reads it
 
 
 def docker_engine() -> str | None:
@@ -49,6 +50,8 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "docker_sandbox": (["docker_sandbox.py"], docker_engine),
     "proxy_latency": (["proxy_latency.py"], None),
     "routing_replay": (["routing_replay.py"], None),
+    "vs_minimal": (["vs_minimal.py"], None),
+    "vs_trl": (["vs_trl.py", "--steps", "6"], venv(TRL_VENV, "scripts/bench/trl_venv.sh")),
 }
 
 
