@@ -9,7 +9,7 @@ DISTS := core libs/testing libs/hf libs/weights libs/train libs/server sdk plugi
 .PHONY: help venv demo demo-tiny test check lint bench clean
 
 help:
-	@echo "make demo   - install everything into $(VENV) and run the main example (GRPO on SmolLM2-135M, ~15 min)"
+	@echo "make demo   - install everything into $(VENV) and run the main example (GRPO on SmolLM2-135M, ~3 min after set-up)"
 	@echo "make demo-tiny - the test-sized run: a tiny Qwen3 learns a strict answer format (~3 min)"
 	@echo "make test   - install everything and run the whole test suite (what CI runs)"
 	@echo "make check  - the fast default suite (run before every commit)"
