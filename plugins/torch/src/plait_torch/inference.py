@@ -2,11 +2,13 @@
 
 How it runs:
 
-- `sample()` queues a request and awaits it. A scheduler task takes every queued request (up to
+- `sample()` queues a request and awaits it. A scheduler task waits until the queue stops
+  growing for a few event-loop turns, then takes every queued request (up to
   `options.max_batch_size` sequences; a request's n samples always share a batch) and decodes
   them together; requests that arrive while a batch runs go into the next one.
-- A batch is one prefill of the distinct prompts (left-padded), whose KV cache is then repeated
-  for the n samples of each prompt, followed by one decode step per token. Each step runs in a
+- A batch is one prefill of the distinct prompts (left-padded; with `options.prefix_sharing`, the
+  tokens they all start with run once first), whose KV cache is then repeated for the n samples of
+  each prompt, followed by one decode step per token. Each step runs in a
   worker thread, so the event loop stays free; between steps the scheduler checks for pause,
   abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
   as all of its samples are done.
@@ -72,6 +74,7 @@ from plait.types import (
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 from plait_train import loading
+from plait_train.layout import common_prefix
 from plait_train.ops import target_logprobs
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_weights import patch as weight_patch
@@ -491,9 +494,8 @@ class TorchInferenceEngine:
         at least its last token for the pass that yields its first sample."""
         if not self.options.prefix_sharing or len(prompts) < 2:
             return 0
-        shared = min(len(p) for p in prompts) - 1
-        for prompt in prompts[1:]:
-            shared = next((i for i in range(shared) if prompt[i] != prompts[0][i]), shared)
+        first = np.asarray(prompts[0])
+        shared = min(min(len(p) for p in prompts) - 1, *(common_prefix(first, np.asarray(p)) for p in prompts[1:]))
         return shared if shared >= MIN_SHARED_PREFIX else 0
 
     @torch.inference_mode()
