@@ -65,6 +65,60 @@ def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None
     assert calls[1] == 4 and len(set(tokens)) == 4
 
 
+def staggered_batches(engine: TorchInferenceEngine) -> list[int]:
+    """Rows of each batch the engine decodes when 6 requests arrive 2 ms apart (as a rollout
+    step's episodes do when their environments run code in threads)."""
+    batches: list[int] = []
+    take = engine._take_batch
+
+    def recording_take() -> Any:
+        requests = take()
+        batches.append(sum(len(r.rows) for r in requests))
+        return requests
+
+    engine._take_batch = recording_take  # type: ignore[method-assign]
+
+    async def body(e: TorchInferenceEngine) -> None:
+        async def late(index: int) -> Any:
+            await asyncio.sleep(0.002 * index)
+            return await e.sample(prompt(index), 1, SamplingParams(max_tokens=2, stop=[]))
+
+        await asyncio.gather(*(late(i) for i in range(6)))
+
+    run_with(lambda: engine, body)
+    return batches
+
+
+def test_requests_arriving_over_milliseconds_share_one_batch(tiny_model: ResolvedModel) -> None:
+    assert staggered_batches(TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=500))) == [6]
+    # Waiting only for quiet event-loop turns, the first request starts a batch of its own.
+    assert staggered_batches(TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=0)))[0] < 6
+
+
+def test_all_compute_runs_on_one_worker_thread(tiny_model: ResolvedModel) -> None:
+    """torch's CPU thread pool belongs to the calling thread: one worker means one pool."""
+    import threading
+
+    engine = TorchInferenceEngine(tiny_model)
+    threads: set[int] = set()
+    forward = engine.model.forward
+
+    def recording_forward(*args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.get_ident())
+        return forward(*args, **kwargs)
+
+    engine.model.forward = recording_forward
+
+    async def body(e: TorchInferenceEngine) -> None:
+        for seed in range(3):  # successive batches
+            await asyncio.gather(*(e.sample(prompt(seed + i), 2, SamplingParams(max_tokens=3, stop=[]))
+                                   for i in range(2)))
+        await e.compute_logprobs(prompt())
+
+    run_with(lambda: engine, body)
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
 def test_a_prefix_every_prompt_shares_is_prefilled_once(tiny_model: ResolvedModel) -> None:
     """Three prompts that start with the same 20 tokens (a system prompt, worked examples) and end
     differently (1, 3 and 6 tokens): the 20 run once, then the three rests; tokens and logprobs

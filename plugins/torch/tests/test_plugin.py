@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -46,3 +47,19 @@ def test_options_are_validated_with_dotted_paths() -> None:
         structure(TorchTrainerOptions, {"micro_batch_token": 512}, "trainer.options")
     with pytest.raises(ConfigError, match=r"inference\.options\.device"):
         structure(TorchInferenceOptions, {"device": "tpu"}, "inference.options")
+
+
+def test_discovery_sets_openmp_waiting_before_torch_loads_and_keeps_the_users() -> None:
+    code = """
+        import json, os
+        from plait.plugins import get_registry
+        get_registry()
+        print(json.dumps({k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}))
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                         env={**env, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert json.loads(out.stdout.strip().splitlines()[-1])["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -3,13 +3,15 @@
 How it runs:
 
 - `sample()` queues a request and awaits it. A scheduler task waits until the queue stops
-  growing for a few event-loop turns, then takes every queued request (up to
+  growing (no new request for a few event-loop turns and `options.batch_wait_ms`), then takes
+  every queued request (up to
   `options.max_batch_size` sequences; a request's n samples always share a batch) and decodes
   them together; requests that arrive while a batch runs go into the next one.
 - A batch is one prefill of the distinct prompts (left-padded; with `options.prefix_sharing`, the
   tokens they all start with run once first), whose KV cache is then repeated for the n samples of
-  each prompt, followed by one decode step per token. Each step runs in a
-  worker thread, so the event loop stays free; between steps the scheduler checks for pause,
+  each prompt, followed by one decode step per token. Each step runs in the engine's one worker
+  thread (always the same thread: torch's CPU thread pool is per calling thread, and pools of
+  several threads spinning at once take each other's cores), so the event loop stays free; between steps the scheduler checks for pause,
   abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
   as all of its samples are done.
 - Randomness: every sample has its own generator, seeded from the request's seed (or from the
@@ -48,10 +50,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import random
-from collections.abc import Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -81,6 +85,7 @@ from plait_weights import patch as weight_patch
 
 log = structlog.get_logger("plait_torch.inference")
 
+T = TypeVar("T")
 _SEED_MASK = (1 << 63) - 1
 # Event-loop turns without a new request after which the queue counts as complete.
 QUEUE_SETTLE_TURNS = 4
@@ -194,6 +199,7 @@ class TorchInferenceEngine:
         self._batch_active = False
         self._parked = False
         self._failure: BaseException | None = None
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plait-torch-inference")
         log.info("inference engine ready", model=model.name, device=str(self.device), max_model_len=self.max_model_len)
 
     # -- protocol ---------------------------------------------------------------------------
@@ -217,7 +223,7 @@ class TorchInferenceEngine:
             raise DataError(f"prompt of {len(ids)} tokens exceeds max_model_len {self.max_model_len}",
                             fix="shorten the prompt or raise inference.options.max_model_len")
         async with self._model_lock:
-            values = await asyncio.to_thread(self._prompt_logprobs, ids)
+            values = await self._compute(self._prompt_logprobs, ids)
         return [None, *values]
 
     async def pause(self, mode: PauseMode = "keep") -> None:
@@ -251,9 +257,9 @@ class TorchInferenceEngine:
         self._bind()
         async with self._model_lock:
             if update.kind == "delta":
-                await asyncio.to_thread(self._patch_weights, update)
+                await self._compute(self._patch_weights, update)
             else:
-                await asyncio.to_thread(self._load_weights, update.tensors)
+                await self._compute(self._load_weights, update.tensors)
                 self._verify(update)
             self._version = int(update.version)
         log.debug("weights applied", version=update.version, kind=update.kind, tensors=len(update.tensors))
@@ -276,6 +282,10 @@ class TorchInferenceEngine:
                 await self._scheduler
         while self._queue:
             _fail(self._queue.popleft(), EngineError("the inference engine was closed"))
+        self._worker.shutdown(wait=False)
+
+    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -379,16 +389,22 @@ class TorchInferenceEngine:
             raise
 
     async def _let_the_queue_fill(self) -> None:
-        """Requests sent together (a step's episodes, each a few event-loop turns from its
-        sample() call) reach the queue over several turns: wait until it stops growing, so they
-        share one batch rather than the first few decoding alone while the rest wait for them."""
-        rows, still = -1, 0
-        while still < QUEUE_SETTLE_TURNS:
+        """Requests sent together (a step's episodes) reach the queue over several event-loop
+        turns and, when their environments run user code in threads, over milliseconds: wait until
+        it stops growing, so they share one batch rather than the first few decoding alone while
+        the rest wait a whole batch for them."""
+        quiet_s = self.options.batch_wait_ms / 1000
+        rows, still, since = -1, 0, time.perf_counter()
+        while still < QUEUE_SETTLE_TURNS or time.perf_counter() - since < quiet_s:
             queued = sum(len(request.rows) for request in self._queue)
             if queued >= self.options.max_batch_size:
                 return
-            rows, still = queued, still + 1 if queued == rows else 0
-            await asyncio.sleep(0)
+            if queued != rows:
+                rows, still, since = queued, 0, time.perf_counter()
+            else:
+                still += 1
+            # Turns first (they cost nothing); then short sleeps, so threads get the GIL.
+            await asyncio.sleep(0 if still < QUEUE_SETTLE_TURNS else 0.001)
 
     def _take_batch(self) -> list[_Request]:
         requests = [self._queue.popleft()]
@@ -401,13 +417,13 @@ class TorchInferenceEngine:
     async def _run_batch(self, requests: list[_Request]) -> None:
         batch = _Batch(requests, [row for request in requests for row in request.rows])
         async with self._model_lock:
-            await asyncio.to_thread(self._prefill, batch, self._version)
+            await self._compute(self._prefill, batch, self._version)
         self._resolve(batch)
         while batch.rows:
             if not await self._gate(batch):
                 return
             async with self._model_lock:
-                await asyncio.to_thread(self._decode_step, batch, self._version)
+                await self._compute(self._decode_step, batch, self._version)
             self._resolve(batch)
 
     async def _gate(self, batch: _Batch) -> bool:
