@@ -143,6 +143,44 @@ def test_exclusive_tool_waits_for_in_flight_calls_and_latches_the_episode() -> N
     assert "start slow" not in log
 
 
+def test_user_code_runs_in_threads_and_the_sdks_defaults_inline() -> None:
+    """Sync user methods must not block the event loop; the SDK's own defaults (constructor,
+    teardown, task tools) hold no user code and spare each episode the thread hops."""
+    import threading
+
+    seen: dict[str, bool] = {}
+
+    class Watched(Counter):
+        def setup(self) -> None:
+            super().setup()
+            seen["setup in a thread"] = threading.current_thread() is not threading.main_thread()
+
+        def teardown(self) -> None:
+            seen["teardown in a thread"] = threading.current_thread() is not threading.main_thread()
+
+    async def go(env_cls: type[Environment]) -> int:
+        hops = 0
+        to_thread = asyncio.to_thread
+
+        async def counting(*args: object, **kwargs: object) -> object:
+            nonlocal hops
+            hops += 1
+            return await to_thread(*args, **kwargs)
+
+        asyncio.to_thread = counting  # type: ignore[assignment]
+        try:
+            session = await LocalEnvironment(env_cls).open({"n": 1})
+            await session.tools()
+            await session.close()
+        finally:
+            asyncio.to_thread = to_thread
+        return hops
+
+    assert run(go(Watched)) == 2  # setup and teardown, the user's
+    assert seen == {"setup in a thread": True, "teardown in a thread": True}
+    assert run(go(Counter)) == 1  # setup only: its constructor, teardown and task tools are the SDK's
+
+
 def test_tool_failures_come_back_as_tool_errors() -> None:
     class Broken(Counter):
         @tool

@@ -154,6 +154,24 @@ async def run_user_callable(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
     return await result if inspect.isawaitable(result) else result
 
 
+async def run_env_method(env: Environment, name: str, *args: Any) -> Any:
+    """`run_user_callable` on method `name` of `env`. The SDK's own defaults hold no user code and
+    return at once: they run inline, sparing every episode a thread hop per default (with many
+    episodes at once, those hops spread their first model calls over milliseconds)."""
+    method = getattr(env, name)
+    if getattr(type(env), name) is not getattr(Environment, name):
+        return await run_user_callable(method, *args)
+    result = method(*args)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def construct_env(env_cls: type[Environment], **kwargs: Any) -> Environment:
+    """`env_cls(**kwargs)`: in a thread when the class has a constructor of its own, else inline."""
+    if env_cls.__init__ is Environment.__init__:
+        return env_cls(**kwargs)
+    return await run_user_callable(env_cls, **kwargs)
+
+
 def as_tool_output(name: str, result: Any) -> ToolOutput:
     if isinstance(result, ToolOutput):
         return result

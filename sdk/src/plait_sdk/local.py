@@ -22,7 +22,9 @@ from plait_sdk.environment import (
     Environment,
     ToolInfo,
     as_tool_output,
+    construct_env,
     input_model,
+    run_env_method,
     run_user_callable,
     takes_keywords,
 )
@@ -68,13 +70,13 @@ class LocalEnvironment:
 
     async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> LocalSession:
         try:
-            env = await run_user_callable(self.env_cls, task_spec=dict(task), secrets=dict(secrets or {}))
+            env = await construct_env(self.env_cls, task_spec=dict(task), secrets=dict(secrets or {}))
         except Exception as exc:
             raise EnvironmentError_(f"environment {self.name!r} could not be built for task {dict(task)!r}: "
                                     f"{type(exc).__name__}: {exc}") from exc
         session = LocalSession(env)
         try:
-            await run_user_callable(env.setup)
+            await run_env_method(env, "setup")
         except Exception as exc:
             await session.close()
             raise EnvironmentError_(f"environment {self.name!r} setup failed: {type(exc).__name__}: {exc}") from exc
@@ -139,13 +141,13 @@ class LocalSession:
         self._gate = _ExclusiveGate()
 
     async def prompt(self) -> list[Block]:
-        return [as_block(b) for b in await run_user_callable(self.env.get_prompt)]
+        return [as_block(b) for b in await run_env_method(self.env, "get_prompt")]
 
     async def messages(self) -> list[Message]:
-        return list(await run_user_callable(self.env.get_messages))
+        return list(await run_env_method(self.env, "get_messages"))
 
     async def tools(self) -> list[ToolSpec]:
-        task_tools = await run_user_callable(self.env.list_task_tools)
+        task_tools = await run_env_method(self.env, "list_task_tools")
         if isinstance(task_tools, ListToolsOutput) or hasattr(task_tools, "tools"):
             task_tools = task_tools.tools
         terminal = self.env.terminal_tool_spec()
@@ -229,7 +231,7 @@ class LocalSession:
             return
         self.closed = True
         try:
-            await run_user_callable(self.env.teardown)
+            await run_env_method(self.env, "teardown")
         except Exception as exc:  # closing must always be safe; the failure is logged, not raised
             log.warning("environment teardown failed", env=type(self.env).__name__,
                         error=f"{type(exc).__name__}: {exc}")
