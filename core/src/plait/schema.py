@@ -50,10 +50,12 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is not type(None):
-                with contextlib.suppress(ConfigError):
-                    return _convert(arg, value, path)
+        others = [a for a in args if a is not type(None)]
+        if len(others) == 1 and attrs.has(others[0]):  # an optional table: its own error says more
+            return _convert(others[0], value, path)
+        for arg in others:
+            with contextlib.suppress(ConfigError):
+                return _convert(arg, value, path)
         raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         if not isinstance(value, list | tuple):
