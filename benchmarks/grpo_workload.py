@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,24 @@ every = 0
 [metrics]
 sinks = ["jsonl"]
 """
+
+
+def plait_command(config: Path, threads: int | None, overrides: Sequence[str] = ()) -> list[str]:
+    """`plait run` of this venv on `config` from scratch, with both engines on `threads` torch
+    threads when given, and `overrides` (KEY=VALUE) applied."""
+    command = [str(Path(sys.executable).parent / "plait"), "run", str(config), "--no-resume"]
+    if threads:
+        command += ["-s", f"trainer.options.threads={threads}", "-s", f"inference.options.threads={threads}"]
+    for override in overrides:
+        command += ["-s", override]
+    return command
+
+
+def plait_steps(run_dir: Path, steps: int) -> list[dict[str, Any]]:
+    """The training steps' rows of a finished run's metrics.jsonl, in order (the evaluation rows
+    left out); raises unless there are `steps` of them."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = sorted((r for r in rows if "time/total" in r), key=lambda r: r["step"])
+    if len(trained) != steps:
+        raise SystemExit(f"plait logged {len(trained)} training steps in {run_dir}, expected {steps}")
+    return trained

@@ -61,7 +61,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -122,14 +121,8 @@ def run_plait(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     name = "vs-trl-plait"
     config = tmp / "plait.toml"
     config.write_text(workload.plait_config(tmp / "runs", name, args.steps))
-    cmd = [str(Path(sys.executable).parent / "plait"), "run", str(config), "--no-resume"]
-    if args.threads:
-        cmd += ["-s", f"trainer.options.threads={args.threads}", "-s", f"inference.options.threads={args.threads}"]
-    process = run_child(cmd, tmp / "plait.log", args.threads)
-    records = [json.loads(line) for line in (tmp / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["step"] > 0 and "time/total" in r]
-    if len(steps) != args.steps:
-        raise SystemExit(f"plait logged {len(steps)} training steps, expected {args.steps}")
+    process = run_child(workload.plait_command(config, args.threads), tmp / "plait.log", args.threads)
+    steps = workload.plait_steps(tmp / "runs" / name, args.steps)
     return {**process,
             "time_keys": sorted(k for k in steps[0] if k.startswith("time/")),
             "step_seconds": [r["time/total"] for r in steps],
