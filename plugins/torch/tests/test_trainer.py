@@ -167,7 +167,7 @@ def test_loading_something_else_is_a_clear_error(tiny_model: ResolvedModel, tmp_
     meta = json.loads(meta_path.read_text())
     meta["parameters"]["model.norm.weight"] = [7]
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(ModelError, match=r"different model: 1 parameters differ .*model\.norm\.weight"):
+    with pytest.raises(ModelError, match=r"different model \(or other LoRA settings\): 1 parameters differ .*model\.norm\.weight"):
         trainer.load_state(tmp_path / "state")
 
 

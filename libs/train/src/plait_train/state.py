@@ -53,9 +53,9 @@ def check_same_parameters(saved: Mapping[str, list[int]], expected: Mapping[str,
     differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
     if differing:
         raise ModelError(
-            f"trainer state {path} was saved from a different model: {len(differing)} parameters differ "
-            f"in name or shape, e.g. {differing[:3]}",
-            fix="load it into a trainer built on the same model")
+            f"trainer state {path} was saved from a different model (or other LoRA settings): {len(differing)} "
+            f"parameters differ in name or shape, e.g. {differing[:3]}",
+            fix="load it into a trainer built on the same model, with the same trainer.options.lora")
 
 
 def temporary_sibling(path: Path) -> Path:

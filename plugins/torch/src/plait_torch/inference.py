@@ -79,6 +79,7 @@ from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 from plait_train import loading
 from plait_train.layout import common_prefix
+from plait_train.lora import merge_adapter
 from plait_train.ops import target_logprobs
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_weights import patch as weight_patch
@@ -171,6 +172,8 @@ class TorchInferenceEngine:
                                             attn_implementation=self.options.attn_implementation)
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.eval().requires_grad_(False)
+        if self.options.adapter is not None:
+            merge_adapter(self.model, self.options.adapter)
         self._hooks: RoutingHooks | None = None
         if self.options.enable_return_routed_experts:
             shape = moe_shape(self.model)

@@ -15,6 +15,20 @@ Device = Literal["auto", "cpu", "cuda"]
 
 
 @attrs.frozen
+class LoraOptions:
+    """Train low-rank adapters instead of the whole model (the base stays frozen); Tinker's
+    `lora_config`. Saved states hold the adapter in PEFT's layout."""
+
+    rank: int = attrs.field(default=32, validator=positive)
+    alpha: float = attrs.field(default=32.0, validator=positive)
+    """The adapter's output is scaled by alpha / rank."""
+    train_attn: bool = True
+    """Adapt the attention projections (q, k, v, o)."""
+    train_mlp: bool = True
+    """Adapt the MLP projections (gate, up, down)."""
+
+
+@attrs.frozen
 class TorchTrainerOptions:
     device: Device = "auto"
     """auto = the first CUDA device when there is one, else the CPU."""
@@ -43,6 +57,9 @@ class TorchTrainerOptions:
     """Mixture-of-experts models: route every token to the experts the sampler recorded for it
     (R3) instead of the trainer's own choice; the data must carry routed_experts (sample with
     inference.options.enable_return_routed_experts = true)."""
+    lora: LoraOptions | None = None
+    """LoRA adapters to train instead of the whole model (None = full fine-tuning). Weight
+    export (and so weight sync) sends the merged weights, base + adapter, under the base's names."""
 
 
 @attrs.frozen
@@ -69,6 +86,9 @@ class TorchInferenceOptions:
     dtype: Literal["float32", "bfloat16"] | None = None
     """The dtype to sample in; None = model.dtype. (Sampling in bfloat16 while training in float32
     is the common split; weight updates are cast on arrival.)"""
+    adapter: str | None = None
+    """A LoRA adapter directory (PEFT's layout: adapter_config.json, adapter_model.safetensors)
+    to merge into the weights when the engine starts."""
     enable_return_routed_experts: bool = False
     """Mixture-of-experts models: record the experts every token was routed to, returned with each
     sample (`SampledSequence.routed_experts`) for routing replay in the trainer."""

@@ -27,6 +27,7 @@ from plait_train import loading
 from plait_train.checkpointing import apply_activation_checkpointing
 from plait_train.engine import SingleProcessEngine
 from plait_train.layout import LayoutOptions
+from plait_train.lora import LoraAdapters, LoraSpec
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_train.scorer import TokenScorer
@@ -58,6 +59,12 @@ class TorchTrainer(SingleProcessEngine):
         if checkpointing:
             apply_activation_checkpointing(self.model, "full" if checkpointing is True else checkpointing)
         self.model.train()
+        self.lora: LoraAdapters | None = None
+        if self.options.lora is not None:
+            lora = self.options.lora
+            self.lora = LoraAdapters.attach(self.model, LoraSpec(lora.rank, lora.alpha, lora.train_attn,
+                                                                 lora.train_mlp), seed=seed,
+                                              key="trainer.options.lora")
         self.vocab_rows = loading.embedding_rows(self.model)
         self.scorer = TokenScorer(self.model)
         layout = _layout(self.options, self.scorer)
@@ -70,28 +77,39 @@ class TorchTrainer(SingleProcessEngine):
         runner = StepRunner(self.scorer, layout=layout, device=device, flops=FlopsModel.of(self.model),
                             vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype, routing=routing,
                             routing_replay=self.options.routing_replay)
-        self._init_training(runner, dict(self.model.named_parameters()))  # tied parameters appear once
+        # Tied parameters appear once; with LoRA only the adapters train.
+        trained = self.lora.parameters_by_name() if self.lora else dict(self.model.named_parameters())
+        self._init_training(runner, trained)
         log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
                  params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
-                 prefix_sharing=layout.prefix_sharing, activation_checkpointing=checkpointing)
+                 prefix_sharing=layout.prefix_sharing, activation_checkpointing=checkpointing,
+                 lora_rank=self.lora.spec.rank if self.lora else None)
 
     # -- protocol (forward, forward_backward, optim_step: SingleProcessEngine) ------------------
 
     def export_weights(self) -> Iterator[tuple[str, Any]]:
-        """(Hugging Face name, tensor) for every parameter (tied ones once, under their first name).
+        """(Hugging Face name, tensor) for every parameter of the model (tied ones once, under
+        their first name); with LoRA, the adapted weights merged (base + adapter, new tensors).
 
-        The tensors are the live parameters, detached: valid until the next `optim_step` or
+        The other tensors are the live parameters, detached: valid until the next `optim_step` or
         `load_state`; copy them to keep them longer.
         """
-        for name, param in self._params.items():
-            yield name, param.detach()
+        merged = dict(self.lora.merged_weights()) if self.lora else {}
+        for name, param in self.model.named_parameters():
+            yield name, merged.get(name, param.detach())
 
     def _save_weights(self, directory: Path) -> None:
-        self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
+        if self.lora:
+            self.lora.save(directory)  # the adapter alone, in PEFT's layout
+        else:
+            self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
 
     def _load_weights(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
+        if self.lora:
+            self.lora.load(directory)
+            return
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(str(file)))

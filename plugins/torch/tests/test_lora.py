@@ -1,0 +1,136 @@
+"""LoRA in plait-torch: the trainer kit with adapters, a frozen base, PEFT states, adapters in sampling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from plait.errors import ConfigError, ModelError
+from plait.models import ResolvedModel
+from plait.schema import structure
+from plait.types import AdamParams, ModelInput, SamplingParams
+from plait_testing.inference import run_with
+from plait_testing.lora import merged_logprob, write_random_lora
+from plait_testing.trainer import TrainerEngineContract, datum_logprobs, random_tokens, sft_datum
+from plait_torch.options import LoraOptions, TorchInferenceOptions, TorchTrainerOptions
+
+LORA = LoraOptions(rank=4, alpha=8.0)
+
+
+def lora_trainer(model: ResolvedModel, lora: LoraOptions = LORA, **options: object):
+    from plait_torch.trainer import TorchTrainer
+
+    return TorchTrainer(model, options=TorchTrainerOptions(lora=lora, **options), seed=0)  # type: ignore[arg-type]
+
+
+class TestTorchTrainerLora(TrainerEngineContract):
+    """Every promise of a trainer engine holds when only adapters train."""
+
+    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")
+
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    @pytest.fixture
+    def make_trainer(self, model: ResolvedModel):
+        return lambda: lora_trainer(model, micro_batch_tokens=24)
+
+
+def sft_data(vocab: int, seed: int = 0) -> list:
+    return [sft_datum(random_tokens(seed * 10 + i, 10, vocab)) for i in range(3)]
+
+
+def test_only_the_adapters_train(tiny_model: ResolvedModel) -> None:
+    trainer = lora_trainer(tiny_model)
+    try:
+        base = {name: p.detach().clone() for name, p in trainer.model.named_parameters()
+                if "lora_" not in name}
+        assert set(trainer.parameter_shapes()) == set(trainer.lora.parameters_by_name())
+        assert all(name.startswith("base_model.model.") for name in trainer.parameter_shapes())
+        before = {n: t.clone() for n, t in trainer.export_weights()}
+        trainer.forward_backward(sft_data(trainer.vocab_rows), "cross_entropy")
+        trainer.optim_step(AdamParams(learning_rate=1e-2))
+        for name, param in trainer.model.named_parameters():
+            if name in base:
+                assert torch.equal(param, base[name]), f"base weight {name} changed"
+        after = dict(trainer.export_weights())
+        changed = {n for n in before if not torch.equal(before[n], after[n])}
+        # Exported weights are merged: exactly the adapted projections move.
+        assert changed and all(n.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                        "up_proj", "down_proj") for n in changed)
+    finally:
+        trainer.close()
+
+
+def test_attention_only_adapts_the_attention(tiny_model: ResolvedModel) -> None:
+    trainer = lora_trainer(tiny_model, LoraOptions(rank=2, alpha=2.0, train_mlp=False))
+    try:
+        modules = {name.split(".")[-3] for name in trainer.parameter_shapes()}
+        assert modules == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    finally:
+        trainer.close()
+
+
+def test_a_saved_state_is_a_peft_adapter_that_sampling_can_load(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    """save_state writes the adapter alone (PEFT's files); an inference engine given it as
+    `options.adapter` samples with the logprobs the trainer computes."""
+    from plait_torch.inference import TorchInferenceEngine
+
+    trainer = lora_trainer(tiny_model)
+    try:
+        for seed in range(3):
+            trainer.forward_backward(sft_data(trainer.vocab_rows, seed), "cross_entropy")
+            trainer.optim_step(AdamParams(learning_rate=1e-2))
+        trainer.save_state(tmp_path / "state")
+        config = json.loads((tmp_path / "state" / "adapter_config.json").read_text())
+        assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
+        assert (tmp_path / "state" / "adapter_model.safetensors").is_file()
+        assert not list((tmp_path / "state").glob("model*.safetensors")), "the base model was saved too"
+
+        tokens = random_tokens(7, 9, trainer.vocab_rows)
+        expected = datum_logprobs(trainer.forward([sft_datum(tokens)]))[0]
+    finally:
+        trainer.close()
+    engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(adapter=str(tmp_path / "state")))
+    logprobs = run_with(lambda: engine, lambda e: e.compute_logprobs(ModelInput.from_ints(tokens)))
+    np.testing.assert_allclose(logprobs[1:], expected, atol=1e-4)
+
+
+def test_sampling_with_a_peft_adapter(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    from plait_torch.inference import TorchInferenceEngine
+
+    deltas = write_random_lora(tiny_model, tmp_path / "adapter")
+    engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(adapter=str(tmp_path / "adapter")))
+    prompt = random_tokens(3, 6, 151936)
+    response = run_with(lambda: engine, lambda e: e.sample(ModelInput.from_ints(prompt), 1,
+                                                           SamplingParams(max_tokens=1, stop=[], seed=1)))
+    seq = response.sequences[0]
+    assert seq.logprobs[0] == pytest.approx(merged_logprob(tiny_model, deltas, [*prompt, seq.tokens[0]]), abs=1e-4)
+
+
+def test_bad_lora_settings_and_adapters_are_clear_errors(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    from plait_torch.inference import TorchInferenceEngine
+
+    with pytest.raises(ConfigError, match=r"trainer\.options\.lora: .*nothing to adapt"):
+        lora_trainer(tiny_model, LoraOptions(rank=2, train_attn=False, train_mlp=False))
+    with pytest.raises(ConfigError, match=r"trainer\.options\.lora: rank must be > 0"):
+        structure(TorchTrainerOptions, {"lora": {"rank": 0}}, "trainer.options")
+    assert structure(TorchTrainerOptions, {"lora": {"rank": 8}}, "trainer.options").lora == LoraOptions(rank=8)
+    with pytest.raises(ModelError, match="not a LoRA adapter"):
+        TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(adapter=str(tmp_path)))
+    trainer = lora_trainer(tiny_model, LoraOptions(rank=2))
+    try:
+        trainer.save_state(tmp_path / "rank2")
+    finally:
+        trainer.close()
+    other = lora_trainer(tiny_model)
+    try:
+        with pytest.raises(ModelError, match="different model"):
+            other.load_state(tmp_path / "rank2")
+    finally:
+        other.close()
