@@ -17,6 +17,7 @@ from plait_testing.inference import run_with
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.trainer import TrainerEngineContract, datum_logprobs, random_tokens, sft_datum
 from plait_torch.options import LoraOptions, TorchInferenceOptions, TorchTrainerOptions
+from plait_torch.trainer import ADAPTER
 
 LORA = LoraOptions(rank=4, alpha=8.0)
 
@@ -50,7 +51,7 @@ def test_only_the_adapters_train(tiny_model: ResolvedModel) -> None:
     try:
         base = {name: p.detach().clone() for name, p in trainer.model.named_parameters()
                 if "lora_" not in name}
-        assert set(trainer.parameter_shapes()) == set(trainer.lora.parameters_by_name())
+        assert set(trainer.parameter_shapes()) == set(trainer.lora.parameters_of(ADAPTER))
         assert all(name.startswith("base_model.model.") for name in trainer.parameter_shapes())
         before = {n: t.clone() for n, t in trainer.export_weights()}
         trainer.forward_backward(sft_data(trainer.vocab_rows), "cross_entropy")

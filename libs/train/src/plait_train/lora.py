@@ -1,16 +1,30 @@
-"""LoRA: low-rank adapters on a frozen model's linear layers, saved and loaded in PEFT's layout.
+"""LoRA: low-rank adapters on a frozen model's linear layers, one or many, in PEFT's layout.
 
-    adapters = LoraAdapters.attach(model, LoraSpec(rank=8, alpha=16), seed=0)
-    adapters.parameters_by_name()      # what trains: "base_model.model.<module>.lora_A.weight", ...
-    adapters.merged_weights()          # the adapted modules' weights, W + alpha / rank * B @ A
-    adapters.save(directory)           # adapter_config.json + adapter_model.safetensors (PEFT)
+    bank = LoraBank(model)                               # the model's own weights freeze
+    bank.add("alice", LoraSpec(rank=8, alpha=16), seed=1)
+    bank.add("bob", LoraSpec(rank=4, alpha=8, train_mlp=False), seed=2)
+    with bank.routing(adapter_of_token, ["alice", "bob"]):   # (batch, seq) indices; -1 = the base
+        loss = ...model(input_ids)...; loss.backward()        # grads reach each adapter's own weights
+    bank.default = "alice"                               # outside `routing`: every token through alice
+    bank.parameters_of("alice")                          # "base_model.model.<module>.lora_A.weight", ...
+    bank.merged_weights("alice")                         # the adapted layers' W + alpha / rank * B @ A
+    bank.save("alice", directory)                        # adapter_config.json + adapter_model.safetensors
 
-Each adapted `nn.Linear` keeps its own parameters (and names); a forward hook adds
-`alpha / rank * B(A(x))` to its output, so activation checkpointing, packing and prefix sharing
-see the same modules as without adapters. A starts Kaiming-uniform and B at zero (PEFT's
-initialisation), so an attached adapter leaves the model's outputs as they were.
+A forward hook on each adaptable `nn.Linear` adds the adapters' `alpha / rank * B(A(x))` to its
+output, so the model keeps its modules and parameter names, and packing, prefix sharing and
+activation checkpointing see it unchanged. A starts Kaiming-uniform and B at zero (PEFT's
+initialisation): a new adapter leaves the model's outputs as they were.
 
-Which modules: the attention projections (q, k, v, o) and the MLP's (gate, up, down) of Llama /
+Many adapters in one pass is the idea of Punica's segmented gather matmul (SGMV), in torch for any
+device: the tokens are grouped by adapter once per `routing` (not per layer), and at every layer
+each group runs its own adapter, added at the group's positions. Each adapter's weights are its
+own parameters, so each keeps its own optimizer state and gradients, and a step of one leaves the
+others alone; adapters may differ in rank and in which layers they adapt. Two things a caller of
+`routing` arranges: with activation checkpointing the backward pass recomputes the forward, so the
+routing stays set until the backward is done; and positions computed once for several sequences
+(prefix sharing) belong to sequences of one adapter.
+
+Which layers: the attention projections (q, k, v, o) and the MLP's (gate, up, down) of Llama /
 Qwen / Mistral-style models, chosen by `LoraSpec.train_attn` / `train_mlp` (Tinker's
 `lora_config`). Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
 adapted; their attention is.
@@ -18,16 +32,17 @@ adapted; their attention is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from plait.errors import ConfigError, ModelError
+from plait.errors import ModelError
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -51,7 +66,7 @@ class LoraSpec:
         return (ATTENTION_MODULES if self.train_attn else ()) + (MLP_MODULES if self.train_mlp else ())
 
 
-class _Adapter(torch.nn.Module):
+class Adapter(torch.nn.Module):
     """The low-rank branch of one linear layer (PEFT's names: lora_A, lora_B)."""
 
     def __init__(self, base: torch.nn.Linear, rank: int, scaling: float, generator: torch.Generator) -> None:
@@ -73,84 +88,119 @@ class _Adapter(torch.nn.Module):
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
 
-class LoraAdapters:
-    """Adapters attached to a model's linear layers (see the module doc)."""
+class LoraBank:
+    """Adapters by name on one frozen model (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, spec: LoraSpec, adapters: Mapping[str, _Adapter]) -> None:
-        self.model, self.spec = model, spec
-        self.adapters = dict(adapters)  # module path -> adapter
-        self.modules = torch.nn.ModuleDict({path.replace(".", "/"): a for path, a in self.adapters.items()})
-        bases = dict(model.named_modules())
-        self._hooks = [bases[path].register_forward_hook(_add_branch(adapter)) for path, adapter in self.adapters.items()]
+    default: str | None = None
+    """The adapter every token goes through outside `routing` (None: the base model)."""
 
-    @classmethod
-    def attach(cls, model: torch.nn.Module, spec: LoraSpec, seed: int = 0, *, key: str = "lora") -> LoraAdapters:
-        """Adapters on `model`'s targeted layers, its own weights frozen; `key` is the config
-        path that errors name."""
-        if spec.rank < 1:
-            raise ConfigError(f"{key}.rank", f"must be >= 1, got {spec.rank}")
-        targets = spec.target_names()
-        if not targets:
-            raise ConfigError(key, "train_attn and train_mlp are both off: nothing to adapt",
-                              fix="turn on train_attn or train_mlp")
-        generator = torch.Generator().manual_seed(seed)
-        found = {path: module for path, module in model.named_modules()
-                 if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets}
-        if not found:
-            raise ModelError(f"no linear layer named {', '.join(targets)} in {type(model).__name__}",
-                             fix="LoRA here adapts Llama/Qwen/Mistral-style projections; use a model of that "
-                                 "family, or train without lora")
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
         model.requires_grad_(False)
-        return cls(model, spec, {path: _Adapter(module, spec.rank, spec.scaling, generator)
-                                 for path, module in sorted(found.items())})
+        targets = ATTENTION_MODULES + MLP_MODULES
+        self.layers = {path: module for path, module in model.named_modules()
+                       if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets}
+        if not self.layers:
+            raise ModelError(f"no linear layer named {', '.join(targets)} in {type(model).__name__}",
+                             fix="LoRA here adapts Llama/Qwen/Mistral-style projections")
+        self.adapters: dict[str, dict[str, Adapter]] = {}
+        self.specs: dict[str, LoraSpec] = {}
+        self._groups: list[tuple[str, torch.Tensor]] | None = None  # (adapter, flat token indices)
+        self._tokens = 0
+        self._hooks = [module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()]
 
-    def parameters_by_name(self) -> dict[str, torch.nn.Parameter]:
-        """Every adapter weight by its PEFT name."""
+    def add(self, name: str, spec: LoraSpec, seed: int = 0) -> dict[str, torch.nn.Parameter]:
+        """A new adapter (B = 0: it starts as the base model); returns its parameters by PEFT name."""
+        if name in self.adapters:
+            raise ValueError(f"adapter {name!r} exists already")
+        wanted = spec.target_names()
+        if spec.rank < 1 or not wanted:
+            raise ValueError(f"adapter {name!r} adapts nothing: rank {spec.rank}, train_attn {spec.train_attn}, "
+                             f"train_mlp {spec.train_mlp}")
+        generator = torch.Generator().manual_seed(seed)
+        self.adapters[name] = {path: Adapter(module, spec.rank, spec.scaling, generator)
+                               for path, module in sorted(self.layers.items()) if path.rsplit(".", 1)[-1] in wanted}
+        self.specs[name] = spec
+        return self.parameters_of(name)
+
+    def remove(self, name: str) -> None:
+        self._check(name)
+        del self.adapters[name], self.specs[name]
+        if self.default == name:
+            self.default = None
+
+    def parameters_of(self, name: str) -> dict[str, torch.nn.Parameter]:
+        self._check(name)
         return {f"{PEFT_PREFIX}{path}.{part}.weight": getattr(adapter, part).weight
-                for path, adapter in self.adapters.items() for part in ("lora_A", "lora_B")}
+                for path, adapter in self.adapters[name].items() for part in ("lora_A", "lora_B")}
 
-    def merged_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, base weight + delta) of every adapted module: new tensors."""
-        bases = dict(self.model.named_modules())
+    def merged_weights(self, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, base weight + delta) of every layer adapter `name` adapts."""
+        self._check(name)
         with torch.no_grad():
-            for path, adapter in self.adapters.items():
-                weight = bases[path].weight
+            for path, adapter in self.adapters[name].items():
+                weight = self.layers[path].weight
                 yield f"{path}.weight", weight + adapter.delta().to(weight.dtype)
 
-    def save(self, directory: str | Path) -> None:
-        """PEFT's layout: adapter_config.json and adapter_model.safetensors."""
+    def save(self, name: str, directory: str | Path) -> None:
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({name: p.detach().contiguous().cpu() for name, p in self.parameters_by_name().items()},
+        save_file({key: p.detach().contiguous().cpu() for key, p in self.parameters_of(name).items()},
                   str(directory / WEIGHTS_FILE))
-        (directory / CONFIG_FILE).write_text(json.dumps(peft_config(self.spec, self.model), indent=1))
+        (directory / CONFIG_FILE).write_text(json.dumps(peft_config(self.specs[name], self.model), indent=1))
 
-    def load(self, directory: str | Path) -> None:
-        """Copy a saved adapter of the same shape into these adapters."""
-        tensors = read_adapter(directory)
-        params = self.parameters_by_name()
-        if set(tensors) != set(params):
-            missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
-            raise ModelError(f"adapter in {directory} does not match this model's adapters: "
-                             f"missing {missing[:3]}, unexpected {extra[:3]}",
-                             fix="load an adapter saved with the same rank and train_attn/train_mlp")
+    def load(self, name: str, directory: str | Path) -> None:
+        tensors, params = read_adapter(directory), self.parameters_of(name)
+        if set(tensors) != set(params) or any(tensors[k].shape != p.shape for k, p in params.items()):
+            raise ModelError(f"adapter in {directory} does not fit adapter {name!r} (rank or adapted layers differ)",
+                             fix="load it into an adapter made with the same rank, train_attn and train_mlp")
         with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(tensors[name])
+            for key, param in params.items():
+                param.copy_(tensors[key])
 
-    def detach(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+    @contextlib.contextmanager
+    def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> Iterator[None]:
+        """Within the block, the token at each position of the model's input goes through adapter
+        `names[adapter_of_token[position]]` (-1: the base alone). `adapter_of_token` is shaped
+        like the input ids."""
+        for name in names:
+            self._check(name)
+        flat = adapter_of_token.reshape(-1)
+        self._tokens = flat.numel()
+        self._groups = [(name, (flat == k).nonzero().squeeze(-1)) for k, name in enumerate(names)]
+        self._groups = [(name, rows) for name, rows in self._groups if rows.numel()]
+        try:
+            yield
+        finally:
+            self._groups = None
 
+    def _hook(self, path: str) -> Any:
+        def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+            if self._groups is None:  # outside `routing`: the default adapter, if any, for every token
+                adapter = self.adapters[self.default].get(path) if self.default else None
+                return output if adapter is None else output + adapter(inputs[0]).to(output.dtype)
+            if not self._groups:
+                return output
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            if x.shape[0] != self._tokens:
+                raise ValueError(f"the routing covers {self._tokens} tokens, layer {path} got {x.shape[0]}")
+            flat = output.reshape(-1, output.shape[-1])
+            delta = None
+            for name, rows in self._groups:
+                adapter = self.adapters[name].get(path)
+                if adapter is None:  # this adapter leaves the layer alone
+                    continue
+                y = adapter(x.index_select(0, rows)).to(flat.dtype)
+                delta = (flat.new_zeros(flat.shape) if delta is None else delta).index_add(0, rows, y)
+            return output if delta is None else output + delta.view_as(output)
 
-def _add_branch(adapter: _Adapter) -> Any:
-    def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-        return output + adapter(inputs[0]).to(output.dtype)
+        return hook
 
-    return hook
+    def _check(self, name: str) -> None:
+        if name not in self.adapters:
+            raise KeyError(f"no adapter {name!r}; adapters: {sorted(self.adapters)}")
 
 
 def peft_config(spec: LoraSpec, model: torch.nn.Module) -> dict[str, Any]:

@@ -27,13 +27,15 @@ from plait_train import loading
 from plait_train.checkpointing import apply_activation_checkpointing
 from plait_train.engine import SingleProcessEngine
 from plait_train.layout import LayoutOptions
-from plait_train.lora import LoraAdapters, LoraSpec
+from plait_train.lora import LoraBank, LoraSpec
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_train.scorer import TokenScorer
 from plait_train.step import StepRunner
 
 log = structlog.get_logger("plait_torch.trainer")
+
+ADAPTER = "policy"  # the name of the trained adapter with trainer.options.lora
 
 
 
@@ -59,12 +61,15 @@ class TorchTrainer(SingleProcessEngine):
         if checkpointing:
             apply_activation_checkpointing(self.model, "full" if checkpointing is True else checkpointing)
         self.model.train()
-        self.lora: LoraAdapters | None = None
+        self.lora: LoraBank | None = None
         if self.options.lora is not None:
             lora = self.options.lora
-            self.lora = LoraAdapters.attach(self.model, LoraSpec(lora.rank, lora.alpha, lora.train_attn,
-                                                                 lora.train_mlp), seed=seed,
-                                              key="trainer.options.lora")
+            if not (lora.train_attn or lora.train_mlp):
+                raise ConfigError("trainer.options.lora", "train_attn and train_mlp are both off: nothing to adapt",
+                                  fix="turn on train_attn or train_mlp, or drop trainer.options.lora")
+            self.lora = LoraBank(self.model)
+            self.lora.add(ADAPTER, LoraSpec(lora.rank, lora.alpha, lora.train_attn, lora.train_mlp), seed=seed)
+            self.lora.default = ADAPTER
         self.vocab_rows = loading.embedding_rows(self.model)
         self.scorer = TokenScorer(self.model)
         layout = _layout(self.options, self.scorer)
@@ -78,12 +83,12 @@ class TorchTrainer(SingleProcessEngine):
                             vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype, routing=routing,
                             routing_replay=self.options.routing_replay)
         # Tied parameters appear once; with LoRA only the adapters train.
-        trained = self.lora.parameters_by_name() if self.lora else dict(self.model.named_parameters())
+        trained = self.lora.parameters_of(ADAPTER) if self.lora else dict(self.model.named_parameters())
         self._init_training(runner, trained)
         log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
                  params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
                  prefix_sharing=layout.prefix_sharing, activation_checkpointing=checkpointing,
-                 lora_rank=self.lora.spec.rank if self.lora else None)
+                 lora_rank=self.options.lora.rank if self.options.lora else None)
 
     # -- protocol (forward, forward_backward, optim_step: SingleProcessEngine) ------------------
 
@@ -94,13 +99,13 @@ class TorchTrainer(SingleProcessEngine):
         The other tensors are the live parameters, detached: valid until the next `optim_step` or
         `load_state`; copy them to keep them longer.
         """
-        merged = dict(self.lora.merged_weights()) if self.lora else {}
+        merged = dict(self.lora.merged_weights(ADAPTER)) if self.lora else {}
         for name, param in self.model.named_parameters():
             yield name, merged.get(name, param.detach())
 
     def _save_weights(self, directory: Path) -> None:
         if self.lora:
-            self.lora.save(directory)  # the adapter alone, in PEFT's layout
+            self.lora.save(ADAPTER, directory)  # the adapter alone, in PEFT's layout
         else:
             self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
 
@@ -108,7 +113,7 @@ class TorchTrainer(SingleProcessEngine):
         from safetensors.torch import load_file
 
         if self.lora:
-            self.lora.load(directory)
+            self.lora.load(ADAPTER, directory)
             return
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(directory.glob("*.safetensors")):
