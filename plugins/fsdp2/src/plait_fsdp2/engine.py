@@ -38,7 +38,7 @@ from plait_fsdp2.options import FSDP2Options
 from plait_fsdp2.rank import META_FILE, STATE_FORMAT, RankInfo, RankSetup
 from plait_train.layout import LayoutOptions, split_for_ranks
 from plait_train.perf import FlopsModel
-from plait_train.state import fsync_tree, replace_dir, temporary_sibling
+from plait_train.state import check_same_parameters, fsync_tree, replace_dir, temporary_sibling
 from plait_train.step import check_data, check_loss_config, check_token_ids, to_output
 from plait_train.workers import WorkerGroup, tensor_from_wire
 
@@ -136,12 +136,7 @@ class FSDP2Trainer:
         if meta.get("format") != STATE_FORMAT:
             raise ModelError(f"trainer state {path} has format {meta.get('format')}, this trainer reads {STATE_FORMAT}",
                              fix="load it with the plait-fsdp2 version that wrote it")
-        saved, expected = meta["parameters"], self._info.parameters
-        differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
-        if differing:
-            raise ModelError(
-                f"trainer state {path} was saved from a different model: {len(differing)} parameters differ "
-                f"in name or shape, e.g. {differing[:3]}", fix="load it into a trainer built on the same model")
+        check_same_parameters(meta["parameters"], self._info.parameters, path)
         self._call("load_state", str(path))
         self._weight_version = int(meta["weight_version"])
         log.info("trainer state loaded", path=str(path), weight_version=self._weight_version,
