@@ -7,22 +7,25 @@ import pytest
 from plait.models import ResolvedModel
 from plait_testing.inference import InferenceEngineContract
 from plait_testing.trainer import TrainerEngineContract
-from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
+from plait_torch.options import LoraOptions, TorchInferenceOptions, TorchTrainerOptions
 
 
 class TestTorchTrainer(TrainerEngineContract):
+    """Full fine-tuning, and LoRA (only adapters train: every promise must hold the same)."""
+
     required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")
 
     @pytest.fixture
     def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
         return tiny_model
 
-    @pytest.fixture
-    def make_trainer(self, model: ResolvedModel):
+    @pytest.fixture(params=[None, LoraOptions(rank=4, alpha=8.0)], ids=["full", "lora"])
+    def make_trainer(self, model: ResolvedModel, request: pytest.FixtureRequest):
         from plait_torch.trainer import TorchTrainer
 
         # A small micro-batch so that the kit's batches are split into several forward passes.
-        return lambda: TorchTrainer(model, options=TorchTrainerOptions(micro_batch_tokens=24), seed=0)
+        options = TorchTrainerOptions(micro_batch_tokens=24, lora=request.param)
+        return lambda: TorchTrainer(model, options=options, seed=0)
 
 
 class TestTorchInference(InferenceEngineContract):

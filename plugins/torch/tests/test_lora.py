@@ -1,4 +1,5 @@
-"""LoRA in plait-torch: the trainer kit with adapters, a frozen base, PEFT states, adapters in sampling."""
+"""LoRA in plait-torch (the trainer contract kit with LoRA is in test_contracts.py): a frozen base,
+PEFT states, adapters in sampling, errors."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from plait.schema import structure
 from plait.types import AdamParams, ModelInput, SamplingParams
 from plait_testing.inference import run_with
 from plait_testing.lora import merged_logprob, write_random_lora
-from plait_testing.trainer import TrainerEngineContract, datum_logprobs, random_tokens, sft_datum
+from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait_torch.options import LoraOptions, TorchInferenceOptions, TorchTrainerOptions
 from plait_torch.trainer import ADAPTER
 
@@ -26,20 +27,6 @@ def lora_trainer(model: ResolvedModel, lora: LoraOptions = LORA, **options: obje
     from plait_torch.trainer import TorchTrainer
 
     return TorchTrainer(model, options=TorchTrainerOptions(lora=lora, **options), seed=0)  # type: ignore[arg-type]
-
-
-class TestTorchTrainerLora(TrainerEngineContract):
-    """Every promise of a trainer engine holds when only adapters train."""
-
-    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")
-
-    @pytest.fixture
-    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
-        return tiny_model
-
-    @pytest.fixture
-    def make_trainer(self, model: ResolvedModel):
-        return lambda: lora_trainer(model, micro_batch_tokens=24)
 
 
 def sft_data(vocab: int, seed: int = 0) -> list:
@@ -118,7 +105,7 @@ def test_bad_lora_settings_and_adapters_are_clear_errors(tiny_model: ResolvedMod
     from plait_torch.inference import TorchInferenceEngine
 
     with pytest.raises(ConfigError, match=r"trainer\.options\.lora: .*nothing to adapt"):
-        lora_trainer(tiny_model, LoraOptions(rank=2, train_attn=False, train_mlp=False))
+        structure(TorchTrainerOptions, {"lora": {"train_attn": False, "train_mlp": False}}, "trainer.options")
     with pytest.raises(ConfigError, match=r"trainer\.options\.lora: rank must be > 0"):
         structure(TorchTrainerOptions, {"lora": {"rank": 0}}, "trainer.options")
     assert structure(TorchTrainerOptions, {"lora": {"rank": 8}}, "trainer.options").lora == LoraOptions(rank=8)

@@ -4,15 +4,15 @@ How it runs:
 
 - `sample()` queues a request and awaits it. A scheduler task waits until the queue stops
   growing (no new request for a few event-loop turns and `options.batch_wait_ms`), then takes
-  every queued request (up to
-  `options.max_batch_size` sequences; a request's n samples always share a batch) and decodes
-  them together; requests that arrive while a batch runs go into the next one.
+  every queued request (up to `options.max_batch_size` sequences; a request's n samples always
+  share a batch) and decodes them together; requests that arrive while a batch runs go into the
+  next one.
 - A batch is one prefill of the distinct prompts (left-padded; with `options.prefix_sharing`, the
   tokens they all start with run once first), whose KV cache is then repeated for the n samples of
   each prompt, followed by one decode step per token. Each step runs in the engine's one worker
   thread (always the same thread: torch's CPU thread pool is per calling thread, and pools of
-  several threads spinning at once take each other's cores), so the event loop stays free; between steps the scheduler checks for pause,
-  abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
+  several threads spinning at once take each other's cores), so the event loop stays free;
+  between steps the scheduler checks for pause, abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
   as all of its samples are done.
 - Randomness: every sample has its own generator, seeded from the request's seed (or from the
   engine's seed when the request has none) and the sample's index, and draws one uniform number

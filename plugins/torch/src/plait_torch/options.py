@@ -27,6 +27,11 @@ class LoraOptions:
     train_mlp: bool = True
     """Adapt the MLP projections (gate, up, down)."""
 
+    def __attrs_post_init__(self) -> None:
+        if not (self.train_attn or self.train_mlp):
+            raise ValueError("train_attn and train_mlp are both off: nothing to adapt "
+                             "(turn on train_attn or train_mlp, or drop the lora table)")
+
 
 @attrs.frozen
 class TorchTrainerOptions:

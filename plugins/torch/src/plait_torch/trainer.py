@@ -64,9 +64,6 @@ class TorchTrainer(SingleProcessEngine):
         self.lora: LoraBank | None = None
         if self.options.lora is not None:
             lora = self.options.lora
-            if not (lora.train_attn or lora.train_mlp):
-                raise ConfigError("trainer.options.lora", "train_attn and train_mlp are both off: nothing to adapt",
-                                  fix="turn on train_attn or train_mlp, or drop trainer.options.lora")
             self.lora = LoraBank(self.model)
             self.lora.add(ADAPTER, LoraSpec(lora.rank, lora.alpha, lora.train_attn, lora.train_mlp), seed=seed)
             self.lora.default = ADAPTER
@@ -110,11 +107,11 @@ class TorchTrainer(SingleProcessEngine):
             self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
 
     def _load_weights(self, directory: Path) -> None:
-        from safetensors.torch import load_file
-
         if self.lora:
             self.lora.load(ADAPTER, directory)
             return
+        from safetensors.torch import load_file
+
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(str(file)))
