@@ -13,6 +13,7 @@ pytestmark = pytest.mark.sglang
 class TestSGLangEngine(InferenceEngineContract):
     timeout_s = 300.0
     in_flight_probes = 2  # requests reach the server on separate connections
+    settle_probe_round_trips = 2.0  # and stream their tokens back on them (before an abort)
 
     @pytest.fixture
     def model(self, tiny_model: ResolvedModel) -> ResolvedModel:

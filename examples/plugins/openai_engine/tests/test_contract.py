@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 class TestOpenAIEngineOnVLLM(InferenceEngineContract):
     timeout_s = 300.0
     in_flight_probes = 2  # requests reach the server on separate connections
+    settle_probe_round_trips = 2.0  # and stream their tokens back on them (before an abort)
     takes_weight_updates = False
 
     @pytest.fixture

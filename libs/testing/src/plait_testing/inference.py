@@ -26,6 +26,7 @@ blocking the suite.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -71,6 +72,12 @@ class InferenceEngineContract:
     long request can reach the server first (seen under load); the second leaves a whole round
     trip after it. An in-process engine that batches in arrival order needs 1 (a later probe
     there waits for the running batch, so the long request would finish first)."""
+    settle_probe_round_trips: float = 0.0
+    """Before an abort, `start_long_request(settle=True)` also waits this many times the slowest
+    probe's round trip. An engine behind a server should say 2: the probes prove the long request
+    reached the batch, not that its first tokens streamed back, and the client reads them only
+    when its own event loop gets to it (an abort with nothing read returns no tokens: seen on a
+    loaded machine)."""
     takes_weight_updates: bool = True
     """False for an engine that serves a fixed checkpoint: `apply_weights` must then fail with a
     plait error that names the fix, the two tests that train the model skip, and the "keep" pause
@@ -335,13 +342,18 @@ class InferenceEngineContract:
 
     # -- pause / resume ---------------------------------------------------------------------------
 
-    async def start_long_request(self, engine: InferenceEngine, vocab: int, max_tokens: int) -> asyncio.Task[Any]:
+    async def start_long_request(self, engine: InferenceEngine, vocab: int, max_tokens: int,
+                                 settle: bool = False) -> asyncio.Task[Any]:
         """A long request that is certainly in flight when this returns: one-token requests sent
         after it (`in_flight_probes`) have completed, so the batch they share has produced its
-        first tokens."""
+        first tokens; with `settle`, also `settle_probe_round_trips` later."""
         long = asyncio.ensure_future(engine.sample(self.prompt(vocab), 1, SamplingParams(max_tokens=max_tokens, stop=[], seed=5)))
+        slowest = 0.0
         for _ in range(self.in_flight_probes):
+            sent = time.monotonic()
             await engine.sample(self.prompt(vocab, seed=1), 1, SamplingParams(max_tokens=1, stop=[]))
+            slowest = max(slowest, time.monotonic() - sent)
+        await asyncio.sleep(self.settle_probe_round_trips * slowest if settle else 0)
         return long
 
     def check_weight_updates_refused(self, make_engine: MakeEngine) -> None:
@@ -385,10 +397,10 @@ class InferenceEngineContract:
 
     def test_pause_abort_returns_what_requests_have(self, make_engine: MakeEngine, vocab: int) -> None:
         async def body(engine: InferenceEngine) -> None:
-            long = await self.start_long_request(engine, vocab, max_tokens=400)
+            long = await self.start_long_request(engine, vocab, max_tokens=1000, settle=True)
             await engine.pause("abort")
             seq = (await long).sequences[0]
-            assert seq.stop_reason == "abort" and 1 <= len(seq.tokens) < 400
+            assert seq.stop_reason == "abort" and 1 <= len(seq.tokens) < 1000, (seq.stop_reason, len(seq.tokens))
             self.check_sequence(seq, vocab, 0)
             later = asyncio.ensure_future(engine.sample(self.prompt(vocab), 1, SamplingParams(max_tokens=3, stop=[])))
             await asyncio.sleep(0.2)

@@ -1,0 +1,115 @@
+"""The `plait serve tinker` config: which local models serve which base-model names, the engines
+that train and sample them, where checkpoints live, and the tenants with their keys and quotas.
+
+    [server]
+    storage = "tinker-runs"            # checkpoints and run records
+    [models."Qwen/Qwen3-0.6B"]         # the name clients pass as base_model
+    model = "tiny-qwen3"               # a plait model name or a checkpoint directory
+    [trainer]                          # an engine that can open LoRA adapters (plait-torch)
+    engine = "torch"
+    [inference]                        # an engine that takes options.adapter (plait-torch)
+    engine = "torch"
+    [[tenants]]
+    name = "alice"
+    api_key = "tml-alice-..."
+    max_training_runs = 4
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from plait.config import apply_overrides
+from plait import kinds
+from plait.errors import ConfigError, UnknownComponentError
+from plait.plugins import get_registry
+from plait.schema import positive, structure
+
+
+@attrs.frozen
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    storage: str = "tinker-runs"
+    """Directory of saved states, sampler weights and run records (relative: to the config file)."""
+    lora_alpha: float = attrs.field(default=32.0, validator=positive)
+    """Tinker's lora_config has no alpha: every adapter scales by lora_alpha / rank."""
+    max_samplers: int = attrs.field(default=4, validator=positive)
+    """Sampling engines kept loaded (one per sampled checkpoint, least recently used closed first)."""
+    poll_s: float = attrs.field(default=25.0, validator=positive)
+    """How long a retrieve_future waits for its result before answering 408 (the SDK gives up at 45 s)."""
+    session_timeout_s: float = attrs.field(default=300.0, validator=positive)
+    """A session without a heartbeat for this long is finished: its training runs unload."""
+
+
+@attrs.frozen
+class BaseModel:
+    model: str
+    """A registered plait model name or a checkpoint directory."""
+    tokenizer: str | None = None
+    """What get_info reports as tokenizer_id (default: the base-model name)."""
+    max_context_length: int = attrs.field(default=4096, validator=positive)
+
+
+@attrs.frozen
+class Component:
+    engine: str = "torch"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Tenant:
+    name: str
+    api_key: str
+    max_training_runs: int = attrs.field(default=8, validator=positive)
+    """Training runs loaded at once (a finished session's runs no longer count)."""
+    max_sampling_sessions: int = attrs.field(default=64, validator=positive)
+
+
+@attrs.frozen
+class TinkerServerConfig:
+    models: dict[str, BaseModel]
+    server: ServerOptions = attrs.field(factory=ServerOptions)
+    trainer: Component = attrs.field(factory=Component)
+    inference: Component = attrs.field(factory=Component)
+    tenants: list[Tenant] = attrs.field(factory=list)
+    """None listed: one tenant, any key, and the server binds loopback only."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("models", "no base model: add a [models.\"NAME\"] table with model = ...")
+        for key in ("name", "api_key"):
+            seen: set[str] = set()
+            for i, tenant in enumerate(self.tenants):
+                if getattr(tenant, key) in seen:
+                    raise ConfigError(f"tenants[{i}].{key}", f"{getattr(tenant, key)!r} appears twice")
+                seen.add(getattr(tenant, key))
+
+
+def check_components(config: TinkerServerConfig) -> None:
+    """The trainer and inference engines exist and their options fit, before any model loads."""
+    registry = get_registry()
+    for section, component in (("trainer", config.trainer), ("inference", config.inference)):
+        kind = kinds.TRAINER_ENGINE if section == "trainer" else kinds.INFERENCE_ENGINE
+        try:
+            factory = registry.get(kind, component.engine)
+        except UnknownComponentError as exc:
+            raise ConfigError(f"{section}.engine", exc.message, fix=exc.fix) from None
+        factory.validate_options(component.options, f"{section}.options")
+
+
+def load_server_config(path: Path | None, overrides: Sequence[str] = ()) -> tuple[TinkerServerConfig, Path]:
+    """The config (`key.path=value` overrides applied) and the directory its relative paths
+    start from."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("", f"cannot read the config {path}: {exc}") from None
+    return structure(TinkerServerConfig, apply_overrides(data, overrides)), (path.parent if path else Path.cwd())

@@ -1,0 +1,635 @@
+"""The Tinker service behind `plait serve tinker`, apart from HTTP: sessions, training runs (each
+a LoRA adapter on a base model shared by every run of that model), sampling sessions,
+checkpoints and futures, for one or many tenants.
+
+Training runs on one worker thread: each run executes its requests one at a time in `seq_id`
+order (the SDK sends a forward_backward's chunks concurrently, the first one last) and the runs
+take turns on the thread in the order their requests become ready, so one tenant's long queue
+cannot starve another's. Sampling runs on inference engines (one per sampled checkpoint, the
+least recently used closed beyond `server.max_samplers`), concurrently with training.
+
+Every object belongs to the tenant that made it; another tenant's ids are answered as unknown.
+A failed request fails its own future (an error body the SDK raises), nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import structlog
+
+from plait import kinds
+from plait.components import resolve_model
+from plait.errors import PlaitError
+from plait.models import ResolvedModel
+from plait.plugins import build
+from plait.protocols import AdapterEngine, AdapterTrainer, InferenceEngine, TrainerEngine
+from plait.types import AdamParams, LoraConfig
+from plait_tinker import wire
+from plait_tinker.config import Tenant, TinkerServerConfig
+
+log = structlog.get_logger("plait_tinker")
+T = TypeVar("T")
+
+OPEN_TENANT = Tenant(name="local", api_key="")
+EPHEMERAL_KEPT = 4  # a run's snapshots for sampling kept on disk (older ones are deleted)
+
+
+class ServiceError(Exception):
+    """A request refused or failed; `category` is the SDK's ("user": fix the request, "server")."""
+
+    def __init__(self, message: str, *, status: int = 400, category: str = "user") -> None:
+        super().__init__(message)
+        self.message, self.status, self.category = message, status, category
+
+
+def not_found(what: str) -> ServiceError:
+    return ServiceError(f"{what} not found", status=404)
+
+
+@attrs.define
+class Session:
+    id: str
+    tenant: str
+    last_seen: float
+    finished: bool = False
+
+
+@attrs.define
+class TrainingRun:
+    model_id: str
+    tenant: str
+    session_id: str
+    base_model: str
+    lora: LoraConfig
+    engine: AdapterEngine | None
+    user_metadata: dict[str, str]
+    created: float
+    last_request: float
+    sequencer: Sequencer
+    ephemeral: collections.deque[Path] = attrs.field(factory=collections.deque)
+
+    def record(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "tenant": self.tenant, "base_model": self.base_model,
+                "lora": attrs.asdict(self.lora), "user_metadata": self.user_metadata, "created": self.created}
+
+
+@attrs.define
+class Sampler:
+    id: str
+    tenant: str
+    base_model: str
+    weights: Path | None  # a saved adapter, None for the base model
+    model_path: str | None  # its tinker:// path, when it has one
+
+
+class Sequencer:
+    """One training run's requests, one at a time, in `seq_id` order. A gap (a seq_id that never
+    arrives) holds the next ones for `gap_s`, then the lowest waiting goes on."""
+
+    def __init__(self, gap_s: float = 30.0) -> None:
+        self.next_seq = 1
+        self.gap_s = gap_s
+        self._waiting: set[int] = set()
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, seq_id: int) -> AsyncIterator[None]:
+        async with self._changed:
+            self._waiting.add(seq_id)
+            try:
+                while seq_id > self.next_seq:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), self.gap_s)
+                    except TimeoutError:
+                        if seq_id == min(self._waiting):
+                            log.warning("a request never came; going on without it", missing=self.next_seq,
+                                        seq_id=seq_id)
+                            break
+            finally:
+                self._waiting.discard(seq_id)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.next_seq = max(self.next_seq, seq_id + 1)
+                self._changed.notify_all()
+
+
+@attrs.define
+class Pending:
+    tenant: str
+    task: asyncio.Task[Any]
+    finished_at: float | None = None
+
+
+class Futures:
+    """Requests that answer later: an id now, the result by `wait` (long-poll). A resubmitted
+    request (same key: a run's seq_id) gets the first one's id; results are kept for a while
+    after they finish, because a client whose poll timed out asks again."""
+
+    KEEP_S = 600.0
+
+    def __init__(self) -> None:
+        self._items: dict[str, Pending] = {}
+        self._by_key: dict[tuple[Any, ...], str] = {}
+        self._ids = itertools.count(1)
+
+    def submit(self, tenant: str, work: Awaitable[Any], key: tuple[Any, ...] | None = None) -> str:
+        if key is not None and key in self._by_key:
+            close = getattr(work, "close", None)
+            if close:
+                close()  # a coroutine that will never run
+            return self._by_key[key]
+        request_id = f"req-{next(self._ids)}"
+        pending = Pending(tenant, asyncio.ensure_future(work))
+        pending.task.add_done_callback(lambda _t: setattr(pending, "finished_at", time.monotonic()))
+        self._items[request_id] = pending
+        if key is not None:
+            self._by_key[key] = request_id
+        self._forget_old()
+        return request_id
+
+    async def wait(self, tenant: str, request_id: str, timeout_s: float) -> asyncio.Task[Any] | None:
+        """The finished task, or None when it is still running after `timeout_s`."""
+        pending = self._items.get(request_id)
+        if pending is None or pending.tenant != tenant:
+            raise not_found(f"request {request_id!r}")
+        done, _ = await asyncio.wait([pending.task], timeout=timeout_s)
+        return pending.task if done else None
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        old = [rid for rid, p in self._items.items() if p.finished_at is not None and now - p.finished_at > self.KEEP_S]
+        for rid in old:
+            del self._items[rid]
+        if old:
+            self._by_key = {k: rid for k, rid in self._by_key.items() if rid in self._items}
+
+
+@attrs.define
+class _SamplingEngine:
+    engine: InferenceEngine
+    users: int = 0
+
+
+class TinkerService:
+    def __init__(self, config: TinkerServerConfig, storage: Path) -> None:
+        self.config = config
+        self.storage = storage
+        storage.mkdir(parents=True, exist_ok=True)
+        self.tenants = {t.api_key: t for t in config.tenants}
+        self.sessions: dict[str, Session] = {}
+        self.runs: dict[str, TrainingRun] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.futures = Futures()
+        self._models: dict[str, ResolvedModel] = {}
+        self._hosts: dict[str, TrainerEngine] = {}
+        self._engines: collections.OrderedDict[str, _SamplingEngine] = collections.OrderedDict()
+        self._engine_lock = asyncio.Lock()
+        self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-trainer")
+        self._session_ids = itertools.count(1)
+        self._sample_ids = itertools.count(1)
+
+    # -- tenants and ids -----------------------------------------------------------------------
+
+    def tenant(self, api_key: str | None) -> Tenant:
+        if not self.tenants:
+            return OPEN_TENANT
+        tenant = self.tenants.get(api_key or "")
+        if tenant is None:
+            raise ServiceError("unknown API key", status=401)
+        return tenant
+
+    def session(self, tenant: Tenant, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.tenant != tenant.name:
+            raise not_found(f"session {session_id!r}")
+        if session.finished:
+            raise ServiceError(f"session {session_id!r} has finished", status=410)
+        session.last_seen = time.monotonic()
+        return session
+
+    def run(self, tenant: Tenant, model_id: str) -> TrainingRun:
+        run = self.runs.get(model_id)
+        if run is None or run.tenant != tenant.name:
+            raise not_found(f"training run {model_id!r}")
+        if run.engine is None:
+            raise ServiceError(f"training run {model_id!r} is not loaded (its session finished)", status=410,
+                               category="user")
+        run.last_request = time.time()
+        return run
+
+    def base_model(self, name: str | None) -> str:
+        if name not in self.config.models:
+            raise ServiceError(f"base model {name!r} is not served here; served: {', '.join(self.config.models)}")
+        return name
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def create_session(self, tenant: Tenant) -> str:
+        session_id = f"session-{next(self._session_ids)}-{int(time.time())}"
+        self.sessions[session_id] = Session(session_id, tenant.name, time.monotonic())
+        return session_id
+
+    async def finish_session(self, tenant: Tenant, session_id: str) -> None:
+        session = self.session(tenant, session_id)
+        session.finished = True
+        await self._unload([run for run in self.runs.values() if run.session_id == session_id])
+
+    async def finish_stale_sessions(self) -> None:
+        """Finish the sessions whose client stopped sending heartbeats, unloading their runs."""
+        cutoff = time.monotonic() - self.config.server.session_timeout_s
+        for session in list(self.sessions.values()):
+            if not session.finished and session.last_seen < cutoff:
+                session.finished = True
+                log.info("session timed out; unloading its runs", session=session.id)
+                await self._unload([r for r in self.runs.values() if r.session_id == session.id])
+
+    async def unload(self, run: TrainingRun) -> None:
+        await self._unload([run])
+
+    async def _unload(self, runs: list[TrainingRun]) -> None:
+        for run in runs:
+            engine, run.engine = run.engine, None
+            if engine is not None:
+                async with run.sequencer.turn(run.sequencer.next_seq):  # after what it has queued
+                    await self._train(engine.close)
+
+    # -- training ------------------------------------------------------------------------------
+
+    async def _train(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._trainer, fn, *args)
+
+    async def _host(self, base_model: str) -> AdapterTrainer:
+        if base_model not in self._hosts:
+            self._hosts[base_model] = await self._train(self._build_trainer, base_model)
+        host = self._hosts[base_model]
+        if not isinstance(host, AdapterTrainer):
+            raise ServiceError(f"trainer engine {self.config.trainer.engine!r} cannot open LoRA adapters "
+                               "(plait.protocols.AdapterTrainer); serve with one that can, e.g. 'torch'",
+                               category="server", status=500)
+        return host
+
+    def _model(self, base_model: str) -> ResolvedModel:
+        if base_model not in self._models:
+            spec = self.config.models[base_model]
+            self._models[base_model] = resolve_model(spec.model)
+        return self._models[base_model]
+
+    def _build_trainer(self, base_model: str) -> TrainerEngine:
+        log.info("loading base model for training", base_model=base_model)
+        return build(kinds.TRAINER_ENGINE, self.config.trainer.engine, self._model(base_model),
+                     options=self.config.trainer.options, options_path="trainer.options", seed=0)
+
+    def _check_quota(self, tenant: Tenant) -> None:
+        loaded = sum(1 for r in self.runs.values() if r.tenant == tenant.name and r.engine is not None)
+        if loaded >= tenant.max_training_runs:
+            raise ServiceError(f"tenant {tenant.name!r} has {loaded} training runs loaded, its quota "
+                               f"(max_training_runs); finish a session to free one", status=429)
+
+    def create_model(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        session = self.session(tenant, str(body.get("session_id")))
+        base = self.base_model(body.get("base_model"))
+        lora = _lora_config(body.get("lora_config") or {}, self.config.server.lora_alpha)
+        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        self._check_quota(tenant)
+        return self.futures.submit(tenant.name, self._open_run(tenant, session, model_id, base, lora,
+                                                               body.get("user_metadata") or {},
+                                                               seed=int((body.get("lora_config") or {}).get("seed") or 0)),
+                                   key=("create", model_id))
+
+    async def _open_run(self, tenant: Tenant, session: Session, model_id: str, base: str, lora: LoraConfig,
+                        user_metadata: dict[str, str], seed: int, state: Path | None = None,
+                        optimizer: bool = True) -> dict[str, Any]:
+        if model_id in self.runs:
+            raise ServiceError(f"training run {model_id!r} exists already")
+        host = await self._host(base)
+        engine = await self._train(host.open_adapter, model_id, lora, seed)
+        run = TrainingRun(model_id, tenant.name, session.id, base, lora, engine, dict(user_metadata), time.time(),
+                          time.time(), Sequencer())
+        if state is not None:
+            try:
+                await self._train(engine.load_state, state, optimizer)
+            except BaseException:
+                await self._train(engine.close)
+                raise
+        self.runs[model_id] = run
+        self._write_record(run)
+        log.info("training run created", model_id=model_id, tenant=tenant.name, base_model=base, rank=lora.rank,
+                 from_state=str(state) if state else None)
+        return {"model_id": model_id, "type": "create_model"}
+
+    def _write_record(self, run: TrainingRun) -> None:
+        directory = self.storage / run.model_id
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "run.json").write_text(json.dumps(run.record(), indent=1))
+
+    def in_order(self, tenant: Tenant, model_id: str, seq_id: int, kind: str,
+                 work: Callable[[TrainingRun], Awaitable[Any]]) -> str:
+        """Submit `work` to run in the run's seq_id order; a resubmit gets the first id."""
+        run = self.run(tenant, model_id)
+
+        async def ordered() -> Any:
+            async with run.sequencer.turn(seq_id):
+                if run.engine is None:
+                    raise ServiceError(f"training run {model_id!r} was unloaded", status=410)
+                return await work(run)
+
+        return self.futures.submit(tenant.name, ordered(), key=(model_id, seq_id, kind))
+
+    def forward_backward(self, tenant: Tenant, call: wire.ForwardBackwardCall) -> str:
+        async def work(run: TrainingRun) -> bytes:
+            assert run.engine is not None
+            method = run.engine.forward if call.forward_only else run.engine.forward_backward
+            output = await self._train(method, call.data, call.loss_fn, call.loss_fn_config)
+            return wire.write_forward_backward(output)
+
+        return self.in_order(tenant, call.model_id, call.seq_id, "forward_backward", work)
+
+    def optim_step(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        params = _adam_params(body.get("adam_params"))
+
+        async def work(run: TrainingRun) -> dict[str, Any]:
+            assert run.engine is not None
+            result = await self._train(run.engine.optim_step, params)
+            return {"metrics": {wire.metric_key(k): float(v) for k, v in result.metrics.items()},
+                    "type": "optim_step"}
+
+        return self.in_order(tenant, str(body.get("model_id")), int(body.get("seq_id", 0)), "optim_step", work)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint_dir(self, model_id: str, kind: str, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise ServiceError(f"checkpoint name {name!r}: use a plain name (no '/', not starting with '.')")
+        return self.storage / model_id / kind / name
+
+    def resolve_path(self, tenant: Tenant, tinker_path: str) -> tuple[TrainingRunRecord, str, Path]:
+        """A `tinker://<model_id>/<weights|sampler_weights>/<name>` path of this tenant's."""
+        parts = tinker_path.removeprefix("tinker://").split("/") if tinker_path.startswith("tinker://") else []
+        if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+            raise ServiceError(f"{tinker_path!r} is not a tinker://<run>/<weights|sampler_weights>/<name> path")
+        record = self.record(tenant, parts[0])
+        directory = self.storage / parts[0] / parts[1] / parts[2]
+        if not (directory / "checkpoint.json").is_file():
+            raise not_found(f"checkpoint {tinker_path!r}")
+        return record, parts[1], directory
+
+    def record(self, tenant: Tenant, model_id: str) -> TrainingRunRecord:
+        path = self.storage / model_id / "run.json"
+        data = json.loads(path.read_text()) if path.is_file() and "/" not in model_id else None
+        if data is None or data["tenant"] != tenant.name:
+            raise not_found(f"training run {model_id!r}")
+        return TrainingRunRecord(data, self.storage / model_id)
+
+    async def _save(self, run: TrainingRun, kind: str, name: str, ttl_seconds: Any = None) -> Path:
+        assert run.engine is not None
+        directory = self.checkpoint_dir(run.model_id, kind, name)
+        await self._train(run.engine.save_state, directory)
+        expires = time.time() + float(ttl_seconds) if ttl_seconds else None
+        (directory / "checkpoint.json").write_text(json.dumps({
+            "checkpoint_id": f"{kind}/{name}", "checkpoint_type": "training" if kind == "weights" else "sampler",
+            "time": time.time(), "expires_at": expires, "tinker_path": f"tinker://{run.model_id}/{kind}/{name}"}))
+        return directory
+
+    def save_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        name = str(body.get("path") or "")
+        model_id = str(body.get("model_id"))
+        self.checkpoint_dir(model_id, "weights", name)
+
+        async def work(run: TrainingRun) -> dict[str, Any]:
+            directory = self.checkpoint_dir(run.model_id, "weights", name)
+            if directory.exists() and not body.get("overwrite"):
+                raise ServiceError(f"checkpoint tinker://{run.model_id}/weights/{name} exists; pick another name",
+                                   status=409)
+            await self._save(run, "weights", name, body.get("ttl_seconds"))
+            return {"path": f"tinker://{run.model_id}/weights/{name}", "type": "save_weights"}
+
+        return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights", work)
+
+    def save_weights_for_sampler(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        model_id = str(body.get("model_id"))
+        name = body.get("path")
+        if name is not None:
+            self.checkpoint_dir(model_id, "sampler_weights", str(name))
+
+        async def work(run: TrainingRun) -> dict[str, Any]:
+            if name is not None:
+                await self._save(run, "sampler_weights", str(name), body.get("ttl_seconds"))
+                return {"path": f"tinker://{run.model_id}/sampler_weights/{name}", "type": "save_weights_for_sampler"}
+            # A snapshot for a sampling client and nothing else: kept while recent.
+            sampler_id = f"{run.session_id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
+            directory = await self._save(run, "sampler_weights", f"snapshot-{run.sequencer.next_seq}")
+            run.ephemeral.append(directory)
+            while len(run.ephemeral) > EPHEMERAL_KEPT:
+                await self._forget_weights(run.ephemeral.popleft())
+            self.samplers[sampler_id] = Sampler(sampler_id, run.tenant, run.base_model, directory, None)
+            return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+
+        return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work)
+
+    async def _forget_weights(self, directory: Path) -> None:
+        async with self._engine_lock:
+            entry = self._engines.get(str(directory))
+            if entry is not None and entry.users == 0:
+                del self._engines[str(directory)]
+                await entry.engine.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def load_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        """Into an existing run (`model_id`), or a new run made from the checkpoint (`session_id`
+        + `model_seq_id`, "create-via-load")."""
+        record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
+        if kind != "weights":
+            raise ServiceError(f"{body.get('path')!r} holds sampler weights; load a state saved by save_state")
+        optimizer = bool(body.get("optimizer"))
+        if body.get("model_id"):
+            async def work(run: TrainingRun) -> dict[str, Any]:
+                assert run.engine is not None
+                await self._train(run.engine.load_state, directory, optimizer)
+                return {"path": body["path"], "type": "load_weights"}
+
+            return self.in_order(tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work)
+        session = self.session(tenant, str(body.get("session_id")))
+        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        base = self.base_model(body.get("base_model") or record.data["base_model"])
+        self._check_quota(tenant)
+
+        async def create() -> dict[str, Any]:
+            await self._open_run(tenant, session, model_id, base, LoraConfig(**record.data["lora"]),
+                                 body.get("user_metadata") or record.data["user_metadata"], seed=0,
+                                 state=directory, optimizer=optimizer)
+            return {"model_id": model_id, "path": body["path"], "type": "load_weights"}
+
+        return self.futures.submit(tenant.name, create(), key=("create", model_id))
+
+    async def delete_checkpoint(self, tenant: Tenant, model_id: str, kind: str, name: str) -> None:
+        _, _, directory = self.resolve_path(tenant, f"tinker://{model_id}/{kind}/{name}")
+        await self._forget_weights(directory)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> str:
+        session = self.session(tenant, str(body.get("session_id")))
+        if sum(1 for s in self.samplers.values() if s.tenant == tenant.name) >= tenant.max_sampling_sessions:
+            raise ServiceError(f"tenant {tenant.name!r} has reached max_sampling_sessions", status=429)
+        sampler_id = f"{session.id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
+        if body.get("model_path"):
+            record, _, directory = self.resolve_path(tenant, str(body["model_path"]))
+            base, weights = record.data["base_model"], directory
+        else:
+            base, weights = self.base_model(body.get("base_model")), None
+        self.samplers[sampler_id] = Sampler(sampler_id, tenant.name, base, weights, body.get("model_path"))
+        return sampler_id
+
+    def sampler(self, tenant: Tenant, sampler_id: str) -> Sampler:
+        sampler = self.samplers.get(sampler_id)
+        if sampler is None or sampler.tenant != tenant.name:
+            raise not_found(f"sampler {sampler_id!r}")
+        return sampler
+
+    def sample(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, list[str]]:
+        """A future of the proto SampleResponse, and an id per sample."""
+        if body.get("sampling_session_id"):
+            sampler = self.sampler(tenant, str(body["sampling_session_id"]))
+        else:  # the pre-session form: a base model or a checkpoint path on the request itself
+            path = body.get("model_path")
+            weights = self.resolve_path(tenant, str(path))[2] if path else None
+            sampler = Sampler("", tenant.name, self.base_model(body.get("base_model")) if not path else
+                              self.resolve_path(tenant, str(path))[0].data["base_model"], weights, path)
+        prompt = wire.model_input(body.get("prompt") or {})
+        params = wire.sampling_params(body.get("sampling_params") or {})
+        num_samples = int(body.get("num_samples", 1))
+        if num_samples < 1:
+            raise ServiceError(f"num_samples must be >= 1, got {num_samples}")
+        for unsupported in ("topk_prompt_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n"):
+            if body.get(unsupported):
+                raise ServiceError(f"{unsupported} is not supported by this server")
+        want_prompt_logprobs = bool(body.get("prompt_logprobs"))
+
+        async def work() -> bytes:
+            async with self._engine(sampler) as engine:
+                response = await engine.sample(prompt, num_samples, params)
+                logprobs = await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
+            return wire.write_sample(response, logprobs)
+
+        request_id = self.futures.submit(tenant.name, work())
+        number = next(self._sample_ids)
+        return request_id, [f"{sampler.id or 'sample'}:{number}:{i}" for i in range(num_samples)]
+
+    @contextlib.asynccontextmanager
+    async def _engine(self, sampler: Sampler) -> AsyncIterator[InferenceEngine]:
+        key = f"{sampler.base_model}|{sampler.weights or ''}"
+        async with self._engine_lock:
+            entry = self._engines.get(key)
+            if entry is None:
+                if sampler.weights is not None and not sampler.weights.is_dir():
+                    raise ServiceError(f"the weights of sampler {sampler.id!r} were deleted", status=410)
+                engine = await asyncio.to_thread(self._build_engine, sampler)
+                entry = self._engines[key] = _SamplingEngine(engine)
+                await self._close_unused_engines(keep=key)
+            self._engines.move_to_end(key)
+            entry.users += 1
+        try:
+            yield entry.engine
+        finally:
+            entry.users -= 1
+
+    def _build_engine(self, sampler: Sampler) -> InferenceEngine:
+        options = dict(self.config.inference.options)
+        if sampler.weights is not None:
+            options["adapter"] = str(sampler.weights)
+        log.info("loading a sampling engine", base_model=sampler.base_model, weights=str(sampler.weights))
+        return build(kinds.INFERENCE_ENGINE, self.config.inference.engine, self._model(sampler.base_model),
+                     options=options, options_path="inference.options", seed=0)
+
+    async def _close_unused_engines(self, keep: str) -> None:
+        for key in [k for k, e in self._engines.items() if k != keep and e.users == 0]:
+            if len(self._engines) <= self.config.server.max_samplers:
+                break
+            await self._engines.pop(key).engine.close()
+
+    # -- what REST lists -----------------------------------------------------------------------
+
+    def training_runs(self, tenant: Tenant) -> list[TrainingRunRecord]:
+        records = []
+        for path in sorted(self.storage.glob("*/run.json")):
+            data = json.loads(path.read_text())
+            if data["tenant"] == tenant.name:
+                records.append(TrainingRunRecord(data, path.parent))
+        return records
+
+    async def close(self) -> None:
+        await self._unload(list(self.runs.values()))
+        for entry in self._engines.values():
+            await entry.engine.close()
+        self._engines.clear()
+        for host in self._hosts.values():
+            await self._train(host.close)
+        self._trainer.shutdown(wait=True)
+
+
+@attrs.frozen
+class TrainingRunRecord:
+    """A training run as saved on disk (it outlives the process and the loaded adapter)."""
+
+    data: dict[str, Any]
+    directory: Path
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(self.directory.glob("*/*/checkpoint.json")):
+            meta = json.loads(path.read_text())
+            if not path.parent.name.startswith("snapshot-"):
+                found.append(meta)
+        return found
+
+
+def _lora_config(body: dict[str, Any], alpha: float) -> LoraConfig:
+    try:
+        config = LoraConfig(rank=int(body.get("rank", 32)), alpha=alpha, train_attn=bool(body.get("train_attn", True)),
+                            train_mlp=bool(body.get("train_mlp", True)),
+                            train_unembed=bool(body.get("train_unembed", True)))
+    except (TypeError, ValueError) as exc:
+        raise ServiceError(f"lora_config: {exc}") from None
+    if config.rank < 1 or not (config.train_attn or config.train_mlp or config.train_unembed):
+        raise ServiceError(f"lora_config: rank {config.rank} with train_attn, train_mlp and train_unembed "
+                           f"{config.train_attn}, {config.train_mlp}, {config.train_unembed} adapts nothing")
+    return config
+
+
+def _adam_params(body: Any) -> AdamParams:
+    if not isinstance(body, dict):
+        raise ServiceError("optim_step: adam_params is required (this server steps AdamW)")
+    fields = {k: float(body[k]) for k in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+              if body.get(k) is not None}
+    if fields.get("learning_rate", 0.0) < 0:
+        raise ServiceError(f"adam_params.learning_rate must be >= 0, got {fields['learning_rate']}")
+    try:
+        return AdamParams(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ServiceError(f"adam_params: {exc}") from None
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The status and `{"error", "category"}` body the SDK reads as a failed request."""
+    if isinstance(exc, ServiceError):
+        return exc.status, {"error": exc.message, "category": exc.category}
+    if isinstance(exc, wire.WireError):
+        return 400, {"error": str(exc), "category": "user"}
+    if isinstance(exc, PlaitError | ValueError | KeyError):
+        return 400, {"error": str(exc), "category": "user"}
+    log.error("request failed", error=repr(exc))
+    return 500, {"error": f"the server failed: {exc!r}", "category": "server"}
