@@ -10,7 +10,7 @@ import structlog
 from rich.console import Console
 
 # One stderr console for progress bars, step summaries and log lines, so that they do not collide.
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, emoji=False)  # ids such as "s:train:0" stay text
 
 
 class _ConsoleLogger:

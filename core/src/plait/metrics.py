@@ -120,11 +120,8 @@ class ConsoleSink:
         self.console = console
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        parts = [f"step {step:>4}"]
-        for key in self.keys:
-            if key in metrics:
-                parts.append(f"{key.split('/')[-1]}={_fmt(metrics[key])}")
-        self.console.print("  ".join(parts))
+        parts = [f"{key.split('/')[-1]}={_fmt(metrics[key])}" for key in self.keys if key in metrics]
+        self.console.print("  ".join([f"step {step:>4}", *parts]))
 
     def close(self) -> None:
         pass
@@ -145,10 +142,8 @@ class TensorBoardSink:
         except ImportError as exc:
             from plait.errors import PlaitError
 
-            raise PlaitError(
-                f"the tensorboard metric sink needs tensorboardX: {exc}",
-                fix="pip install 'plait[tensorboard]', or drop 'tensorboard' from metrics.sinks",
-            ) from exc
+            raise PlaitError(f"the tensorboard metric sink needs tensorboardX: {exc}",
+                             fix="pip install 'plait[tensorboard]', or drop 'tensorboard' from metrics.sinks") from exc
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

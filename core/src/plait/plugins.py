@@ -212,8 +212,7 @@ class PluginManager:
                 impl.function(**{arg: self._register_callback(kind, impl.plugin_name) for arg in impl.argnames})
 
     def _register_callback(self, kind: Kind[F], plugin: str) -> Register[F]:
-        def register(name: str, target: F | str, *, options: type | str | None = None,
-                     description: str = "") -> None:
+        def register(name: str, target: F | str, *, options: type | str | None = None, description: str = "") -> None:
             self.registry.add(Factory(kind, name, target, options, description, plugin))
             log.debug("registered", kind=kind.name, name=name, plugin=plugin)
 

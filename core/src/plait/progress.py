@@ -30,8 +30,7 @@ class StepProgress:
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
             disable=not console.is_terminal,
         )
-        self._task = self._progress.add_task(title, total=total, completed=completed, title=title,
-                                             phase="", status="")
+        self._task = self._progress.add_task(title, total=total, completed=completed, title=title, phase="", status="")
 
     def __enter__(self) -> StepProgress:
         self._progress.start()

@@ -109,10 +109,8 @@ class DrivesEpisodes(Protocol):
                           config: EpisodeConfig) -> Trajectory: ...
 
 
-async def run_episode(
-    env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-    config: EpisodeConfig,
-) -> Trajectory:
+async def run_episode(env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
+                      config: EpisodeConfig) -> Trajectory:
     if isinstance(env, DrivesEpisodes):
         return await env.run_episode(task, engine, renderer, config)
     clock = _EnvClock()
@@ -143,8 +141,7 @@ async def run_episode(
                 break
             sequence = await sample_through_aborts(engine, prompt, sampling)
             message, termination = renderer.parse_response(sequence.tokens)
-            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED,
-                              prompt_source))
+            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED, prompt_source))
             if sequence.stop_reason == "length":
                 state["truncated"] = True
             messages.append(message)
@@ -156,25 +153,17 @@ async def run_episode(
             elif message.tool_calls:
                 for call in message.tool_calls:
                     output = await clock.run(session.call(call.name, call.arguments), config.env_timeout_s)
-                    if isinstance(output, ToolError):
-                        state["tool_errors"] += 1
-                    else:
-                        _record(output, rewards, state)
+                    _record(output, rewards, state)
                     new_messages.append(_tool_result_message(call.id, call.name, output))
                     if state["finished"]:
                         break
             elif terminal is not None:
-                output = await clock.run(
-                    session.call(terminal.name, {terminal_argument(terminal): message.content}),
-                    config.env_timeout_s,
-                )
+                output = await clock.run(session.call(terminal.name, {terminal_argument(terminal): message.content}),
+                                         config.env_timeout_s)
                 if isinstance(output, ToolError) and output.reason == "exception":
                     # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
                     return result(error=f"grading the answer failed: {output.error}")
-                if isinstance(output, ToolError):
-                    state["tool_errors"] += 1
-                else:
-                    _record(output, rewards, state)
+                _record(output, rewards, state)
                 state["finished"] = True  # a plain answer ends the episode
             else:
                 break  # no tool call and nothing to hand the answer to
@@ -184,8 +173,7 @@ async def run_episode(
                 state["truncated"] = True
                 break
             messages.extend(new_messages)
-            prompt, prompt_source = _next_prompt(renderer, prompt, sequence.tokens, messages,
-                                                 new_messages, tools)
+            prompt, prompt_source = _next_prompt(renderer, prompt, sequence.tokens, messages, new_messages, tools)
         return result()
     except Exception as exc:  # the environment (or its session) failed: this episode only
         log.warning("episode failed", error=f"{type(exc).__name__}: {exc}", task=_short(task))
@@ -217,7 +205,10 @@ async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sam
     return sequence
 
 
-def _record(output: ToolOutput, rewards: list[float], state: dict[str, Any]) -> None:
+def _record(output: ToolOutput | ToolError, rewards: list[float], state: dict[str, Any]) -> None:
+    if isinstance(output, ToolError):
+        state["tool_errors"] += 1
+        return
     if output.reward is not None:
         rewards.append(float(output.reward))
     if is_correct(output):

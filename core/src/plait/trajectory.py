@@ -123,10 +123,7 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
     tokens = np.asarray(segment.tokens, dtype=np.int64)
     sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
     advantages = np.asarray(advantage, dtype=np.float32)
-    if advantages.ndim == 0:
-        advantages = np.full(len(tokens) - 1, float(advantages), dtype=np.float32)
-    else:
-        advantages = advantages[1:]
+    advantages = np.full(len(tokens) - 1, float(advantages), np.float32) if advantages.ndim == 0 else advantages[1:]
     inputs: dict[str, Any] = {
         "target_tokens": tokens[1:],
         "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,

@@ -92,8 +92,7 @@ def load_checkpoint(run: Run) -> list[TrainedSample] | None:
     held = [TrainedSample(item["position"], item["index"], item["task_index"], item["attempt"],
                           from_json(Trajectory, item["trajectory"]))
             for item in state.get("completed", [])]
-    log.info("resumed from checkpoint", checkpoint=str(latest), step=s.step, attempt=s.attempt,
-             held_samples=len(held))
+    log.info("resumed from checkpoint", checkpoint=str(latest), step=s.step, attempt=s.attempt, held_samples=len(held))
     return held
 
 

@@ -129,10 +129,8 @@ def train(run: Run, datums: Sequence[Datum], *, always_step: bool) -> dict[str, 
         chunk = datums[start:start + rl.micro_batch_size]
         out = trainer.forward_backward(chunk, rl.loss, rl.loss_config)
         parts.append((out.metrics, len(chunk)))
-    step = trainer.optim_step(AdamParams(
-        learning_rate=tc.learning_rate, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
-        weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm,
-    ))
+    step = trainer.optim_step(AdamParams(learning_rate=tc.learning_rate, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
+                                         weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm))
     return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
 
@@ -179,8 +177,7 @@ def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: in
             if not t.turns:
                 continue
             f.write(json.dumps({
-                "step": run.state.step, "task": t.task, "reward": t.reward, "correct": t.correct,
-                "error": t.error,
+                "step": run.state.step, "task": t.task, "reward": t.reward, "correct": t.correct, "error": t.error,
                 "completion": [tokenizer.decode(list(turn.completion.tokens)) for turn in t.turns],
             }, default=str) + "\n")
 
