@@ -22,6 +22,7 @@ from plait.types import (
     Datum,
     EngineHealth,
     ForwardBackwardOutput,
+    LoraConfig,
     Message,
     ModelInput,
     OptimStepResult,
@@ -83,6 +84,22 @@ class MeasuresFlops(Protocol):
     """Optional trainer-engine capability: the hardware's peak FLOP/s, so that steps report MFU."""
 
     peak_flops_per_s: float | None
+
+
+@runtime_checkable
+class AdapterTrainer(Protocol):
+    """Optional trainer-engine capability: many LoRA adapters on its one frozen model. Each
+    adapter is a trainer engine of its own (optimizer state, gradients, weight version, saved
+    states) sharing the base weights, so many training runs fit where one full copy does."""
+
+    def open_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> AdapterEngine:
+        """A new adapter (it starts as the base model); closing the engine removes it."""
+
+
+@runtime_checkable
+class AdapterEngine(TrainerEngine, Protocol):
+    def load_state(self, path: str | Path, optimizer: bool = True) -> None:
+        """`TrainerEngine.load_state`; `optimizer=False` restores the weights alone (fresh AdamW state)."""
 
 
 @runtime_checkable

@@ -130,12 +130,8 @@ class TensorData:
         return self.to_numpy().tolist()
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, TensorData)
-            and self.dtype == other.dtype
-            and self.shape == other.shape
-            and bool(np.array_equal(self.data, other.data))
-        )
+        return (isinstance(other, TensorData) and self.dtype == other.dtype and self.shape == other.shape
+                and bool(np.array_equal(self.data, other.data)))
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
@@ -176,10 +172,8 @@ class Datum:
         n = self.model_input.length
         for key, tensor in self.loss_fn_inputs.items():
             if tensor.shape[:1] != (n,):
-                raise ValueError(
-                    f"Datum.loss_fn_inputs[{key!r}] has shape {tensor.shape}, expected ({n},) "
-                    "to match model_input.length"
-                )
+                raise ValueError(f"Datum.loss_fn_inputs[{key!r}] has shape {tensor.shape}, expected ({n},) "
+                                 "to match model_input.length")
 
 
 # -- Sampling ---------------------------------------------------------------------------------
@@ -232,16 +226,12 @@ class SampledSequence:
     logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple)
     stop_reason: StopReason
     weight_version: int = 0
-    token_versions: tuple[int, ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(_int_tuple)
-    )
+    token_versions: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(_int_tuple))
     routed_experts: TensorData | None = None
 
     def __attrs_post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):
-            raise ValueError(
-                f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs"
-            )
+            raise ValueError(f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
         if self.token_versions is not None and len(self.token_versions) != len(self.tokens):
             raise ValueError("SampledSequence.token_versions must have one entry per token")
 
@@ -300,6 +290,18 @@ class TrainerCapabilities:
     activation_checkpointing: bool = False
     routing_replay: bool = False
     lora: bool = False
+
+
+@attrs.frozen
+class LoraConfig:
+    """One LoRA adapter: its rank and scale (alpha / rank) and which layers it adapts (Tinker's
+    `lora_config`: attention, MLP, the unembedding)."""
+
+    rank: int = 32
+    alpha: float = 32.0
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = False
 
 
 # -- Weight sync ------------------------------------------------------------------------------
@@ -502,12 +504,10 @@ class ToolOutput:
 
     @property
     def text(self) -> str:
-        return "\n".join(b.text for b in self.blocks if isinstance(b, TextBlock))
+        return blocks_text(self.blocks)
 
 
-ToolErrorReason = Literal[
-    "not_found", "name_collision", "input_validation", "episode_finished", "exception"
-]
+ToolErrorReason = Literal["not_found", "name_collision", "input_validation", "episode_finished", "exception"]
 
 
 @attrs.frozen

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from plait.errors import ModelError
-from plait_train.lora import LoraBank, LoraSpec, adapter_deltas
+from plait.types import LoraConfig
+from plait_train.lora import LoraBank, adapter_deltas
 
 
 def tiny_llama(seed: int = 0) -> torch.nn.Module:
@@ -23,8 +24,8 @@ def tiny_llama(seed: int = 0) -> torch.nn.Module:
 def trained_bank(model: torch.nn.Module) -> LoraBank:
     """Adapters "a" (all layers) and "b" (attention only, another rank) with B made non-zero."""
     bank = LoraBank(model)
-    bank.add("a", LoraSpec(rank=4, alpha=8), seed=1)
-    bank.add("b", LoraSpec(rank=2, alpha=2, train_mlp=False), seed=2)
+    bank.add("a", LoraConfig(rank=4, alpha=8), seed=1)
+    bank.add("b", LoraConfig(rank=2, alpha=2, train_mlp=False), seed=2)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name in ("a", "b"):
@@ -85,11 +86,11 @@ def test_adapters_save_and_load_in_peft_layout(tmp_path: Path) -> None:
         torch.testing.assert_close(base[name] + delta, merged[name])
 
     other = LoraBank(tiny_llama())
-    other.add("copy", LoraSpec(rank=2, alpha=2, train_mlp=False))
+    other.add("copy", LoraConfig(rank=2, alpha=2, train_mlp=False))
     other.load("copy", tmp_path / "b")
     for (k1, p1), (k2, p2) in zip(bank.parameters_of("b").items(), other.parameters_of("copy").items(), strict=True):
         assert k1 == k2 and torch.equal(p1, p2)
-    other.add("wrong", LoraSpec(rank=4, alpha=2, train_mlp=False))
+    other.add("wrong", LoraConfig(rank=4, alpha=2, train_mlp=False))
     with pytest.raises(ModelError, match="rank or adapted layers differ"):
         other.load("wrong", tmp_path / "b")
 
@@ -102,9 +103,9 @@ def test_routing_errors_are_clear() -> None:
             bank.routing(torch.zeros(1, 4, dtype=torch.long), ["a"]):
         bank.model(input_ids=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="exists already"):
-        bank.add("a", LoraSpec(rank=1, alpha=1))
+        bank.add("a", LoraConfig(rank=1, alpha=1))
     with pytest.raises(ValueError, match="adapts nothing"):
-        bank.add("c", LoraSpec(rank=1, alpha=1, train_attn=False, train_mlp=False))
+        bank.add("c", LoraConfig(rank=1, alpha=1, train_attn=False, train_mlp=False))
 
 
 def test_the_default_adapter_applies_outside_routing() -> None:

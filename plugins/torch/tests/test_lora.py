@@ -13,7 +13,7 @@ import torch
 from plait.errors import ConfigError, ModelError
 from plait.models import ResolvedModel
 from plait.schema import structure
-from plait.types import AdamParams, ModelInput, SamplingParams
+from plait.types import AdamParams, LoraConfig, ModelInput, SamplingParams
 from plait_testing.inference import run_with
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
@@ -99,6 +99,59 @@ def test_sampling_with_a_peft_adapter(tiny_model: ResolvedModel, tmp_path: Path)
                                                            SamplingParams(max_tokens=1, stop=[], seed=1)))
     seq = response.sequences[0]
     assert seq.logprobs[0] == pytest.approx(merged_logprob(tiny_model, deltas, [*prompt, seq.tokens[0]]), abs=1e-4)
+
+
+def test_adapters_on_one_base_train_as_if_each_were_alone(tiny_model: ResolvedModel) -> None:
+    """Two adapters of one host, their calls interleaved, each ends where the same adapter ends
+    trained alone on its own host; closing one leaves the other working."""
+    from plait_torch.trainer import TorchTrainer
+
+    def host() -> TorchTrainer:
+        return TorchTrainer(tiny_model, options=TorchTrainerOptions(), seed=0)
+
+    shared = host()
+    a = shared.open_adapter("a", LoraConfig(rank=4, alpha=8.0), seed=1)
+    b = shared.open_adapter("b", LoraConfig(rank=2, alpha=4.0, train_mlp=False, train_unembed=True), seed=2)
+    alone = host().open_adapter("a", LoraConfig(rank=4, alpha=8.0), seed=1)
+    vocab = shared.vocab_rows
+    for step in range(3):
+        a.forward_backward(sft_data(vocab, step), "cross_entropy")
+        b.forward_backward(sft_data(vocab, 10 + step), "cross_entropy")
+        b.optim_step(AdamParams(learning_rate=5e-2))
+        a.optim_step(AdamParams(learning_rate=1e-2))
+        alone.forward_backward(sft_data(vocab, step), "cross_entropy")
+        alone.optim_step(AdamParams(learning_rate=1e-2))
+    probe = [sft_datum(random_tokens(7, 9, vocab))]
+    np.testing.assert_allclose(datum_logprobs(a.forward(probe)), datum_logprobs(alone.forward(probe)), atol=1e-5)
+    assert not np.allclose(datum_logprobs(b.forward(probe)), datum_logprobs(a.forward(probe)), atol=1e-3)
+    assert (a.weight_version, b.weight_version) == (3, 3)
+    b.close()
+    assert set(shared.lora.adapters) == {"a"}
+    np.testing.assert_allclose(datum_logprobs(a.forward(probe)), datum_logprobs(alone.forward(probe)), atol=1e-5)
+    with pytest.raises(ValueError, match="exists already"):
+        shared.open_adapter("a", LoraConfig(rank=4))
+
+
+def test_an_adapter_of_the_unembedding_samples_as_it_trained(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    """train_unembed on a model whose unembedding is tied to its embedding: the adapter changes
+    the output projection only, and an inference engine loading it (the head untied) agrees."""
+    from plait_torch.inference import TorchInferenceEngine
+    from plait_torch.trainer import TorchTrainer
+
+    run = TorchTrainer(tiny_model, options=TorchTrainerOptions(), seed=0).open_adapter(
+        "head", LoraConfig(rank=2, alpha=4.0, train_attn=False, train_mlp=False, train_unembed=True))
+    assert {name.split(".")[-3] for name in run.parameter_shapes()} == {"lm_head"}
+    for step in range(3):
+        run.forward_backward(sft_data(run.host.vocab_rows, step), "cross_entropy")
+        run.optim_step(AdamParams(learning_rate=5e-2))
+    tokens = random_tokens(7, 9, run.host.vocab_rows)
+    expected = datum_logprobs(run.forward([sft_datum(tokens)]))[0]
+    exported = dict(run.export_weights())
+    assert "lm_head.weight" in exported
+    run.save_state(tmp_path / "state")
+    engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(adapter=str(tmp_path / "state")))
+    logprobs = run_with(lambda: engine, lambda e: e.compute_logprobs(ModelInput.from_ints(tokens)))
+    np.testing.assert_allclose(logprobs[1:], expected, atol=1e-4)
 
 
 def test_bad_lora_settings_and_adapters_are_clear_errors(tiny_model: ResolvedModel, tmp_path: Path) -> None:

@@ -119,7 +119,9 @@ class SingleProcessEngine:
         write_dir_atomically(path, write)
         log.info("trainer state saved", path=str(path), weight_version=self._weight_version)
 
-    def load_state(self, path: str | Path) -> None:
+    def load_state(self, path: str | Path, optimizer: bool = True) -> None:
+        """What `save_state` wrote; `optimizer=False`: the weights alone, with fresh AdamW state
+        and no pending gradients."""
         path = Path(path)
         meta_path = path / self.state_meta_file
         if not meta_path.is_file():
@@ -131,6 +133,9 @@ class SingleProcessEngine:
             self._load_weights(path)
         # On the CPU: RNG states must stay CPU tensors; the optimizer moves its state to the parameters.
         state = torch.load(path / TRAINING_STATE_FILE, map_location="cpu", weights_only=False)
+        if not optimizer:
+            self.optimizer = make_adamw(self._params.values())
+            state.update(optimizer=self.optimizer.state_dict(), grads={})
         self.optimizer.load_state_dict(state["optimizer"])
         for name, param in self._params.items():
             grad = state["grads"].get(name)

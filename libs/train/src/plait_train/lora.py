@@ -1,8 +1,8 @@
 """LoRA: low-rank adapters on a frozen model's linear layers, one or many, in PEFT's layout.
 
     bank = LoraBank(model)                               # the model's own weights freeze
-    bank.add("alice", LoraSpec(rank=8, alpha=16), seed=1)
-    bank.add("bob", LoraSpec(rank=4, alpha=8, train_mlp=False), seed=2)
+    bank.add("alice", LoraConfig(rank=8, alpha=16), seed=1)
+    bank.add("bob", LoraConfig(rank=4, alpha=8, train_mlp=False), seed=2)
     with bank.routing(adapter_of_token, ["alice", "bob"]):   # (batch, seq) indices; -1 = the base
         loss = ...model(input_ids)...; loss.backward()        # grads reach each adapter's own weights
     bank.default = "alice"                               # outside `routing`: every token through alice
@@ -25,8 +25,9 @@ routing stays set until the backward is done; and positions computed once for se
 (prefix sharing) belong to sequences of one adapter.
 
 Which layers: the attention projections (q, k, v, o) and the MLP's (gate, up, down) of Llama /
-Qwen / Mistral-style models, chosen by `LoraSpec.train_attn` / `train_mlp` (Tinker's
-`lora_config`). Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
+Qwen / Mistral-style models, and the unembedding (`lm_head`), chosen by `LoraConfig.train_attn` /
+`train_mlp` / `train_unembed` (Tinker's `lora_config`). With tied embeddings the unembedding's
+adapter changes the output projection only; merging it gives `lm_head` a weight of its own. Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
 adapted; their attention is.
 """
 
@@ -39,31 +40,23 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from plait.errors import ModelError
+from plait.types import LoraConfig
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
-@attrs.frozen
-class LoraSpec:
-    rank: int
-    alpha: float
-    train_attn: bool = True
-    train_mlp: bool = True
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
-
-    def target_names(self) -> tuple[str, ...]:
-        return (ATTENTION_MODULES if self.train_attn else ()) + (MLP_MODULES if self.train_mlp else ())
+def target_names(spec: LoraConfig) -> tuple[str, ...]:
+    """The names of the linear layers an adapter with `spec` adapts."""
+    return ((ATTENTION_MODULES if spec.train_attn else ()) + (MLP_MODULES if spec.train_mlp else ())
+            + (UNEMBED_MODULES if spec.train_unembed else ()))
 
 
 class Adapter(torch.nn.Module):
@@ -97,28 +90,28 @@ class LoraBank:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         model.requires_grad_(False)
-        targets = ATTENTION_MODULES + MLP_MODULES
+        targets = ATTENTION_MODULES + MLP_MODULES + UNEMBED_MODULES
         self.layers = {path: module for path, module in model.named_modules()
                        if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets}
         if not self.layers:
             raise ModelError(f"no linear layer named {', '.join(targets)} in {type(model).__name__}",
                              fix="LoRA here adapts Llama/Qwen/Mistral-style projections")
         self.adapters: dict[str, dict[str, Adapter]] = {}
-        self.specs: dict[str, LoraSpec] = {}
+        self.specs: dict[str, LoraConfig] = {}
         self._groups: list[tuple[str, torch.Tensor]] | None = None  # (adapter, flat token indices)
         self._tokens = 0
         self._hooks = [module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()]
 
-    def add(self, name: str, spec: LoraSpec, seed: int = 0) -> dict[str, torch.nn.Parameter]:
+    def add(self, name: str, spec: LoraConfig, seed: int = 0) -> dict[str, torch.nn.Parameter]:
         """A new adapter (B = 0: it starts as the base model); returns its parameters by PEFT name."""
         if name in self.adapters:
             raise ValueError(f"adapter {name!r} exists already")
-        wanted = spec.target_names()
+        wanted = target_names(spec)
         if spec.rank < 1 or not wanted:
             raise ValueError(f"adapter {name!r} adapts nothing: rank {spec.rank}, train_attn {spec.train_attn}, "
-                             f"train_mlp {spec.train_mlp}")
+                             f"train_mlp {spec.train_mlp}, train_unembed {spec.train_unembed}")
         generator = torch.Generator().manual_seed(seed)
-        self.adapters[name] = {path: Adapter(module, spec.rank, spec.scaling, generator)
+        self.adapters[name] = {path: Adapter(module, spec.rank, spec.alpha / spec.rank, generator)
                                for path, module in sorted(self.layers.items()) if path.rsplit(".", 1)[-1] in wanted}
         self.specs[name] = spec
         return self.parameters_of(name)
@@ -155,10 +148,17 @@ class LoraBank:
         tensors, params = read_adapter(directory), self.parameters_of(name)
         if set(tensors) != set(params) or any(tensors[k].shape != p.shape for k, p in params.items()):
             raise ModelError(f"adapter in {directory} does not fit adapter {name!r} (rank or adapted layers differ)",
-                             fix="load it into an adapter made with the same rank, train_attn and train_mlp")
+                             fix="load it into an adapter made with the same rank, train_attn, train_mlp and train_unembed")
         with torch.no_grad():
             for key, param in params.items():
                 param.copy_(tensors[key])
+
+    def adapts_unembedding(self) -> bool:
+        """Whether the adapters in use (the routed ones, else the default) change the output
+        projection: the chunked output head (`plait_train.scorer`) bypasses its forward hook."""
+        names = [name for name, _ in self._groups] if self._groups is not None else [self.default]
+        return any(name is not None and any(path.rsplit(".", 1)[-1] in UNEMBED_MODULES for path in self.adapters[name])
+                   for name in names)
 
     @contextlib.contextmanager
     def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> Iterator[None]:
@@ -203,9 +203,9 @@ class LoraBank:
             raise KeyError(f"no adapter {name!r}; adapters: {sorted(self.adapters)}")
 
 
-def peft_config(spec: LoraSpec, model: torch.nn.Module) -> dict[str, Any]:
+def peft_config(spec: LoraConfig, model: torch.nn.Module) -> dict[str, Any]:
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-            "target_modules": sorted(spec.target_names()), "bias": "none", "lora_dropout": 0.0,
+            "target_modules": sorted(target_names(spec)), "bias": "none", "lora_dropout": 0.0,
             "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False, "use_dora": False,
             "base_model_name_or_path": getattr(getattr(model, "config", None), "_name_or_path", None)}
 
@@ -245,6 +245,11 @@ def merge_adapter(model: torch.nn.Module, directory: str | Path) -> int:
     """Add a PEFT adapter's deltas to `model`'s weights in place; returns how many weights changed."""
     params = dict(model.named_parameters())
     deltas = adapter_deltas(directory)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_name = next((f"{path}.weight" for path, module in model.named_modules() if module is head), None)
+    if head_name in deltas and head_name not in params and head is not None:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())  # untie before adapting the head alone
+        params[head_name] = head.weight
     unknown = sorted(set(deltas) - set(params))
     if unknown:
         raise ModelError(f"adapter in {directory} adapts weights this model does not have, e.g. {unknown[:3]}",

@@ -13,6 +13,7 @@ output head included, runs inside its forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -64,6 +65,9 @@ class TokenScorer(torch.nn.Module):
         # again would give their parameters a second name.
         self._head_parts = (decoder, head) if decoder is not None else None
         self.attention = attention_implementation(model)
+        self.head_adapted: Callable[[], bool] = lambda: False
+        """Whether an adapter changes the output projection now (LoRA on the unembedding): then
+        the full logits, which run the projection's forward and so its adapter."""
 
     @property
     def chunked_head(self) -> bool:
@@ -81,7 +85,7 @@ class TokenScorer(torch.nn.Module):
             kwargs["position_ids"] = position_ids
         if reach is not None:
             kwargs["attention_mask"] = self._mask(reach)
-        if self._head_parts is not None:
+        if self._head_parts is not None and not self.head_adapted():
             decoder, head = self._head_parts
             hidden = decoder(**kwargs).last_hidden_state
             return head_logprobs(hidden.reshape(-1, hidden.shape[-1])[select], head.weight, targets)

@@ -26,11 +26,13 @@ class LoraOptions:
     """Adapt the attention projections (q, k, v, o)."""
     train_mlp: bool = True
     """Adapt the MLP projections (gate, up, down)."""
+    train_unembed: bool = False
+    """Adapt the unembedding (lm_head)."""
 
     def __attrs_post_init__(self) -> None:
-        if not (self.train_attn or self.train_mlp):
-            raise ValueError("train_attn and train_mlp are both off: nothing to adapt "
-                             "(turn on train_attn or train_mlp, or drop the lora table)")
+        if not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise ValueError("train_attn, train_mlp and train_unembed are all off: nothing to adapt "
+                             "(turn one on, or drop the lora table)")
 
 
 @attrs.frozen

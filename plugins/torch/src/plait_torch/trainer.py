@@ -11,7 +11,8 @@ until `optim_step`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,13 @@ import torch
 
 from plait.errors import ConfigError, ModelError
 from plait.models import ResolvedModel
-from plait.types import TrainerCapabilities
+from plait.types import Datum, ForwardBackwardOutput, LoraConfig, TrainerCapabilities
 from plait_torch.options import TorchTrainerOptions
 from plait_train import loading
 from plait_train.checkpointing import apply_activation_checkpointing
 from plait_train.engine import SingleProcessEngine
 from plait_train.layout import LayoutOptions
-from plait_train.lora import LoraBank, LoraSpec
+from plait_train.lora import LoraBank
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_train.scorer import TokenScorer
@@ -36,7 +37,6 @@ from plait_train.step import StepRunner
 log = structlog.get_logger("plait_torch.trainer")
 
 ADAPTER = "policy"  # the name of the trained adapter with trainer.options.lora
-
 
 
 class TorchTrainer(SingleProcessEngine):
@@ -65,17 +65,20 @@ class TorchTrainer(SingleProcessEngine):
         if self.options.lora is not None:
             lora = self.options.lora
             self.lora = LoraBank(self.model)
-            self.lora.add(ADAPTER, LoraSpec(lora.rank, lora.alpha, lora.train_attn, lora.train_mlp), seed=seed)
+            self.lora.add(ADAPTER, LoraConfig(**attrs.asdict(lora)), seed=seed)
             self.lora.default = ADAPTER
         self.vocab_rows = loading.embedding_rows(self.model)
         self.scorer = TokenScorer(self.model)
+        if self.lora:
+            self.scorer.head_adapted = self.lora.adapts_unembedding
         layout = _layout(self.options, self.scorer)
         routing = RoutingHooks(self.model) if moe_shape(self.model) else None
         if self.options.routing_replay and routing is None:
             raise ConfigError("trainer.options.routing_replay", f"model {model.name!r} is not a mixture of "
                               "experts: it has no router to replay", fix="turn routing_replay off for dense models")
         self.capabilities = TrainerCapabilities(packing=layout.packing, prefix_sharing=layout.prefix_sharing,
-                                                activation_checkpointing=True, routing_replay=routing is not None)
+                                                activation_checkpointing=True, routing_replay=routing is not None,
+                                                lora=self.lora is not None)
         runner = StepRunner(self.scorer, layout=layout, device=device, flops=FlopsModel.of(self.model),
                             vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype, routing=routing,
                             routing_replay=self.options.routing_replay)
@@ -96,9 +99,7 @@ class TorchTrainer(SingleProcessEngine):
         The other tensors are the live parameters, detached: valid until the next `optim_step` or
         `load_state`; copy them to keep them longer.
         """
-        merged = dict(self.lora.merged_weights(ADAPTER)) if self.lora else {}
-        for name, param in self.model.named_parameters():
-            yield name, merged.get(name, param.detach())
+        yield from _merged(self.model, self.lora, ADAPTER)
 
     def _save_weights(self, directory: Path) -> None:
         if self.lora:
@@ -127,9 +128,78 @@ class TorchTrainer(SingleProcessEngine):
         for name, param in self._params.items():
             param.copy_(weights[name])
 
+    def open_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> LoraRun:
+        """`plait.protocols.AdapterTrainer`: a LoRA adapter on this trainer's model, trained as an
+        engine of its own. The model's weights freeze for good (train through the adapters)."""
+        if self.lora is None:
+            self.lora = LoraBank(self.model)
+            self.scorer.head_adapted = self.lora.adapts_unembedding
+            self._params.clear()  # the frozen base trains no more
+        self.lora.add(name, lora, seed=seed)
+        return LoraRun(self, name)
+
     def close(self) -> None:
         self._close_training()
         self.model = None
+
+
+class LoraRun(SingleProcessEngine):
+    """One adapter of a `TorchTrainer` (`open_adapter`), a trainer engine of its own: its
+    parameters, AdamW state, gradients, weight version and saved states (the adapter in PEFT's
+    layout) are its own; the base model, the step runner and the device are the host's. Calls
+    must not overlap with the host's or another adapter's (one worker thread runs them)."""
+
+    engine_name = TorchTrainer.engine_name
+    state_meta_file = TorchTrainer.state_meta_file
+
+    def __init__(self, host: TorchTrainer, name: str) -> None:
+        assert host.lora is not None
+        self.host, self.name, self.bank = host, name, host.lora
+        self.model_info = host.model_info
+        self.capabilities = attrs.evolve(host.capabilities, lora=True)
+        self._init_training(host._runner, self.bank.parameters_of(name))
+
+    @contextlib.contextmanager
+    def _active(self) -> Iterator[None]:
+        outer, self.bank.default = self.bank.default, self.name
+        try:
+            yield
+        finally:
+            self.bank.default = outer
+
+    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
+                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+        with self._active():
+            return super().forward(data, loss_fn, loss_fn_config)
+
+    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
+                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+        with self._active():
+            return super().forward_backward(data, loss_fn, loss_fn_config)
+
+    def export_weights(self) -> Iterator[tuple[str, Any]]:
+        """The host model's weights with this adapter merged into the layers it adapts."""
+        yield from _merged(self.host.model, self.bank, self.name)
+
+    def _save_weights(self, directory: Path) -> None:
+        self.bank.save(self.name, directory)
+
+    def _load_weights(self, directory: Path) -> None:
+        self.bank.load(self.name, directory)
+
+    def close(self) -> None:
+        if self.name in self.bank.adapters:
+            self._close_training()
+            self.bank.remove(self.name)
+
+
+def _merged(model: torch.nn.Module, bank: LoraBank | None, adapter: str) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of every parameter, tied ones once, with `adapter` merged where it adapts;
+    a tied unembedding that the adapter changes comes as `lm_head.weight` of its own."""
+    merged = dict(bank.merged_weights(adapter)) if bank else {}
+    for name, param in model.named_parameters():
+        yield name, merged.pop(name, param.detach())
+    yield from merged.items()
 
 
 def _layout(options: TorchTrainerOptions, scorer: TokenScorer) -> LayoutOptions:
