@@ -95,6 +95,10 @@ class AdapterTrainer(Protocol):
     def open_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> AdapterEngine:
         """A new adapter (it starts as the base model); closing the engine removes it."""
 
+    def forward_backward_adapters(self, calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]], loss_fn: str,
+                                  loss_fn_config: Mapping[str, float] | None = None) -> list[ForwardBackwardOutput]:
+        """`forward_backward` of several adapters' data in shared passes: each gets what it would alone."""
+
 
 @runtime_checkable
 class AdapterEngine(TrainerEngine, Protocol):

@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,13 +37,19 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 
 
 @pytest.fixture(scope="module")
-def tinker_url(tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def tinker_url(tinker_server: tuple[str, Any]) -> str:
+    return tinker_server[0]
+
+
+@pytest.fixture(scope="module")
+def tinker_server(tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """(base URL, the server's TinkerApp)."""
     from plait_tinker.app import build_app
     from plait_tinker.config import TinkerServerConfig
 
     config = structure(TinkerServerConfig, {
         "models": {BASE: {"model": str(tiny_qwen3.path)}},
-        "server": {"poll_s": 2.0, "max_samplers": 3},
+        "server": {"poll_s": 2.0, "max_samplers": 3, "session_timeout_s": 20.0},
         "tenants": [{"name": name, "api_key": key, "max_training_runs": 3} for name, key in KEYS.items()],
     })
     app = build_app(config, tmp_path_factory.mktemp("tinker-storage"))
@@ -61,7 +68,7 @@ def tinker_url(tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFacto
     thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
     assert started.wait(60), "the server did not start"
-    yield url[0]
+    yield url[0], app
     loop[0].call_soon_threadsafe(stop[0].set)
     thread.join(60)
 

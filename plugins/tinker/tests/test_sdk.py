@@ -162,3 +162,82 @@ def test_a_call_split_into_chunks_comes_back_whole_and_in_order(service_client, 
     alone = training.forward([data[1050]], "cross_entropy").result()
     np.testing.assert_allclose(out.loss_fn_outputs[1050]["logprobs"].tolist(),
                                alone.loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-5)
+
+
+def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_model: str) -> None:
+    """Three clients training at once: their forward_backward calls share passes, and each run's
+    losses are those of the same run trained alone."""
+    import threading
+
+    url, app = tinker_server
+    keys = "tml-alice-key"
+
+    def train(seed: int, losses: list[float], barrier: threading.Barrier | None) -> None:
+        with tinker.ServiceClient(base_url=url, api_key=keys) as client:
+            run = client.create_lora_training_client(base_model=base_model, rank=4, seed=seed).result()
+            rng = np.random.default_rng(seed)
+            data = [sft(rng.integers(100, 5000, size=int(rng.integers(6, 14))).tolist()) for _ in range(3)]
+            if barrier:
+                barrier.wait()
+            for _ in range(4):
+                out = run.forward_backward(data, "cross_entropy").result()
+                run.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+                losses.append(out.metrics["loss:sum"])
+
+    alone: list[list[float]] = [[] for _ in range(3)]
+    for seed in range(3):
+        train(seed, alone[seed], None)
+    batcher = app.service.batchers[base_model]
+    passes, calls = batcher.passes, batcher.calls
+    together: list[list[float]] = [[] for _ in range(3)]
+    barrier = threading.Barrier(3)
+    threads = [threading.Thread(target=train, args=(seed, together[seed], barrier)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    np.testing.assert_allclose(together, alone, rtol=1e-4)
+    assert batcher.calls - calls == 12 and batcher.passes - passes < 12, (batcher.passes - passes)
+
+
+CRASHING_CLIENT = """
+import sys, tinker
+url, key, base = sys.argv[1:]
+with tinker.ServiceClient(base_url=url, api_key=key) as client:
+    run = client.create_lora_training_client(base_model=base, rank=4).result()
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(list(range(100, 140))),
+                               loss_fn_inputs={"target_tokens": list(range(101, 141)), "weights": [1.0] * 40})
+    while True:
+        run.forward_backward([datum] * 4, "cross_entropy")
+        run.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
+        print(run.model_id, flush=True)
+"""
+
+
+def test_a_tenant_killed_mid_run_leaves_the_others_training(tinker_server, base_model: str,
+                                                             api_keys: dict[str, str], service_client) -> None:
+    """Bob's training program is SIGKILLed while its requests are in flight: Alice's run goes on
+    undisturbed, and Bob's run is unloaded once his session stops sending heartbeats."""
+    import subprocess
+    import sys
+    import time
+
+    url, app = tinker_server
+    alice = service_client.create_lora_training_client(base_model=base_model, rank=4).result()
+    bob = subprocess.Popen([sys.executable, "-c", CRASHING_CLIENT, url, api_keys["bob"], base_model],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        bob_run = bob.stdout.readline().strip()  # type: ignore[union-attr]
+        assert bob_run.endswith(":train:0"), bob_run
+    finally:
+        bob.kill()
+        bob.wait(30)
+    for _ in range(3):
+        alice.forward_backward([sft(PHRASE)], "cross_entropy").result()
+        alice.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    deadline = time.monotonic() + 90
+    while app.service.runs[bob_run].engine is not None:
+        assert time.monotonic() < deadline, "the killed client's run was never unloaded"
+        time.sleep(1)
+    assert app.service.runs[alice.model_id].engine is not None
+    assert alice.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs

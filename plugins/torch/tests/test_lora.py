@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -130,6 +131,45 @@ def test_adapters_on_one_base_train_as_if_each_were_alone(tiny_model: ResolvedMo
     np.testing.assert_allclose(datum_logprobs(a.forward(probe)), datum_logprobs(alone.forward(probe)), atol=1e-5)
     with pytest.raises(ValueError, match="exists already"):
         shared.open_adapter("a", LoraConfig(rank=4))
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "importance_sampling"])
+def test_adapters_batched_in_one_pass_get_what_each_gets_alone(tiny_model: ResolvedModel, loss: str) -> None:
+    """forward_backward_adapters: three adapters' data (different ranks, layers and lengths) in
+    shared passes give each adapter its own logprobs, loss metrics and gradients."""
+    from plait_torch.trainer import TorchTrainer
+
+    def opened() -> list:
+        host = TorchTrainer(tiny_model, options=TorchTrainerOptions(micro_batch_tokens=64), seed=0)
+        configs = [LoraConfig(rank=4, alpha=8.0), LoraConfig(rank=2, alpha=2.0, train_mlp=False),
+                   LoraConfig(rank=3, alpha=6.0, train_unembed=True)]
+        runs = [host.open_adapter(f"run{i}", config, seed=i) for i, config in enumerate(configs)]
+        for i, run in enumerate(runs):  # make the adapters differ from the base
+            run.forward_backward(sft_data(host.vocab_rows, 20 + i), "cross_entropy")
+            run.optim_step(AdamParams(learning_rate=5e-2))
+        return runs
+
+    vocab = 151936
+    batches = [[sft_datum(random_tokens(30 * g + i, 5 + 3 * i + g, vocab)) for i in range(2 + g)] for g in range(3)]
+    if loss == "importance_sampling":
+        batches = [[attrs.evolve(d, loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"],
+                                                    "logprobs": np.full(len(d.loss_fn_inputs["weights"]), -3.0),
+                                                    "advantages": d.loss_fn_inputs["weights"].to_numpy() - 0.5})
+                    for d in batch] for batch in batches]
+    alone, together = opened(), opened()
+    expected = [run.forward_backward(batch, loss) for run, batch in zip(alone, batches, strict=True)]
+    got = together[0].host.forward_backward_adapters(list(zip(together, batches, strict=True)), loss)
+    for want, have in zip(expected, got, strict=True):
+        for a, b in zip(want.loss_fn_outputs, have.loss_fn_outputs, strict=True):
+            np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), atol=1e-5)
+        assert want.metrics.keys() == have.metrics.keys()
+        for key in set(want.metrics) - {"forward_tokens:sum"}:  # padding included: the pass's own layout
+            assert have.metrics[key] == pytest.approx(want.metrics[key], rel=1e-4, abs=1e-5), key
+    for a, b in zip(alone, together, strict=True):
+        for (name, p), (_, q) in zip(a._params.items(), b._params.items(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="distinct adapters"):
+        together[0].host.forward_backward_adapters([(together[0], batches[0]), (together[0], batches[1])], loss)
 
 
 def test_an_adapter_of_the_unembedding_samples_as_it_trained(tiny_model: ResolvedModel, tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ routing stays set until the backward is done; and positions computed once for se
 Which layers: the attention projections (q, k, v, o) and the MLP's (gate, up, down) of Llama /
 Qwen / Mistral-style models, and the unembedding (`lm_head`), chosen by `LoraConfig.train_attn` /
 `train_mlp` / `train_unembed` (Tinker's `lora_config`). With tied embeddings the unembedding's
-adapter changes the output projection only; merging it gives `lm_head` a weight of its own. Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
+adapter changes the output projection only; merging it gives `lm_head` a weight of its own. The
+chunked output head applies unembedding adapters itself (`unembedding_adapters`). Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
 adapted; their attention is.
 """
 
@@ -99,6 +100,8 @@ class LoraBank:
         self.adapters: dict[str, dict[str, Adapter]] = {}
         self.specs: dict[str, LoraConfig] = {}
         self._groups: list[tuple[str, torch.Tensor]] | None = None  # (adapter, flat token indices)
+        self._adapter_of: torch.Tensor | None = None  # within `routing`: the adapter index of every token
+        self._names: list[str] = []
         self._tokens = 0
         self._hooks = [module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()]
 
@@ -153,12 +156,22 @@ class LoraBank:
             for key, param in params.items():
                 param.copy_(tensors[key])
 
-    def adapts_unembedding(self) -> bool:
-        """Whether the adapters in use (the routed ones, else the default) change the output
-        projection: the chunked output head (`plait_train.scorer`) bypasses its forward hook."""
-        names = [name for name, _ in self._groups] if self._groups is not None else [self.default]
-        return any(name is not None and any(path.rsplit(".", 1)[-1] in UNEMBED_MODULES for path in self.adapters[name])
-                   for name in names)
+    def unembedding_adapters(self, select: torch.Tensor) -> list[tuple[torch.Tensor | None, Adapter | None]]:
+        """For the flat positions `select` (into the model's input): groups of them (indices
+        into `select`, None for all) and the adapter of the unembedding each group goes through
+        (None: the base's). The chunked output head (`plait_train.scorer`) applies these itself,
+        as it never calls the output projection's forward (where the hook would)."""
+        head = next((path for path in self.layers if path.rsplit(".", 1)[-1] in UNEMBED_MODULES), None)
+        if self._groups is None or head is None:
+            return [(None, self.adapters[self.default].get(head) if self.default and head else None)]
+        assert self._adapter_of is not None
+        chosen = self._adapter_of[select]
+        parts: list[tuple[torch.Tensor | None, Adapter | None]] = []
+        for k, name in [(-1, None), *enumerate(self._names)]:
+            rows = (chosen == k).nonzero().squeeze(-1)
+            if rows.numel():
+                parts.append((rows, self.adapters[name].get(head) if name else None))
+        return parts
 
     @contextlib.contextmanager
     def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> Iterator[None]:
@@ -169,12 +182,13 @@ class LoraBank:
             self._check(name)
         flat = adapter_of_token.reshape(-1)
         self._tokens = flat.numel()
+        self._adapter_of, self._names = flat, list(names)
         self._groups = [(name, (flat == k).nonzero().squeeze(-1)) for k, name in enumerate(names)]
         self._groups = [(name, rows) for name, rows in self._groups if rows.numel()]
         try:
             yield
         finally:
-            self._groups = None
+            self._groups = self._adapter_of = None
 
     def _hook(self, path: str) -> Any:
         def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ piece in cache and recomputes the projection in the backward pass instead of sto
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,17 +29,47 @@ def chunk_rows(vocab: int) -> int:
     return max(1, _CHUNK_BYTES // (4 * vocab))
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  low_rank: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Target logprobs (differentiable) and entropies (not) of `hidden @ weight.T`, in float32.
 
     `hidden` (N, H) final hidden states, `weight` (V, H) the output projection, `targets` (N,).
+    `low_rank`: LoRA adapters on the projection, as (rows, u, b): the logits of positions `rows`
+    gain `u @ b.T`, where `u` (len(rows), r) is the scaled down-projection `s * A h` and `b`
+    (V, r) the up-projection; the base projection stays one matmul for every position.
     """
-    return _HeadLogprobs.apply(hidden, weight, targets)
+    flat = [tensor for part in low_rank for tensor in part]
+    return _HeadLogprobs.apply(hidden, weight, targets, *flat)
+
+
+def _chunk_parts(flat: Sequence[torch.Tensor], start: int, end: int) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
+    """The low-rank parts that touch positions [start, end): (positions within the chunk, None
+    when the part covers the whole chunk in order; the rows of `u` for them; the part's index)."""
+    parts: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
+    for k in range(0, len(flat), 3):
+        rows = flat[k]
+        inside = ((rows >= start) & (rows < end)).nonzero().squeeze(-1)
+        if inside.numel():
+            local = rows[inside] - start
+            whole = len(local) == end - start and bool((local == torch.arange(end - start, device=local.device)).all())
+            parts.append((None if whole else local, inside, k // 3))
+    return parts
+
+
+def _chunk_logits(h: torch.Tensor, w: torch.Tensor, flat: Sequence[torch.Tensor], start: int, end: int) -> torch.Tensor:
+    logits = h @ w.T
+    for local, inside, k in _chunk_parts(flat, start, end):
+        u, b = flat[3 * k + 1][inside].float(), flat[3 * k + 2].float()
+        if local is None:  # in place: never copy the chunk's (positions x vocab) logits
+            logits.addmm_(u, b.T)
+        else:
+            logits.index_add_(0, local, u @ b.T)
+    return logits
 
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> Any:
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *flat: torch.Tensor) -> Any:
         rows = chunk_rows(weight.shape[0])
         n = hidden.shape[0]
         logprobs = hidden.new_empty(n, dtype=torch.float32)
@@ -48,7 +79,7 @@ class _HeadLogprobs(torch.autograd.Function):
             w = weight.float()
             for start in range(0, n, rows):
                 end = min(start + rows, n)
-                logits = hidden[start:end].float() @ w.T
+                logits = _chunk_logits(hidden[start:end].float(), w, flat, start, end)
                 shift = logits.amax(-1, keepdim=True)
                 logits.sub_(shift)
                 exp = logits.exp()
@@ -58,16 +89,20 @@ class _HeadLogprobs(torch.autograd.Function):
                 # H = log Z - sum(p * x), shift-invariant; p = exp / Z
                 entropy[start:end] = log_total - (exp * logits).sum(-1) / total
                 lse[start:end] = log_total + shift.squeeze(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, *flat)
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: Any) -> Any:
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, lse, *flat = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         rows = chunk_rows(weight.shape[0])
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_flat: list[torch.Tensor | None] = [None] * len(flat)
+        for k in range(0, len(flat), 3):
+            grad_flat[k + 1] = torch.zeros_like(flat[k + 1], dtype=torch.float32)
+            grad_flat[k + 2] = torch.zeros_like(flat[k + 2], dtype=torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.float()
             grad_weight = torch.zeros_like(w) if need_weight else None
@@ -76,13 +111,19 @@ class _HeadLogprobs(torch.autograd.Function):
                 h = hidden[start:end].float()
                 g = grad_logprobs[start:end].float()
                 # d logprob / d logits = onehot(target) - softmax(logits)
-                grad_logits = (h @ w.T).sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
+                grad_logits = _chunk_logits(h, w, flat, start, end).sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
                 grad_logits[torch.arange(end - start, device=h.device), targets[start:end]] += g
                 if need_hidden:
                     grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
                 if need_weight:
                     grad_weight.addmm_(grad_logits.T, h)
-        return grad_hidden, (grad_weight.to(weight.dtype) if need_weight else None), None
+                for local, inside, k in _chunk_parts(flat, start, end):
+                    u, b = flat[3 * k + 1], flat[3 * k + 2]
+                    mine = grad_logits if local is None else grad_logits[local]
+                    grad_flat[3 * k + 1][inside] += mine @ b.float()
+                    grad_flat[3 * k + 2].addmm_(mine.T, u[inside].float())
+        grads = [None if g is None else g.to(t.dtype) for g, t in zip(grad_flat, flat, strict=True)]
+        return grad_hidden, (grad_weight.to(weight.dtype) if need_weight else None), None, *grads
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ output head included, runs inside its forward.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -65,9 +65,10 @@ class TokenScorer(torch.nn.Module):
         # again would give their parameters a second name.
         self._head_parts = (decoder, head) if decoder is not None else None
         self.attention = attention_implementation(model)
-        self.head_adapted: Callable[[], bool] = lambda: False
-        """Whether an adapter changes the output projection now (LoRA on the unembedding): then
-        the full logits, which run the projection's forward and so its adapter."""
+        self.head_adapters: Callable[[torch.Tensor], Sequence[tuple[torch.Tensor | None, Any]]] | None = None
+        """LoRA on the unembedding: for the selected flat positions, groups of them (indices, None
+        for all) and the adapter each goes through (a module with lora_A, lora_B and scaling, or
+        None); the chunked head adds them (`plait_train.lora.LoraBank.unembedding_adapters`)."""
 
     @property
     def chunked_head(self) -> bool:
@@ -85,10 +86,13 @@ class TokenScorer(torch.nn.Module):
             kwargs["position_ids"] = position_ids
         if reach is not None:
             kwargs["attention_mask"] = self._mask(reach)
-        if self._head_parts is not None and not self.head_adapted():
+        if self._head_parts is not None:
             decoder, head = self._head_parts
             hidden = decoder(**kwargs).last_hidden_state
-            return head_logprobs(hidden.reshape(-1, hidden.shape[-1])[select], head.weight, targets)
+            hidden = hidden.reshape(-1, hidden.shape[-1])[select]
+            parts = self.head_adapters(select) if self.head_adapters is not None else []
+            return head_logprobs(hidden, head.weight, targets, [_low_rank(hidden, rows, adapter)
+                                                                for rows, adapter in parts if adapter is not None])
         logits = self.model(**kwargs).logits
         picked = logits.reshape(-1, logits.shape[-1])[select]
         with torch.no_grad():
@@ -104,3 +108,11 @@ class TokenScorer(torch.nn.Module):
             return torch.where(allowed, zero, torch.finfo(torch.float32).min)
         raise ValueError(f"attention {self.attention!r} cannot take packed or prefix-shared rows; "
                          f"use one of {TREE_MASK_ATTENTION}")
+
+
+
+def _low_rank(hidden: torch.Tensor, rows: torch.Tensor | None, adapter: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A LoRA adapter of the output projection as `head_logprobs` takes it: (rows, s * A h, B)."""
+    rows = rows if rows is not None else torch.arange(hidden.shape[0], device=hidden.device)
+    down = adapter.lora_A(hidden[rows].to(adapter.lora_A.weight.dtype)) * adapter.scaling
+    return rows, down, adapter.lora_B.weight

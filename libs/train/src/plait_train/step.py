@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -102,6 +102,21 @@ def active_positions(batch: MicroBatch) -> torch.Tensor:
     return batch.valid
 
 
+class AdapterRouter(Protocol):
+    """What `StepRunner.run_groups` needs of a LoRA bank: tokens routed to adapters by name."""
+
+    def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> contextlib.AbstractContextManager[None]: ...
+
+
+class _Outcome(dict[int, tuple[LossOutput, float, int]]):
+    """A micro-batch's logprobs (rows x positions) and, per group: its loss output, the entropy
+    summed over its loss-active positions, and their number."""
+
+    def __init__(self, logprobs: torch.Tensor) -> None:
+        super().__init__()
+        self.logprobs = logprobs
+
+
 @attrs.frozen
 class ShardResult:
     """What one process computed for its data (indices are positions in the data it was given)."""
@@ -159,7 +174,21 @@ class StepRunner:
         """`agree_on_passes(n)`: for processes that must run forward passes in lockstep (FSDP):
         given this process's number of micro-batches, the number every process runs; the missing
         ones are run on a one-token dummy whose loss is zero."""
+        return self.run_groups(data, [0] * len(data), loss_fn, loss_fn_config, backward=backward,
+                               agree_on_passes=agree_on_passes)[0]
+
+    def run_groups(self, data: Sequence[Datum], groups: Sequence[int], loss_fn: str,
+                   loss_fn_config: Mapping[str, float] | None, *, backward: bool,
+                   router: AdapterRouter | None = None, adapters: Sequence[str] = (),
+                   agree_on_passes: Callable[[int], int] | None = None) -> list[ShardResult]:
+        """Several callers' data in the same passes: datum i belongs to group `groups[i]` (0..G-1),
+        and each group gets the result it would get alone (its logprobs, its loss metrics, its
+        token counts), its loss reduced over its own tokens. With `router`, each group's tokens go
+        through adapter `adapters[group]` (`plait_train.lora.LoraBank.routing`); the groups then
+        share rows (packing) but no prefixes, and the routing stays set through the backward pass
+        (activation checkpointing recomputes the forward there)."""
         config = dict(loss_fn_config or {})
+        count = max(groups, default=-1) + 1
         # A process of a lockstep group may get no data at all; it still runs its share of passes.
         keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
         routing = self._routing(data, keys)
@@ -171,37 +200,54 @@ class StepRunner:
             check_token_ids(np.concatenate(tokens), self.vocab_rows, "model_input")
             check_token_ids(np.concatenate([i["target_tokens"] for i in inputs]), self.vocab_rows,
                             "loss_fn_inputs['target_tokens']")
-        plans = plan_micro_batches(tokens, self.layout) if data else []
+        layout = attrs.evolve(self.layout, prefix_sharing=False) if router is not None else self.layout
+        plans = plan_micro_batches(tokens, layout) if data else []
         passes = agree_on_passes(len(plans)) if agree_on_passes is not None else len(plans)
-        logprobs: dict[int, np.ndarray] = {}
-        parts: list[tuple[dict[str, float], int]] = []
-        totals = {"model_flops:sum": 0.0, "forward_tokens:sum": 0.0, "prefix_shared_tokens:sum": 0.0}
+        results = [ShardResult({}, [], {"model_flops:sum": 0.0, "forward_tokens:sum": 0.0,
+                                         "prefix_shared_tokens:sum": 0.0}) for _ in range(max(count, 1))]
         per_token = self.flops.train_flops_per_token if backward else self.flops.forward_flops_per_token
         if routing is not None:
+            totals = results[0].totals
             totals.update({key: 0.0 for key in _ROUTING_SUMS})
             totals["routing_bytes:sum"] = float(sum(d.loss_fn_inputs[ROUTED_EXPERTS].data.nbytes for d in data))
             totals["routing_positions:sum"] = float(sum(len(t) for t in tokens))
         for rows in plans:
             batch = MicroBatch.build(rows, tokens, inputs, self.device, routing)
-            out, batch_logprobs, entropy_sum, active = self._micro_batch(batch, loss, loss_fn, config, backward)
+            member_groups = [groups[index] for index in batch.indices]
+            with self._adapters(batch, member_groups, router, adapters):
+                outcome = self._micro_batch(batch, member_groups, loss, loss_fn, config, backward)
             if batch.routing is not None:
                 for key, value in self._routing_agreement(batch).items():
-                    totals[key] += value
-            chunk_metrics = dict(out.metrics)
-            if active:
-                chunk_metrics["entropy:mean"] = entropy_sum / active
-            parts.append((chunk_metrics, active))
+                    results[0].totals[key] += value
+            for group, (out, entropy_sum, active) in outcome.items():
+                chunk_metrics = dict(out.metrics)
+                if active:
+                    chunk_metrics["entropy:mean"] = entropy_sum / active
+                results[group].parts.append((chunk_metrics, active))
+                group_tokens = sum(batch.lengths[row] for row, g in enumerate(member_groups) if g == group)
+                results[group].totals["forward_tokens:sum"] += batch.computed_tokens * group_tokens / sum(batch.lengths)
             for row, index in enumerate(batch.indices):
-                logprobs[index] = batch_logprobs[row, :batch.lengths[row]].cpu().numpy()
-            totals["forward_tokens:sum"] += batch.computed_tokens
-            for length, owned in zip(batch.lengths, batch.owned, strict=True):
-                totals["model_flops:sum"] += per_token(length) * owned
-                totals["prefix_shared_tokens:sum"] += length - owned
+                result = results[member_groups[row]]
+                result.logprobs[index] = outcome.logprobs[row, :batch.lengths[row]].cpu().numpy()
+                result.totals["model_flops:sum"] += per_token(batch.lengths[row]) * batch.owned[row]
+                result.totals["prefix_shared_tokens:sum"] += batch.lengths[row] - batch.owned[row]
         for _ in range(passes - len(plans)):
             self._dummy_pass(backward)
         if backward:
-            totals["train_tokens:sum"] = float(sum(len(t) for t in tokens))
-        return ShardResult(logprobs, parts, totals)
+            for group, result in enumerate(results):
+                result.totals["train_tokens:sum"] = float(sum(len(t) for t, g in zip(tokens, groups, strict=True)
+                                                              if g == group))
+        return results
+
+    def _adapters(self, batch: MicroBatch, member_groups: Sequence[int], router: AdapterRouter | None,
+                  adapters: Sequence[str]) -> Any:
+        """The routing of every slot of `batch` to its group's adapter (-1: padding, the base)."""
+        if router is None:
+            return contextlib.nullcontext()
+        adapter_of = torch.full((batch.input_ids.numel(),), -1, dtype=torch.long, device=batch.input_ids.device)
+        for row, group in enumerate(member_groups):
+            adapter_of[batch.slots[row, :batch.lengths[row]]] = group
+        return router.routing(adapter_of.view_as(batch.input_ids), adapters)
 
     def _routing(self, data: Sequence[Datum], keys: Sequence[str]) -> list[np.ndarray] | None:
         """The data's routed experts, when the model routes (and routing data came with them)."""
@@ -228,8 +274,8 @@ class StepRunner:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _micro_batch(self, batch: MicroBatch, loss: Any, loss_name: str, config: dict[str, float],
-                     backward: bool) -> tuple[LossOutput, torch.Tensor, float, int]:
+    def _micro_batch(self, batch: MicroBatch, member_groups: Sequence[int], loss: Any, loss_name: str,
+                     config: dict[str, float], backward: bool) -> _Outcome:
         active = active_positions(batch)
         rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
         replay = self.routing.forced(batch.routing) if self.routing_replay and self.routing is not None \
@@ -238,15 +284,23 @@ class StepRunner:
             flat, entropy = self.scorer(batch.input_ids, batch.position_ids, batch.reach,
                                         batch.slots[rows, cols], batch.inputs["target_tokens"][rows, cols])
         logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
-        entropy_sum = float(entropy[active[rows, cols]].sum())
-        try:
-            out: LossOutput = loss(logprobs, batch.inputs, config)
-        except (ValueError, KeyError) as exc:
-            raise DataError(f"loss {loss_name!r} rejected its inputs: {exc}",
-                            fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
-        if backward:
-            out.loss.backward()
-        return out, logprobs.detach(), entropy_sum, int(active.sum())
+        group_of_row = torch.tensor(member_groups, device=logprobs.device)
+        outcome = _Outcome(logprobs.detach())
+        total: torch.Tensor | None = None
+        for group in sorted(set(member_groups)):
+            mine = group_of_row == group
+            inputs = {key: value[mine] for key, value in batch.inputs.items()}
+            try:
+                out: LossOutput = loss(logprobs[mine], inputs, config)
+            except (ValueError, KeyError) as exc:
+                raise DataError(f"loss {loss_name!r} rejected its inputs: {exc}",
+                                fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+            counted = active[rows, cols] & mine[rows]
+            outcome[group] = (out, float(entropy[counted].sum()), int(active[mine].sum()))
+            total = out.loss if total is None else total + out.loss
+        if backward and total is not None:
+            total.backward()
+        return outcome
 
     def _dummy_pass(self, backward: bool) -> None:
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)

@@ -102,18 +102,21 @@ class Sequencer:
         self.next_seq = 1
         self.gap_s = gap_s
         self._waiting: set[int] = set()
+        self._arrived: set[int] = set()
         self._changed = asyncio.Condition()
 
     @contextlib.asynccontextmanager
     async def turn(self, seq_id: int) -> AsyncIterator[None]:
         async with self._changed:
             self._waiting.add(seq_id)
+            self._arrived.add(seq_id)
             try:
                 while seq_id > self.next_seq:
                     try:
                         await asyncio.wait_for(self._changed.wait(), self.gap_s)
                     except TimeoutError:
-                        if seq_id == min(self._waiting):
+                        # only a seq_id that never arrived is skipped, never one still running
+                        if self.next_seq not in self._arrived and seq_id == min(self._waiting):
                             log.warning("a request never came; going on without it", missing=self.next_seq,
                                         seq_id=seq_id)
                             break
@@ -124,6 +127,7 @@ class Sequencer:
         finally:
             async with self._changed:
                 self.next_seq = max(self.next_seq, seq_id + 1)
+                self._arrived = {seq for seq in self._arrived if seq >= self.next_seq}
                 self._changed.notify_all()
 
 
@@ -178,6 +182,57 @@ class Futures:
             self._by_key = {k: rid for k, rid in self._by_key.items() if rid in self._items}
 
 
+class ForwardBackwardBatcher:
+    """The forward_backward requests of one base model's runs, in shared passes: requests that
+    become ready while a pass runs go together into the next one
+    (`AdapterTrainer.forward_backward_adapters`); each run has at most one request in flight, so
+    every pass serves every waiting run once. Calls with different losses run apart, and when a
+    shared pass fails its calls run alone, so that one bad request fails only itself."""
+
+    def __init__(self, host: AdapterTrainer, train: Callable[..., Awaitable[Any]]) -> None:
+        self.host = host
+        self._train = train
+        self._waiting: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]] = []
+        self._draining: asyncio.Task[None] | None = None
+        self.passes = self.calls = 0
+
+    async def forward_backward(self, engine: AdapterEngine, call: wire.ForwardBackwardCall) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((engine, call, future))
+        if self._draining is None or self._draining.done():
+            self._draining = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        await asyncio.sleep(0)  # requests that arrive in the same moment join the first pass
+        while self._waiting:
+            ready, self._waiting = self._waiting, []
+            by_loss: dict[tuple[Any, ...], list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]] = {}
+            for item in ready:
+                by_loss.setdefault((item[1].loss_fn, *sorted(item[1].loss_fn_config.items())), []).append(item)
+            for items in by_loss.values():
+                await self._run(items)
+
+    async def _run(self, items: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]) -> None:
+        call = items[0][1]
+        self.passes, self.calls = self.passes + 1, self.calls + len(items)
+        try:
+            if len(items) == 1:
+                outputs = [await self._train(items[0][0].forward_backward, call.data, call.loss_fn, call.loss_fn_config)]
+            else:
+                outputs = await self._train(self.host.forward_backward_adapters, [(e, c.data) for e, c, _ in items],
+                                            call.loss_fn, call.loss_fn_config)
+        except Exception as exc:
+            if len(items) == 1:
+                items[0][2].set_exception(exc)
+                return
+            for item in items:  # find the culprit: each alone
+                await self._run([item])
+            return
+        for (_, _, future), output in zip(items, outputs, strict=True):
+            future.set_result(output)
+
+
 @attrs.define
 class _SamplingEngine:
     engine: InferenceEngine
@@ -196,6 +251,7 @@ class TinkerService:
         self.futures = Futures()
         self._models: dict[str, ResolvedModel] = {}
         self._hosts: dict[str, TrainerEngine] = {}
+        self.batchers: dict[str, ForwardBackwardBatcher] = {}
         self._engines: collections.OrderedDict[str, _SamplingEngine] = collections.OrderedDict()
         self._engine_lock = asyncio.Lock()
         self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-trainer")
@@ -280,6 +336,8 @@ class TinkerService:
             raise ServiceError(f"trainer engine {self.config.trainer.engine!r} cannot open LoRA adapters "
                                "(plait.protocols.AdapterTrainer); serve with one that can, e.g. 'torch'",
                                category="server", status=500)
+        if base_model not in self.batchers:
+            self.batchers[base_model] = ForwardBackwardBatcher(host, self._train)
         return host
 
     def _model(self, base_model: str) -> ResolvedModel:
@@ -352,8 +410,10 @@ class TinkerService:
     def forward_backward(self, tenant: Tenant, call: wire.ForwardBackwardCall) -> str:
         async def work(run: TrainingRun) -> bytes:
             assert run.engine is not None
-            method = run.engine.forward if call.forward_only else run.engine.forward_backward
-            output = await self._train(method, call.data, call.loss_fn, call.loss_fn_config)
+            if call.forward_only:
+                output = await self._train(run.engine.forward, call.data, call.loss_fn, call.loss_fn_config)
+            else:
+                output = await self.batchers[run.base_model].forward_backward(run.engine, call)
             return wire.write_forward_backward(output)
 
         return self.in_order(tenant, call.model_id, call.seq_id, "forward_backward", work)

@@ -22,6 +22,7 @@ import torch
 
 from plait.errors import ConfigError, ModelError
 from plait.models import ResolvedModel
+from plait.protocols import AdapterEngine
 from plait.types import Datum, ForwardBackwardOutput, LoraConfig, TrainerCapabilities
 from plait_torch.options import TorchTrainerOptions
 from plait_train import loading
@@ -32,7 +33,7 @@ from plait_train.lora import LoraBank
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_train.scorer import TokenScorer
-from plait_train.step import StepRunner
+from plait_train.step import StepRunner, to_output
 
 log = structlog.get_logger("plait_torch.trainer")
 
@@ -70,7 +71,7 @@ class TorchTrainer(SingleProcessEngine):
         self.vocab_rows = loading.embedding_rows(self.model)
         self.scorer = TokenScorer(self.model)
         if self.lora:
-            self.scorer.head_adapted = self.lora.adapts_unembedding
+            self.scorer.head_adapters = self.lora.unembedding_adapters
         layout = _layout(self.options, self.scorer)
         routing = RoutingHooks(self.model) if moe_shape(self.model) else None
         if self.options.routing_replay and routing is None:
@@ -133,10 +134,29 @@ class TorchTrainer(SingleProcessEngine):
         engine of its own. The model's weights freeze for good (train through the adapters)."""
         if self.lora is None:
             self.lora = LoraBank(self.model)
-            self.scorer.head_adapted = self.lora.adapts_unembedding
+            self.scorer.head_adapters = self.lora.unembedding_adapters
             self._params.clear()  # the frozen base trains no more
         self.lora.add(name, lora, seed=seed)
         return LoraRun(self, name)
+
+    def forward_backward_adapters(self, calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]], loss_fn: str,
+                                  loss_fn_config: Mapping[str, float] | None = None) -> list[ForwardBackwardOutput]:
+        """Several adapters' forward_backward in the same passes (rows packed across adapters,
+        each token through its own adapter: `StepRunner.run_groups`)."""
+        names = [run.name for run, _ in calls if isinstance(run, LoraRun) and run.host is self]
+        if len(names) != len(calls) or len(set(names)) < len(names):
+            raise ValueError("forward_backward_adapters takes distinct adapters opened on this trainer")
+        data = [datum for _, batch in calls for datum in batch]
+        groups = [group for group, (_, batch) in enumerate(calls) for _ in batch]
+        assert self.lora is not None
+        results = self._runner.run_groups(data, groups, loss_fn, loss_fn_config, backward=True, router=self.lora,
+                                          adapters=names)
+        outputs, start = [], 0
+        for (_, batch), result in zip(calls, results, strict=True):
+            local = attrs.evolve(result, logprobs={i - start: v for i, v in result.logprobs.items()})
+            outputs.append(to_output(loss_fn, len(batch), [(range(len(batch)), local)]))
+            start += len(batch)
+        return outputs
 
     def close(self) -> None:
         self._close_training()
