@@ -5,9 +5,9 @@ would, each in a process of its own). Each run trains its own adapter (rank 8) o
 into shared passes (`AdapterTrainer.forward_backward_adapters`); one after another, each pass
 holds one run. The two modes alternate, `--repeats` times each, in one process; the report gives
 total throughput (trained tokens per second) of each, their ratio, and how far each run's loss
-curve at once is from the same run alone. Writes benchmarks/results/multi_lora.json.
+curve at once is from the same run alone. Writes benchmarks/results/multi_lora_MODEL.json.
 
-    python benchmarks/multi_lora.py [--runs 8] [--steps 5] [--batch 1 8] [--repeats 2]
+    python benchmarks/multi_lora.py [--model tiny-qwen3] [--runs 8] [--steps 5] [--batch 1 8] [--repeats 2]
 
 Needs plait-torch, plait-tinker and tinker==0.38.0.
 """
@@ -31,18 +31,16 @@ import numpy as np
 import tinker
 
 from plait.schema import structure
-from plait_testing.models import materialize_model
 from plait_tinker.app import TinkerApp, build_app
 from plait_tinker.config import TinkerServerConfig
 
-RESULTS = Path(__file__).parent / "results" / "multi_lora.json"
-BASE = "tiny-qwen3"
+RESULTS = Path(__file__).parent / "results"
+BASE = "base"  # the name clients use for the served model
 API_KEY = "tml-bench"
 
 
-def serve(storage: Path) -> tuple[str, TinkerApp, threading.Event]:
-    model = materialize_model("tiny-qwen3", Path(tempfile.mkdtemp()) / "tiny-qwen3")
-    config = structure(TinkerServerConfig, {"models": {BASE: {"model": str(model.path)}},
+def serve(storage: Path, model: str) -> tuple[str, TinkerApp, threading.Event]:
+    config = structure(TinkerServerConfig, {"models": {BASE: {"model": model}},
                                             "tenants": [{"name": "bench", "api_key": API_KEY, "max_training_runs": 64}]})
     app = build_app(config, storage)
     started, stop, url = threading.Event(), threading.Event(), []
@@ -76,12 +74,12 @@ def client(url: str, seed: int, steps: int, batch: int, start: Any, results: Any
     with tinker.ServiceClient(base_url=url, api_key=API_KEY) as service:
         run = service.create_lora_training_client(base_model=BASE, rank=8, seed=seed).result()
         start.wait()
-        began, losses = time.time(), []
+        began, cpu, losses = time.time(), time.process_time(), []
         for _ in range(steps):
             result = run.forward_backward(data, "cross_entropy")
             run.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
             losses.append(result.result().metrics["loss:sum"])
-        results.put((seed, losses, began, time.time()))
+        results.put((seed, losses, began, time.time(), time.process_time() - cpu))
 
 
 def measure(url: str, runs: int, steps: int, batch: int, together: bool) -> dict[str, Any]:
@@ -97,10 +95,11 @@ def measure(url: str, runs: int, steps: int, batch: int, together: bool) -> dict
         finished.append([results.get(timeout=1800) for _ in group])
         for process in processes:
             process.join()
-    seconds = sum(max(end for *_, end in done) - min(began for *_, began, _ in done) for done in finished)
-    curves = [losses for _, losses, _, _ in sorted(item for done in finished for item in done)]
+    seconds = sum(max(item[3] for item in done) - min(item[2] for item in done) for done in finished)
+    curves = [item[1] for item in sorted(item for done in finished for item in done)]
     tokens = runs * steps * sum(len(d.model_input.to_ints()) for d in run_data(0, batch))  # about: run 0's size
-    return {"seconds": seconds, "curves": curves, "tokens_per_s": tokens / seconds}
+    client_cpu = sum(item[4] for done in finished for item in done)
+    return {"seconds": seconds, "curves": curves, "tokens_per_s": tokens / seconds, "client_cpu_seconds": client_cpu}
 
 
 def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> dict[str, Any]:
@@ -113,7 +112,8 @@ def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> d
             result.update(mode="at once" if together else "one after another",
                           passes=batcher.passes - passes, calls=batcher.calls - calls)
             print(f"batch {batch:>2} {result['mode']:>18}: {result['seconds']:6.1f} s  {result['tokens_per_s']:7.0f} "
-                  f"tokens/s  {result['calls']} forward_backward calls in {result['passes']} passes", flush=True)
+                  f"tokens/s  {result['calls']} forward_backward calls in {result['passes']} passes; the clients "
+                  f"used {result['client_cpu_seconds']:.1f} CPU s", flush=True)
             rounds.append(result)
     serial = [r for r in rounds if r["mode"] == "one after another"]
     concurrent = [r for r in rounds if r["mode"] == "at once"]
@@ -133,24 +133,25 @@ def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-qwen3", help="a plait model name (plait models)")
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="datums per forward_backward call")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as storage:
-        url, app, stop = serve(Path(storage))
+        url, app, stop = serve(Path(storage), args.model)
         measure(url, 1, 1, 1, together=False)  # warm-up: the base model loads
         by_batch = [compare(url, app, args, batch) for batch in args.batch]
         stop.set()
     summary = {
         "what": __doc__.split("\n\n")[0],
-        "settings": vars(args) | {"model": "tiny-qwen3", "lora_rank": 8, "loss": "cross_entropy",
+        "settings": vars(args) | {"lora_rank": 8, "loss": "cross_entropy",
                                   "tokens_per_datum": "32-63"},
         "by_datums_per_call": by_batch,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
     }
-    RESULTS.write_text(json.dumps(summary, indent=1))
+    (RESULTS / f"multi_lora_{args.model}.json").write_text(json.dumps(summary, indent=1))
     for result in by_batch:
         print(f"{result['datums_per_call']} datums per call: at once / one after another "
               f"{result['throughput_ratio_at_once_vs_one_after_another']:.2f}x throughput, "
