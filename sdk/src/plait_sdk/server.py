@@ -243,6 +243,45 @@ def _as_protocol_env(env: Any) -> Any:
     return env
 
 
+@contextlib.asynccontextmanager
+async def serving(app: Any, host: str, port: int, name: str = "server") -> AsyncIterator[str]:
+    """Serve ASGI `app` with uvicorn in the running event loop until the block ends (signals are
+    left to the program it runs in); yields the base URL (port 0: a free one)."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                       lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why it could not start (e.g. the port is taken)
+            raise RuntimeError(f"the {name} stopped before it started")
+        await asyncio.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def serve_group(cli: Any) -> Any:
+    """The `plait serve` command group, made by the first plugin that adds a service to it."""
+    group = cli.commands.get("serve")
+    if group is None:
+        @cli.group()
+        def serve() -> None:
+            """Run one of plait's services on its own."""
+
+        group = serve
+    return group
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

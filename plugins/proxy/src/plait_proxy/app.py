@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import attrs
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,7 +31,7 @@ from plait_proxy import anthropic_messages, openai_chat, openai_responses
 from plait_proxy.chat import ChatRequest, Completion, RequestError
 from plait_proxy.proxy import Proxy
 from plait_proxy.store import RolloutStore
-from plait_sdk.server import parse_json
+from plait_sdk.server import parse_json, serving
 
 log = structlog.get_logger("plait.proxy")
 
@@ -205,29 +204,8 @@ class ProxyApp:
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[str]:
         """Serve in this event loop (the engine's) until the block ends; yields the base URL."""
-        config = uvicorn.Config(self.asgi, host=self.options.host, port=self.options.port,
-                                log_level="warning", access_log=False, lifespan="off")
-        server = _QuietServer(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()  # raises why it could not start (e.g. the port is taken)
-                raise RuntimeError("the proxy's server stopped before it started")
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield f"http://{self.options.host}:{port}"
-        finally:
-            server.should_exit = True
-            await task
-
-
-class _QuietServer(uvicorn.Server):
-    """A server that leaves signal handling to the program it runs in."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+        async with serving(self.asgi, self.options.host, self.options.port, "proxy's server") as url:
+            yield url
 
 
 def _engine_refusal(error: DataError) -> RequestError:

@@ -19,13 +19,9 @@ def plait_register_envs(register: Any) -> None:
 
 @hookimpl
 def plait_register_commands(cli: Any) -> None:
-    serve = cli.commands.get("serve")
-    if serve is None:
-        @cli.group()
-        def serve() -> None:
-            """Run one of plait's services on its own."""
+    from plait_sdk.server import serve_group
 
-    @serve.command()
+    @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
     @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
                   help="Override a config value, e.g. -s model.name=tiny-qwen3.")

@@ -11,17 +11,17 @@ import asyncio
 import contextlib
 import datetime
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from plait_sdk.server import serving
 from plait_tinker import wire
 from plait_tinker.config import TinkerServerConfig, check_components
 from plait_tinker.service import ServiceError, Tenant, TinkerService, TrainingRunRecord, error_body
@@ -246,23 +246,13 @@ class TinkerApp:
     @contextlib.asynccontextmanager
     async def serving(self, host: str, port: int) -> AsyncIterator[str]:
         """Serve in this event loop until the block ends; yields the base URL."""
-        server = _QuietServer(uvicorn.Config(self.asgi, host=host, port=port, log_level="warning",
-                                             access_log=False, lifespan="off"))
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()  # raises why it could not start (e.g. the port is taken)
-                raise RuntimeError("the Tinker server stopped before it started")
-            await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        reaper = asyncio.create_task(self._reap_sessions())
-        try:
-            yield f"http://{host}:{bound}"
-        finally:
-            reaper.cancel()
-            server.should_exit = True
-            await task
-            await self.service.close()
+        async with serving(self.asgi, host, port, "Tinker server") as url:
+            reaper = asyncio.create_task(self._reap_sessions())
+            try:
+                yield url
+            finally:
+                reaper.cancel()
+        await self.service.close()
 
     async def _reap_sessions(self) -> None:
         while True:
@@ -279,14 +269,6 @@ def _checkpoint_json(meta: dict[str, Any] | None) -> dict[str, Any] | None:
 
 async def _done(value: Any) -> Any:
     return value
-
-
-class _QuietServer(uvicorn.Server):
-    """A server that leaves signal handling to the program it runs in."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def build_app(config: TinkerServerConfig, storage: Path) -> TinkerApp:

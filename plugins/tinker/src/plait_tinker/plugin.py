@@ -12,13 +12,9 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_commands(cli: Any) -> None:
-    serve = cli.commands.get("serve")
-    if serve is None:
-        @cli.group()
-        def serve() -> None:
-            """Run one of plait's services on its own."""
+    from plait_sdk.server import serve_group
 
-    @serve.command()
+    @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, exists=True, path_type=Path))
     @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
                   help="Override a config value, e.g. -s server.port=9000.")
