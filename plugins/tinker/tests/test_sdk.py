@@ -100,7 +100,9 @@ def test_the_whole_sequence_of_a_training_run(service_client, base_model: str) -
         service_client.create_training_client_from_state(saved).result()
 
 
-def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client, base_model: str) -> None:
+def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client, base_model: str,
+                                                               tinker_server) -> None:
+    """Sampling from saved sampler weights; deleting them closes the engine that served them."""
     BASE = base_model
     training = service_client.create_lora_training_client(base_model=BASE, rank=4).result()
     for _ in range(4):
@@ -114,6 +116,10 @@ def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client, b
     trained, untrained = (np.nansum(np.array(c.compute_logprobs(tokens).result()[1:], dtype=float))
                           for c in (by_path, base))
     assert trained > untrained + 1.0
+    engines = tinker_server[1].service._engines
+    assert any(str(weights).endswith("sampler_weights/final") for _, weights in engines)
+    service_client.create_rest_client().delete_checkpoint_from_tinker_path(path).result()
+    assert not any(str(weights).endswith("sampler_weights/final") for _, weights in engines)
 
 
 def test_bad_requests_fail_their_own_call_and_nothing_else(service_client, base_model: str) -> None:

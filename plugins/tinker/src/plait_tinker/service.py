@@ -252,7 +252,7 @@ class TinkerService:
         self._models: dict[str, ResolvedModel] = {}
         self._hosts: dict[str, TrainerEngine] = {}
         self.batchers: dict[str, ForwardBackwardBatcher] = {}
-        self._engines: collections.OrderedDict[str, _SamplingEngine] = collections.OrderedDict()
+        self._engines: collections.OrderedDict[tuple[str, Path | None], _SamplingEngine] = collections.OrderedDict()
         self._engine_lock = asyncio.Lock()
         self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-trainer")
         self._session_ids = itertools.count(1)
@@ -502,10 +502,8 @@ class TinkerService:
 
     async def _forget_weights(self, directory: Path) -> None:
         async with self._engine_lock:
-            entry = self._engines.get(str(directory))
-            if entry is not None and entry.users == 0:
-                del self._engines[str(directory)]
-                await entry.engine.close()
+            for key in [key for key, entry in self._engines.items() if key[1] == directory and entry.users == 0]:
+                await self._engines.pop(key).engine.close()
         shutil.rmtree(directory, ignore_errors=True)
 
     def load_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
@@ -591,7 +589,7 @@ class TinkerService:
 
     @contextlib.asynccontextmanager
     async def _engine(self, sampler: Sampler) -> AsyncIterator[InferenceEngine]:
-        key = f"{sampler.base_model}|{sampler.weights or ''}"
+        key = (sampler.base_model, sampler.weights)
         async with self._engine_lock:
             entry = self._engines.get(key)
             if entry is None:
@@ -615,7 +613,7 @@ class TinkerService:
         return build(kinds.INFERENCE_ENGINE, self.config.inference.engine, self._model(sampler.base_model),
                      options=options, options_path="inference.options", seed=0)
 
-    async def _close_unused_engines(self, keep: str) -> None:
+    async def _close_unused_engines(self, keep: tuple[str, Path | None]) -> None:
         for key in [k for k, e in self._engines.items() if k != keep and e.users == 0]:
             if len(self._engines) <= self.config.server.max_samplers:
                 break
