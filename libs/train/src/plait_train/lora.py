@@ -103,6 +103,7 @@ class LoraBank:
         self._adapter_of: torch.Tensor | None = None  # within `routing`: the adapter index of every token
         self._names: list[str] = []
         self._tokens = 0
+        self._unembedding = next((path for path in self.layers if path.rsplit(".", 1)[-1] in UNEMBED_MODULES), None)
         self._hooks = [module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()]
 
     def add(self, name: str, spec: LoraConfig, seed: int = 0) -> dict[str, torch.nn.Parameter]:
@@ -161,7 +162,7 @@ class LoraBank:
         into `select`, None for all) and the adapter of the unembedding each group goes through
         (None: the base's). The chunked output head (`plait_train.scorer`) applies these itself,
         as it never calls the output projection's forward (where the hook would)."""
-        head = next((path for path in self.layers if path.rsplit(".", 1)[-1] in UNEMBED_MODULES), None)
+        head = self._unembedding
         if self._groups is None or head is None:
             return [(None, self.adapters[self.default].get(head) if self.default and head else None)]
         assert self._adapter_of is not None

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -127,9 +128,8 @@ class TinkerApp:
         return _json({"request_id": request_id, **extra})
 
     async def create_model(self, request: Request, tenant: Tenant) -> Response:
-        body = await _body(request)
-        request_id = self.service.create_model(tenant, body)
-        return self._future(request_id, model_id=f"{body.get('session_id')}:train:{int(body.get('model_seq_id', 0))}")
+        request_id, model_id = self.service.create_model(tenant, await _body(request))
+        return self._future(request_id, model_id=model_id)
 
     async def get_info(self, request: Request, tenant: Tenant) -> Response:
         run = self.service.run(tenant, str((await _body(request)).get("model_id")))
@@ -145,9 +145,8 @@ class TinkerApp:
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise ServiceError(f"forward_backward takes a protobuf body ({PROTOBUF}), as tinker>=0.25 sends it")
         call = wire.read_forward_backward(body)
-        if request.query_params.get("forward_only") in ("true", "1") and not call.forward_only:
-            call = wire.ForwardBackwardCall(call.model_id, call.seq_id, call.data, call.loss_fn, call.loss_fn_config,
-                                            True)
+        if request.query_params.get("forward_only") in ("true", "1"):
+            call = attrs.evolve(call, forward_only=True)
         return self._future(self.service.forward_backward(tenant, call))
 
     async def forward_legacy(self, request: Request, tenant: Tenant) -> Response:
@@ -163,11 +162,8 @@ class TinkerApp:
         return self._future(self.service.save_weights_for_sampler(tenant, await _body(request)))
 
     async def load_weights(self, request: Request, tenant: Tenant) -> Response:
-        body = await _body(request)
-        request_id = self.service.load_weights(tenant, body)
-        extra = {} if body.get("model_id") else {
-            "model_id": f"{body.get('session_id')}:train:{int(body.get('model_seq_id', 0))}"}
-        return self._future(request_id, **extra)
+        request_id, model_id = self.service.load_weights(tenant, await _body(request))
+        return self._future(request_id, **({"model_id": model_id} if model_id else {}))
 
     async def unload_model(self, request: Request, tenant: Tenant) -> Response:
         run = self.service.run(tenant, str((await _body(request)).get("model_id")))

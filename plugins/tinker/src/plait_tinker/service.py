@@ -44,6 +44,7 @@ T = TypeVar("T")
 
 OPEN_TENANT = Tenant(name="local", api_key="")
 EPHEMERAL_KEPT = 4  # a run's snapshots for sampling kept on disk (older ones are deleted)
+SNAPSHOT_PREFIX = "snapshot-"  # sampler weights saved for a sampling client alone, not listed as checkpoints
 
 
 class ServiceError(Exception):
@@ -56,6 +57,15 @@ class ServiceError(Exception):
 
 def not_found(what: str) -> ServiceError:
     return ServiceError(f"{what} not found", status=404)
+
+
+def training_run_id(session_id: str, body: dict[str, Any]) -> str:
+    """The id the SDK assumes for a session's n-th training client (create-via-load relies on it)."""
+    return f"{session_id}:train:{int(body.get('model_seq_id', 0))}"
+
+
+def sampling_session_id(session_id: str, body: dict[str, Any]) -> str:
+    return f"{session_id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
 
 
 @attrs.define
@@ -149,6 +159,7 @@ class Futures:
         self._items: dict[str, Pending] = {}
         self._by_key: dict[tuple[Any, ...], str] = {}
         self._ids = itertools.count(1)
+        self._swept = time.monotonic()
 
     def submit(self, tenant: str, work: Awaitable[Any], key: tuple[Any, ...] | None = None) -> str:
         if key is not None and key in self._by_key:
@@ -175,6 +186,9 @@ class Futures:
 
     def _forget_old(self) -> None:
         now = time.monotonic()
+        if now - self._swept < 10.0:  # a sweep reads every kept request: not on every submit
+            return
+        self._swept = now
         old = [rid for rid, p in self._items.items() if p.finished_at is not None and now - p.finished_at > self.KEEP_S]
         for rid in old:
             del self._items[rid]
@@ -300,18 +314,19 @@ class TinkerService:
         return session_id
 
     async def finish_session(self, tenant: Tenant, session_id: str) -> None:
-        session = self.session(tenant, session_id)
-        session.finished = True
-        await self._unload([run for run in self.runs.values() if run.session_id == session_id])
+        await self._finish(self.session(tenant, session_id))
 
     async def finish_stale_sessions(self) -> None:
         """Finish the sessions whose client stopped sending heartbeats, unloading their runs."""
         cutoff = time.monotonic() - self.config.server.session_timeout_s
         for session in list(self.sessions.values()):
             if not session.finished and session.last_seen < cutoff:
-                session.finished = True
                 log.info("session timed out; unloading its runs", session=session.id)
-                await self._unload([r for r in self.runs.values() if r.session_id == session.id])
+                await self._finish(session)
+
+    async def _finish(self, session: Session) -> None:
+        session.finished = True
+        await self._unload([run for run in self.runs.values() if run.session_id == session.id])
 
     async def unload(self, run: TrainingRun) -> None:
         await self._unload([run])
@@ -357,16 +372,17 @@ class TinkerService:
             raise ServiceError(f"tenant {tenant.name!r} has {loaded} training runs loaded, its quota "
                                f"(max_training_runs); finish a session to free one", status=429)
 
-    def create_model(self, tenant: Tenant, body: dict[str, Any]) -> str:
+    def create_model(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, str]:
+        """A future of the new run, and its id."""
         session = self.session(tenant, str(body.get("session_id")))
         base = self.base_model(body.get("base_model"))
         lora = _lora_config(body.get("lora_config") or {}, self.config.server.lora_alpha)
-        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        model_id = training_run_id(session.id, body)
         self._check_quota(tenant)
         return self.futures.submit(tenant.name, self._open_run(tenant, session, model_id, base, lora,
                                                                body.get("user_metadata") or {},
                                                                seed=int((body.get("lora_config") or {}).get("seed") or 0)),
-                                   key=("create", model_id))
+                                   key=("create", model_id)), model_id
 
     async def _open_run(self, tenant: Tenant, session: Session, model_id: str, base: str, lora: LoraConfig,
                         user_metadata: dict[str, str], seed: int, state: Path | None = None,
@@ -490,13 +506,13 @@ class TinkerService:
                 await self._save(run, "sampler_weights", str(name), body.get("ttl_seconds"))
                 return {"path": f"tinker://{run.model_id}/sampler_weights/{name}", "type": "save_weights_for_sampler"}
             # A snapshot for a sampling client and nothing else: kept while recent.
-            sampler_id = f"{run.session_id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
-            directory = await self._save(run, "sampler_weights", f"snapshot-{run.sequencer.next_seq}")
+            snapshot = sampling_session_id(run.session_id, body)
+            directory = await self._save(run, "sampler_weights", f"{SNAPSHOT_PREFIX}{run.sequencer.next_seq}")
             run.ephemeral.append(directory)
             while len(run.ephemeral) > EPHEMERAL_KEPT:
                 await self._forget_weights(run.ephemeral.popleft())
-            self.samplers[sampler_id] = Sampler(sampler_id, run.tenant, run.base_model, directory, None)
-            return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+            self.samplers[snapshot] = Sampler(snapshot, run.tenant, run.base_model, directory, None)
+            return {"sampling_session_id": snapshot, "type": "save_weights_for_sampler"}
 
         return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work)
 
@@ -506,9 +522,9 @@ class TinkerService:
                 await self._engines.pop(key).engine.close()
         shutil.rmtree(directory, ignore_errors=True)
 
-    def load_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
+    def load_weights(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, str | None]:
         """Into an existing run (`model_id`), or a new run made from the checkpoint (`session_id`
-        + `model_seq_id`, "create-via-load")."""
+        + `model_seq_id`, "create-via-load"): a future, and the new run's id."""
         record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
         if kind != "weights":
             raise ServiceError(f"{body.get('path')!r} holds sampler weights; load a state saved by save_state")
@@ -519,9 +535,9 @@ class TinkerService:
                 await self._train(run.engine.load_state, directory, optimizer)
                 return {"path": body["path"], "type": "load_weights"}
 
-            return self.in_order(tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work)
+            return self.in_order(tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work), None
         session = self.session(tenant, str(body.get("session_id")))
-        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        model_id = training_run_id(session.id, body)
         base = self.base_model(body.get("base_model") or record.data["base_model"])
         self._check_quota(tenant)
 
@@ -531,7 +547,7 @@ class TinkerService:
                                  state=directory, optimizer=optimizer)
             return {"model_id": model_id, "path": body["path"], "type": "load_weights"}
 
-        return self.futures.submit(tenant.name, create(), key=("create", model_id))
+        return self.futures.submit(tenant.name, create(), key=("create", model_id)), model_id
 
     async def delete_checkpoint(self, tenant: Tenant, model_id: str, kind: str, name: str) -> None:
         _, _, directory = self.resolve_path(tenant, f"tinker://{model_id}/{kind}/{name}")
@@ -543,14 +559,16 @@ class TinkerService:
         session = self.session(tenant, str(body.get("session_id")))
         if sum(1 for s in self.samplers.values() if s.tenant == tenant.name) >= tenant.max_sampling_sessions:
             raise ServiceError(f"tenant {tenant.name!r} has reached max_sampling_sessions", status=429)
-        sampler_id = f"{session.id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
+        sampler = self._sampler_of(tenant, sampling_session_id(session.id, body), body)
+        self.samplers[sampler.id] = sampler
+        return sampler.id
+
+    def _sampler_of(self, tenant: Tenant, sampler_id: str, body: dict[str, Any]) -> Sampler:
+        """A sampler of the checkpoint `body["model_path"]`, else of the base model `body["base_model"]`."""
         if body.get("model_path"):
             record, _, directory = self.resolve_path(tenant, str(body["model_path"]))
-            base, weights = record.data["base_model"], directory
-        else:
-            base, weights = self.base_model(body.get("base_model")), None
-        self.samplers[sampler_id] = Sampler(sampler_id, tenant.name, base, weights, body.get("model_path"))
-        return sampler_id
+            return Sampler(sampler_id, tenant.name, record.data["base_model"], directory, body["model_path"])
+        return Sampler(sampler_id, tenant.name, self.base_model(body.get("base_model")), None, None)
 
     def sampler(self, tenant: Tenant, sampler_id: str) -> Sampler:
         sampler = self.samplers.get(sampler_id)
@@ -563,10 +581,7 @@ class TinkerService:
         if body.get("sampling_session_id"):
             sampler = self.sampler(tenant, str(body["sampling_session_id"]))
         else:  # the pre-session form: a base model or a checkpoint path on the request itself
-            path = body.get("model_path")
-            weights = self.resolve_path(tenant, str(path))[2] if path else None
-            sampler = Sampler("", tenant.name, self.base_model(body.get("base_model")) if not path else
-                              self.resolve_path(tenant, str(path))[0].data["base_model"], weights, path)
+            sampler = self._sampler_of(tenant, "", body)
         prompt = wire.model_input(body.get("prompt") or {})
         params = wire.sampling_params(body.get("sampling_params") or {})
         num_samples = int(body.get("num_samples", 1))
@@ -650,7 +665,7 @@ class TrainingRunRecord:
         found = []
         for path in sorted(self.directory.glob("*/*/checkpoint.json")):
             meta = json.loads(path.read_text())
-            if not path.parent.name.startswith("snapshot-"):
+            if not path.parent.name.startswith(SNAPSHOT_PREFIX):
                 found.append(meta)
         return found
 
@@ -685,9 +700,7 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """The status and `{"error", "category"}` body the SDK reads as a failed request."""
     if isinstance(exc, ServiceError):
         return exc.status, {"error": exc.message, "category": exc.category}
-    if isinstance(exc, wire.WireError):
-        return 400, {"error": str(exc), "category": "user"}
-    if isinstance(exc, PlaitError | ValueError | KeyError):
+    if isinstance(exc, PlaitError | ValueError | KeyError):  # WireError included
         return 400, {"error": str(exc), "category": "user"}
     log.error("request failed", error=repr(exc))
     return 500, {"error": f"the server failed: {exc!r}", "category": "server"}
