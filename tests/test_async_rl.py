@@ -56,12 +56,11 @@ def test_staleness_stays_within_its_bound(max_staleness, pause, tiny_qwen3, tmp_
 
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
-def test_arith_tiny_learns_async(run_arith_tiny):
-    """examples/arith_tiny.toml with rl.schedule = "async" (staleness <= 2, token-level truncated IS):
-    it learns (a little slower than the sync run: measured best 10-step reward 0.86 against 0.96,
-    held-out accuracy 0 -> 0.84), and staleness and applied importance weights stay in bounds."""
-    run = run_arith_tiny("rl.schedule=async", "off_policy.max_staleness=2", "off_policy.correction=token",
-                         "off_policy.truncate=2.0", "off_policy.mask_above=10.0")
+def test_arith_tiny_learns_async(run_arith_tiny, async_overrides):
+    """examples/arith_tiny.toml with rl.schedule = "async" (staleness <= 2, token-level truncated
+    IS, learning rate 1e-3: see tests/conftest.py) learns, and staleness and applied importance
+    weights stay in bounds."""
+    run = run_arith_tiny(*async_overrides)
     run.assert_learned(min_reward=0.65, min_accuracy=0.6)
     steps = [m for m in run.metrics if m["step"] > 0 and "reward/mean" in m]
     for m in steps:
