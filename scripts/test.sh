@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set up the services the tests need (scripts/ci/*.sh:
 # Docker engine, sandbox image, vLLM venv, ...), then every test except those that need a GPU.
-# Usage: scripts/test.sh [--fast] [extra pytest args]
+# Usage: scripts/test.sh [--fast | --setup-only] [extra pytest args]
 #   --fast: no service set-up, only the default (fast) suite: the check to run before every commit.
+#   --setup-only: the service set-up alone (idempotent; .ci/run starts it while the linters run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 pytest_args=(-m "not gpu" --durations=30)  # the slowest tests listed, to keep CI within its limit
+setup_only=false
 if [ "${1:-}" = "--fast" ]; then
     shift
     pytest_args=()  # the default markers in pyproject.toml leave out slow and service-bound tests
 else
+    [ "${1:-}" = "--setup-only" ] && { shift; setup_only=true; }
     # docker.sh first (it may apt-get); then the others side by side, each logging to a file: they
     # build venvs of their own (or pip-install one package), so their downloads and installs overlap.
     first=scripts/ci/docker.sh
@@ -35,6 +38,7 @@ else
     done
     rm -rf "$logs"
     [ ${#failed[@]} -eq 0 ] || { echo "setup steps failed: ${failed[*]}" >&2; exit 1; }
+    $setup_only && exit 0
 fi
 dirs=()
 for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests examples/plugins/*/tests tests; do
