@@ -568,7 +568,7 @@ class Server:
         # Every failure is answered here, before the response starts: the connection stays usable.
         try:
             key = self.options.api_key
-            if key and request.path != "/health" and not _key_matches(request.headers, key):
+            if key and request.path != "/health" and not key_matches(request.headers, key):
                 raise RequestError(401, "missing or wrong API key: send it in the X-API-Key header")
             handler, env_name = self._route(request)
             result = await handler(request, env_name)
@@ -896,7 +896,7 @@ async def _send_json(send: Any, status: int, body: bytes, headers: Mapping[str, 
     await send({"type": "http.response.body", "body": body})
 
 
-def _key_matches(headers: Mapping[str, str], key: str) -> bool:
+def key_matches(headers: Mapping[str, str], key: str) -> bool:
     sent = headers.get("x-api-key", "")
     bearer = headers.get("authorization", "")
     if not sent and bearer.lower().startswith("bearer "):
