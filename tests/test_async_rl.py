@@ -56,11 +56,11 @@ def test_staleness_stays_within_its_bound(max_staleness, pause, tiny_qwen3, tmp_
 
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
-def test_arith_tiny_learns_async(run_arith_tiny, async_overrides):
+def test_arith_tiny_learns_async(run_arith_tiny_async):
     """examples/arith_tiny.toml with rl.schedule = "async" (staleness <= 2, token-level truncated
     IS, learning rate 1e-3: see tests/conftest.py) learns, and staleness and applied importance
     weights stay in bounds."""
-    run = run_arith_tiny(*async_overrides)
+    run = run_arith_tiny_async()
     run.assert_learned(min_reward=0.65, min_accuracy=0.6)
     steps = [m for m in run.metrics if m["step"] > 0 and "reward/mean" in m]
     for m in steps:
