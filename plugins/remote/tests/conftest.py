@@ -1,6 +1,7 @@
-"""Fixtures for plait-remote's tests: tiny-qwen3, and one `plait serve inference` service (running
-plait-torch) shared by the session; `reset_service` puts its initial weights back before each
-engine attaches."""
+"""Fixtures for plait-remote's tests: tiny-qwen3; one `plait serve inference` service (running
+plait-torch) shared by the session, whose initial weights `reset_service` puts back before each
+engine attaches; and one `plait serve trainer` service, on which each engine creates a trainer
+of its own."""
 
 from __future__ import annotations
 
@@ -62,3 +63,25 @@ def make_attached(service_url: str, tiny_model: ResolvedModel) -> Callable[..., 
         return RemoteEngine(tiny_model, options=_remote_options(url=service_url, **overrides), seed=0)
 
     return make
+
+
+def _trainer_options(**overrides):
+    from plait_remote.options import RemoteTrainerOptions
+
+    return RemoteTrainerOptions(**{"engine": "torch", "startup_timeout_s": 300.0, **overrides})
+
+
+@pytest.fixture(scope="session")
+def remote_trainer_options() -> Callable[..., object]:
+    """(**overrides) -> RemoteTrainerOptions for plait-torch behind the service."""
+    return _trainer_options
+
+
+@pytest.fixture(scope="session")
+def trainer_service_url(tiny_model: ResolvedModel) -> Iterator[str]:
+    """A trainer service launched the way the engine launches one; the session's engines attach to it."""
+    from plait_remote.trainer import RemoteTrainer
+
+    launcher = RemoteTrainer(tiny_model, options=_trainer_options(), seed=0)
+    yield launcher.base_url
+    launcher.close()

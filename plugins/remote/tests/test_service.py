@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from plait import kinds
 from plait.errors import ConfigError, EngineError
 from plait.models import ResolvedModel
 from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
@@ -64,13 +65,13 @@ def test_an_api_key_guards_everything_but_health(tiny_model: ResolvedModel, remo
 def test_the_service_refuses_to_serve_itself_and_to_go_public_without_a_key(tiny_model: ResolvedModel,
                                                                            remote_options) -> None:
     from plait_remote.engine import RemoteEngine
-    from plait_remote.service import build_engine
+    from plait_remote.wire import component_factory
 
     with pytest.raises(EngineError, match="launch itself") as info:
         RemoteEngine(tiny_model, options=remote_options(engine="remote"))
     assert info.value.fix
     with pytest.raises(ConfigError, match="call itself"):
-        build_engine(None, (f"model.name={tiny_model.path}", "inference.engine=remote"))
+        component_factory(kinds.INFERENCE_ENGINE, None, (f"model.name={tiny_model.path}", "inference.engine=remote"))
     done = subprocess.run([sys.executable, "-m", "plait.cli", "serve", "inference", "--host", "0.0.0.0"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PLAIT_API_KEY": ""})
     assert done.returncode == 2 and "give an --api-key" in done.stderr

@@ -19,7 +19,8 @@ from plait.models import ResolvedModel
 from plait.serde import from_json, to_json
 from plait.types import ModelInput, PauseMode, SampleResponse, SamplingParams, prompt_token_ids
 from plait_remote.options import RemoteOptions
-from plait_server.engine import ServerEngine, error_message
+from plait_remote.wire import launch_config, refused
+from plait_server.engine import ServerEngine
 
 
 class RemoteEngine(ServerEngine):
@@ -37,18 +38,11 @@ class RemoteEngine(ServerEngine):
         super().__init__(model, options, seed)
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
-        import tomli_w
-
         if self._config_dir is None:
             self._config_dir = tempfile.TemporaryDirectory(prefix="plait-remote-")
-        config = Path(self._config_dir.name) / "inference-service.toml"
-        model = {"name": str(self.model.path), "dtype": self.model.dtype}
-        if self.model.tokenizer_path and str(self.model.tokenizer_path) != str(self.model.path):
-            model["tokenizer"] = str(self.model.tokenizer_path)
-        config.write_text(tomli_w.dumps({
-            "run": {"seed": seed}, "model": model,
-            "inference": {"engine": self.options.engine, "options": dict(self.options.engine_options)}}))
         o = self.options
+        config = launch_config(Path(self._config_dir.name), "inference", o.engine, o.engine_options,
+                               model=self.model, seed=seed)
         argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "inference", str(config),
                 "--host", o.host, "--port", str(port), *o.server_args]
         env = {"PLAIT_API_KEY": o.api_key} if o.api_key else {}
@@ -70,8 +64,7 @@ class RemoteEngine(ServerEngine):
         """POST `body`; the service's 400 comes back as the `DataError` it was on the other side."""
         response = await self.http.request("POST", path, json=body, timeout_s=timeout_s, accept=(200, 400))
         if response.status_code == 400:
-            error = response.json().get("error") or {}
-            raise DataError(error_message(response), fix=error.get("fix"))
+            raise refused(response)
         return response.json()
 
     # -- sampling -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Options of the "remote" inference engine (`inference.options` in a run config)."""
+"""Options of the "remote" trainer and inference engines and of the "pool" inference engine."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from plait.config import positive
 from plait_server.engine import ServerOptions
 
 
@@ -19,3 +20,55 @@ class RemoteOptions(ServerOptions):
     """The inference engine the launched service runs (any installed one but "remote")."""
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     """That engine's options (its `inference.options`)."""
+
+
+@attrs.frozen
+class RemoteTrainerOptions:
+    """`url` attaches to a running `plait serve trainer` (the run creates its own trainer there);
+    without it the engine launches one (with `python`, default this interpreter) that runs
+    `engine` with `engine_options`. A trainer service that dies fails the run with its log: resume
+    from the last checkpoint (`plait run` resumes by default)."""
+
+    url: str | None = None
+    engine: str = "torch"
+    """The trainer engine the service runs (any installed one but "remote")."""
+    engine_options: dict[str, Any] = attrs.field(factory=dict)
+    """That engine's options (its `trainer.options`)."""
+    python: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    """None = a free port."""
+    api_key: str | None = None
+    env: dict[str, str] = attrs.field(factory=dict)
+    """Extra environment variables for a launched service."""
+    startup_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    request_timeout_s: float = attrs.field(default=3600.0, validator=positive)
+    """Deadline of one call (a forward_backward of a large batch on a slow machine)."""
+    log_path: str | None = None
+    """Where a launched service's output goes; None = a file in the temporary directory (logged)."""
+    exchange_dir: str | None = None
+    """Where the service writes exported weights for the run to read (a disk both see); None = a
+    temporary directory."""
+
+
+@attrs.frozen
+class ReplicaSpec:
+    """`count` replicas of inference engine `engine` with `options` (its `inference.options`)."""
+
+    engine: str = "remote"
+    options: dict[str, Any] = attrs.field(factory=dict)
+    count: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+
+
+@attrs.frozen
+class PoolOptions:
+    """`replicas`: what the pool starts with, e.g. [{engine = "remote", options = {engine = "torch"},
+    count = 2}, {engine = "vllm", options = {...}}]. Scaling up repeats the last spec."""
+
+    replicas: list[ReplicaSpec] = attrs.field(factory=lambda: [ReplicaSpec()])
+    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """Requests one replica runs at once (None = no cap); others wait for room."""
+    max_reissues: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    scale_file: str | None = None
+    """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to."""
+    poll_s: float = attrs.field(default=1.0, validator=positive)

@@ -1,7 +1,9 @@
-"""plait-remote's plugin module: the "remote" inference engine and `plait serve inference`."""
+"""plait-remote's plugin module: the "remote" trainer and inference engines, and the
+`plait serve trainer` and `plait serve inference` commands that they drive."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,28 +13,52 @@ from plait.hookspecs import hookimpl
 
 
 @hookimpl
+def plait_register_trainer_engines(register: Any) -> None:
+    register("remote", "plait_remote.trainer:RemoteTrainer", options="plait_remote.options:RemoteTrainerOptions",
+             description="any installed trainer engine in a process of its own (plait serve trainer), "
+                         "launched by the run or attached by URL")
+
+
+@hookimpl
 def plait_register_inference_engines(register: Any) -> None:
     register("remote", "plait_remote.engine:RemoteEngine", options="plait_remote.options:RemoteOptions",
              description="any installed inference engine in a process of its own (plait serve inference), "
                          "launched by the run or attached by URL")
+    register("pool", "plait_remote.pool:PoolEngine", options="plait_remote.options:PoolOptions",
+             description="several inference engines behind one: routed by measured load, failed requests "
+                         "re-issued, replicas added and drained while a run goes")
+
+
+def _service_command(group: Any, name: str, section: str, serve: Callable[[], Callable[..., None]]) -> None:
+    @group.command(name=name, help=f"Serve the {section} engine of run config CONFIG (its [model] and [{section}] "
+                                   f"sections) over HTTP, for runs whose {section}.engine is \"remote\".")
+    @click.argument("config", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=False)
+    @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                  help=f"Override a config value, e.g. -s {section}.engine=torch.")
+    @click.option("--host", default="127.0.0.1", show_default=True)
+    @click.option("--port", default=8300 if section == "inference" else 8400, show_default=True, help="0 = a free port.")
+    @click.option("--api-key", envvar="PLAIT_API_KEY", default=None,
+                  help="Required of every request but GET /health (env PLAIT_API_KEY); "
+                       "required to bind beyond loopback.")
+    def command(config: Path | None, overrides: tuple[str, ...], host: str, port: int, api_key: str | None) -> None:
+        serve()(config, overrides, host=host, port=port, api_key=api_key)
 
 
 @hookimpl
 def plait_register_commands(cli: Any) -> None:
     from plait_sdk.server import serve_group
 
-    @serve_group(cli).command()
-    @click.argument("config", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=False)
-    @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="Override a config value, e.g. -s inference.engine=torch.")
-    @click.option("--host", default="127.0.0.1", show_default=True)
-    @click.option("--port", default=8300, show_default=True, help="0 = a free port.")
-    @click.option("--api-key", envvar="PLAIT_API_KEY", default=None,
-                  help="Required of every request but GET /health (env PLAIT_API_KEY); "
-                       "required to bind beyond loopback.")
-    def inference(config: Path | None, overrides: tuple[str, ...], host: str, port: int, api_key: str | None) -> None:
-        """Serve the inference engine of run config CONFIG (its [model] and [inference] sections)
-        over HTTP, for runs whose inference.engine is "remote"."""
-        from plait_remote.service import serve_inference
+    group = serve_group(cli)
 
-        serve_inference(config, overrides, host=host, port=port, api_key=api_key)
+    def inference() -> Callable[..., None]:
+        from plait_remote.inference_service import serve_inference
+
+        return serve_inference
+
+    def trainer() -> Callable[..., None]:
+        from plait_remote.trainer_service import serve_trainer
+
+        return serve_trainer
+
+    _service_command(group, "inference", "inference", inference)
+    _service_command(group, "trainer", "trainer", trainer)

@@ -1,0 +1,66 @@
+"""The "remote" trainer engine (plait-torch behind `plait serve trainer`) against the trainer
+contract kit, and what the service refuses."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from plait.errors import DataError, EngineError
+from plait.models import ResolvedModel
+from plait_testing.trainer import TrainerEngineContract, random_tokens, sft_datum, vocab_size
+
+
+class TestRemoteTrainer(TrainerEngineContract):
+    required_metrics = ("loss:sum", "entropy:mean", "model_flops:sum")  # plait-torch's, across the wire
+
+    @pytest.fixture
+    def model(self, tiny_model: ResolvedModel) -> ResolvedModel:
+        return tiny_model
+
+    @pytest.fixture
+    def make_trainer(self, model: ResolvedModel, trainer_service_url: str, remote_trainer_options):
+        from plait_remote.trainer import RemoteTrainer
+
+        return lambda: RemoteTrainer(model, options=remote_trainer_options(url=trainer_service_url), seed=0)
+
+
+def test_the_trainer_service_refuses_what_it_cannot_do(trainer_service_url: str, tiny_model: ResolvedModel,
+                                                        remote_trainer_options) -> None:
+    from plait_remote.trainer import RemoteTrainer
+
+    vocab = vocab_size(tiny_model)
+    with httpx.Client(base_url=trainer_service_url, timeout=60) as client:
+        missing = client.post("/trainers/t999/forward", json={"data": [], "loss_fn": "cross_entropy"})
+        assert missing.status_code == 404 and "no trainer 't999'" in missing.json()["error"]["message"]
+        created = client.post("/trainers", json={}).json()["id"]
+        bad = client.post(f"/trainers/{created}/forward_backward", json={"data": "nope", "loss_fn": "cross_entropy"})
+        assert bad.status_code == 400 and "'data' is not valid" in bad.json()["error"]["message"]
+        assert client.delete(f"/trainers/{created}").json() == {"deleted": True}
+
+    trainer = RemoteTrainer(tiny_model, options=remote_trainer_options(url=trainer_service_url), seed=0)
+    try:
+        with pytest.raises(DataError, match=str(vocab + 3)):  # the engine's own DataError, across the wire
+            trainer.forward([sft_datum([1, 2, vocab + 3])])
+        out = trainer.forward([sft_datum(random_tokens(0, 6, vocab))])  # and the trainer still serves
+        assert len(out.loss_fn_outputs) == 1
+    finally:
+        trainer.close()
+    with pytest.raises(EngineError, match="closed"):
+        trainer.forward([sft_datum([1, 2, 3])])
+
+
+def test_a_trainer_service_that_dies_is_named_with_its_log(tiny_model: ResolvedModel, remote_trainer_options) -> None:
+    import os
+    import signal
+
+    from plait_remote.trainer import RemoteTrainer
+
+    trainer = RemoteTrainer(tiny_model, options=remote_trainer_options(), seed=0)
+    try:
+        os.kill(trainer.server.pid, signal.SIGKILL)
+        trainer.server.process.wait(30)
+        with pytest.raises(EngineError, match=r"exited with code -9 \(during POST /trainers/t1/forward\)"):
+            trainer.forward([sft_datum([1, 2, 3])])
+    finally:
+        trainer.close()
