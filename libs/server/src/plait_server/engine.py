@@ -2,8 +2,8 @@
 
 Engine plugins that drive an HTTP server (vLLM, SGLang) share three things, kept here:
 
-- `ServerProcess` launches the server's command in its own process group, writes its output to a
-  log file, waits for its health endpoint with a deadline (failing at once, with the log's last
+- `ServerProcess` (a `LaunchedServer` on this machine) launches the server's command in its own
+  process group, writes its output to a log file, waits for its health endpoint with a deadline (failing at once, with the log's last
   lines, when the process exits during start-up), and stops the whole group (SIGTERM, then
   SIGKILL after a grace period). A server is also stopped when this interpreter exits (atexit)
   and, on Linux, when the process that launched it dies (PR_SET_PDEATHSIG), so a crashed run
@@ -80,8 +80,66 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class ServerProcess:
-    """One server process (and everything it spawns), with its output in `log_path`."""
+class LaunchedServer:
+    """A server an engine started and owns: a process on this machine (`ServerProcess`) or
+    elsewhere (a subclass, e.g. one on a Ray node, says where in `location`)."""
+
+    name: str
+    log_path: Path
+    location = ""
+    """Where the process runs, for messages (" on ..."); empty for this machine."""
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def exit_code(self) -> int | None:
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 30) -> str:
+        raise NotImplementedError
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        raise NotImplementedError
+
+    def how_it_ended(self) -> str:
+        """For messages, once it is not alive: "exited with code 1" (and where it ran)."""
+        return f"exited with code {self.exit_code}{self.location}"
+
+    def crash_error(self, what: str = "") -> EngineError:
+        return EngineError(
+            f"the {self.name} server {self.how_it_ended()}{what}; last lines of {self.log_path}:\n{self.log_tail()}",
+            fix="read the server log above for the cause",
+        )
+
+    async def wait_healthy(self, probe: Callable[[], Any], *, timeout_s: float,
+                           poll_s: float = 0.5) -> float:
+        """Poll `probe()` (an async callable that returns True once the server answers) until it
+        does; seconds waited. Stops the server and raises if it exits or the deadline passes."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            if not self.alive():
+                raise self.crash_error(" while starting")
+            with contextlib.suppress(EngineError):
+                if await probe():
+                    waited = time.monotonic() - start
+                    log.info("server healthy", server=self.name, seconds=round(waited, 1))
+                    return waited
+            if time.monotonic() >= deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineError(
+                    f"the {self.name} server{self.location} did not become healthy within {timeout_s:g} s; "
+                    f"last lines of {self.log_path}:\n{tail}",
+                    fix="raise the engine's startup_timeout_s (a loaded machine starts servers slowly), "
+                        "or read the log for the cause",
+                )
+            await asyncio.sleep(poll_s)
+
+
+class ServerProcess(LaunchedServer):
+    """One server process on this machine (and everything it spawns), with its output in `log_path`."""
 
     def __init__(self, name: str, argv: Sequence[str], *, log_path: str | Path,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> None:
@@ -125,13 +183,6 @@ class ServerProcess:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def crash_error(self, what: str = "") -> EngineError:
-        return EngineError(
-            f"the {self.name} server exited with code {self.exit_code}{what}; "
-            f"last lines of {self.log_path}:\n{self.log_tail()}",
-            fix="read the server log above for the cause",
-        )
-
     def stop(self, grace_s: float = 15.0) -> None:
         """Stop the server's whole process group: SIGTERM, then SIGKILL after `grace_s`."""
         if self.alive():
@@ -152,31 +203,6 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
-    async def wait_healthy(self, probe: Callable[[], Any], *, timeout_s: float,
-                           poll_s: float = 0.5) -> float:
-        """Poll `probe()` (an async callable that returns True once the server answers) until it
-        does; seconds waited. Stops the server and raises if it exits or the deadline passes."""
-        start = time.monotonic()
-        deadline = start + timeout_s
-        while True:
-            if not self.alive():
-                raise self.crash_error(" while starting")
-            with contextlib.suppress(EngineError):
-                if await probe():
-                    waited = time.monotonic() - start
-                    log.info("server healthy", server=self.name, seconds=round(waited, 1))
-                    return waited
-            if time.monotonic() >= deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise EngineError(
-                    f"the {self.name} server did not become healthy within {timeout_s:g} s; "
-                    f"last lines of {self.log_path}:\n{tail}",
-                    fix="raise the engine's startup_timeout_s (a loaded machine starts servers slowly), "
-                        "or read the log for the cause",
-                )
-            await asyncio.sleep(poll_s)
-
 
 @atexit.register
 def _stop_all() -> None:
@@ -193,7 +219,7 @@ class EngineHTTP:
     """
 
     def __init__(self, base_url: str, *, name: str, timeout_s: float, connect_timeout_s: float = 5.0,
-                 server: ServerProcess | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 server: LaunchedServer | None = None, headers: Mapping[str, str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name
         self.timeout_s = timeout_s
@@ -503,29 +529,33 @@ class ServerEngine:
         self._restart_lock: asyncio.Lock | None = None
         self._restarter: asyncio.Task[Any] | None = None
         self._log_path = options.log_path
-        self.server: ServerProcess | None = None
+        self.server: LaunchedServer | None = None
         if options.url:
             self.http = self._client(options.url, None)
         else:
             self._launch()
 
-    def _client(self, base_url: str, server: ServerProcess | None) -> EngineHTTP:
+    def _client(self, base_url: str, server: LaunchedServer | None) -> EngineHTTP:
         headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
         return EngineHTTP(base_url, name=self.server_name, timeout_s=self.options.control_timeout_s,
                           server=server, headers=headers)
 
     def _launch(self) -> None:
-        """Start the server's command (on options.port, or a free port) and point `http` at it.
-        Every launch of this engine writes to the same log file."""
+        self.server, base_url = self.start_server()
+        self.http = self._client(base_url, self.server)
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    def start_server(self) -> tuple[LaunchedServer, str]:
+        """Start the server's command on this machine (on options.port, or a free port): the
+        server and its base URL. Every launch of this engine writes to the same log file. A
+        subclass that places its server elsewhere overrides this."""
         port = self.options.port or free_port(self.options.host)
         if self._log_path is None:
             self._log_path = os.path.join(
                 tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log")
         argv, env = self.launch_command(port, self._launch_seed)
-        self.server = ServerProcess(self.server_name, argv, log_path=self._log_path, env=env)
-        self.http = self._client(f"http://{self.options.host}:{port}", self.server)
-
-    # -- for subclasses -------------------------------------------------------------------
+        return ServerProcess(self.server_name, argv, log_path=self._log_path, env=env), f"http://{self.options.host}:{port}"
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
         raise NotImplementedError
@@ -640,7 +670,7 @@ class ServerEngine:
         await self._ensure_ready()
         yield
 
-    async def _replaced_dead_server(self, server: ServerProcess | None, failure: EngineError) -> bool:
+    async def _replaced_dead_server(self, server: LaunchedServer | None, failure: EngineError) -> bool:
         """After a request to `server` failed with `failure`: True once a new server stands in
         place of that one, which was dead (restarted here, or by a concurrent request); False
         when the server is fine and the failure was the request's own. An `EngineError` when
@@ -664,7 +694,7 @@ class ServerEngine:
         await self._restart(server)
         return True
 
-    async def _restart(self, dead: ServerProcess) -> None:
+    async def _restart(self, dead: LaunchedServer) -> None:
         """Replace the launched server `dead` with a new one: the same command (on a fresh port
         unless options.port), the weights the dead one had, and no request reaches it before it
         has them. Nothing to do when a concurrent request has replaced it already."""
@@ -673,7 +703,7 @@ class ServerEngine:
         async with self._restart_lock:
             if self.server is not dead or self._closed:
                 return
-            how = f"exited with code {dead.exit_code}" if not dead.alive() else "stopped answering GET /health"
+            how = dead.how_it_ended() if not dead.alive() else f"stopped answering GET /health{dead.location}"
             if self._restarts >= self.options.max_restarts:
                 raise EngineError(
                     f"the {self.server_name} server {how} after {self._restarts} restarts "

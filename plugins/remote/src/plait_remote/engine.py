@@ -4,15 +4,19 @@ Launched (no `url`), it starts `python -m plait.cli serve inference` on a run co
 (the model, `engine` and `engine_options`) and, through `plait_server.engine.ServerEngine`, gets
 the same lifecycle as the vLLM and SGLang engines: a start-up deadline, failures named with the
 service's log, a client-side pause gate, weights staged on disk, and a service that dies is
-launched again with the weights it had while its running requests are sent once more.
+launched again with the weights it had while its running requests are sent once more. With
+`ray` set, the service starts on a node of a Ray cluster instead (plait_remote.on_ray).
 """
 
 from __future__ import annotations
 
+import secrets
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
@@ -20,7 +24,7 @@ from plait.serde import from_json, to_json
 from plait.types import ModelInput, PauseMode, SampleResponse, SamplingParams, prompt_token_ids
 from plait_remote.options import RemoteOptions
 from plait_remote.wire import launch_config, refused
-from plait_server.engine import ServerEngine
+from plait_server.engine import LaunchedServer, ServerEngine
 
 
 class RemoteEngine(ServerEngine):
@@ -34,19 +38,38 @@ class RemoteEngine(ServerEngine):
         if options.engine == "remote" and not options.url:
             raise EngineError("inference.options.engine is 'remote': the service would launch itself",
                               fix="name the engine the service runs, e.g. inference.options.engine = \"torch\"")
+        if options.ray is not None and not options.api_key:  # a Ray node's address is not loopback
+            options = attrs.evolve(options, api_key=secrets.token_urlsafe(24))
         self._config_dir: tempfile.TemporaryDirectory[str] | None = None
         super().__init__(model, options, seed)
 
-    def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+    def _config(self) -> Path:
+        """The run config the service runs: the model, `engine` with `engine_options`, the seed."""
         if self._config_dir is None:
             self._config_dir = tempfile.TemporaryDirectory(prefix="plait-remote-")
         o = self.options
-        config = launch_config(Path(self._config_dir.name), "inference", o.engine, o.engine_options,
-                               model=self.model, seed=seed)
-        argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "inference", str(config),
-                "--host", o.host, "--port", str(port), *o.server_args]
+        return launch_config(Path(self._config_dir.name), "inference", o.engine, o.engine_options,
+                             model=self.model, seed=self._launch_seed)
+
+    def _command(self, host: str, port: int) -> tuple[list[str], dict[str, str]]:
+        o = self.options
+        argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "inference", str(self._config()),
+                "--host", host, "--port", str(port), *o.server_args]
         env = {"PLAIT_API_KEY": o.api_key} if o.api_key else {}
         return argv, {**env, **o.env}
+
+    def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        return self._command(self.options.host, port)
+
+    def start_server(self) -> tuple[LaunchedServer, str]:
+        if self.options.ray is None:
+            return super().start_server()
+        from plait_remote.on_ray import RayServer
+
+        config = self._config()
+        server = RayServer(self.server_name, self.options.ray, self._command, files={str(config): config.read_text()},
+                           timeout_s=self.options.startup_timeout_s)
+        return server, server.url
 
     async def _on_ready(self) -> None:
         health = await self.http.json("GET", "/health")

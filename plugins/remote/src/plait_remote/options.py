@@ -11,15 +11,32 @@ from plait_server.engine import ServerOptions
 
 
 @attrs.frozen
+class RayPlacement:
+    """A launched service in a Ray actor, on the node Ray picks for this request (see
+    plait_remote.on_ray). The model and weight directories must be at the same paths there."""
+
+    address: str | None = None
+    """The cluster: "auto" (the one `ray start` made this machine part of), "ray://HOST:10001", an
+    IP:port; None starts a local cluster for the run (unless the process is connected already)."""
+    num_cpus: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
+    num_gpus: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    resources: dict[str, float] = attrs.field(factory=dict)
+    """Custom resources, e.g. {inference_pool = 1}: only nodes started with them take the service."""
+    namespace: str = "plait"
+
+
+@attrs.frozen
 class RemoteOptions(ServerOptions):
     """`url` attaches to a running `plait serve inference`; without it the engine launches one
     (with `python`, default this interpreter) that runs `engine` with `engine_options`, and
-    launches it again with its weights if it dies."""
+    launches it again with its weights if it dies; `ray` launches it on a Ray cluster instead of
+    this machine."""
 
     engine: str = "torch"
     """The inference engine the launched service runs (any installed one but "remote")."""
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     """That engine's options (its `inference.options`)."""
+    ray: RayPlacement | None = None
 
 
 @attrs.frozen
@@ -27,13 +44,15 @@ class RemoteTrainerOptions:
     """`url` attaches to a running `plait serve trainer` (the run creates its own trainer there);
     without it the engine launches one (with `python`, default this interpreter) that runs
     `engine` with `engine_options`. A trainer service that dies fails the run with its log: resume
-    from the last checkpoint (`plait run` resumes by default)."""
+    from the last checkpoint (`plait run` resumes by default). `ray` launches it on a Ray cluster
+    instead of this machine."""
 
     url: str | None = None
     engine: str = "torch"
     """The trainer engine the service runs (any installed one but "remote")."""
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     """That engine's options (its `trainer.options`)."""
+    ray: RayPlacement | None = None
     python: str | None = None
     host: str = "127.0.0.1"
     port: int | None = None

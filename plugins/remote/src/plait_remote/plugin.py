@@ -1,5 +1,6 @@
-"""plait-remote's plugin module: the "remote" trainer and inference engines, and the
-`plait serve trainer` and `plait serve inference` commands that they drive."""
+"""plait-remote's plugin module: the "remote" trainer and inference engines, the "pool"
+inference engine, the `plait serve trainer` and `plait serve inference` commands that they
+drive, and `plait scale`, which resizes a running run's pool."""
 
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def plait_register_commands(cli: Any) -> None:
 
     _service_command(group, "inference", "inference", inference)
     _service_command(group, "trainer", "trainer", trainer)
+
+
+    @cli.command(name="scale", help="Resize a running run's inference pool: plait scale RUN_DIR inference=N (the "
+                                    "run's inference.engine is \"pool\" with options.scale_file set).")
+    @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+    @click.argument("sizes", nargs=-1, required=True, metavar="inference=N")
+    def scale_command(run_dir: Path, sizes: tuple[str, ...]) -> None:
+        from plait_remote.scale import SCALABLE, scale, scale_file_of
+
+        for size in sizes:
+            component, _, count = size.partition("=")
+            if component not in SCALABLE or not count.strip().isdigit():
+                raise click.UsageError(f"{size!r}: give {' or '.join(f'{c}=N' for c in SCALABLE)} "
+                                       "(N replicas; only the inference pool scales)")
+            path = scale(run_dir, int(count))
+            click.echo(f"asked the {component} pool of {run_dir} for {count} replicas ({path}; "
+                       f"the run reads it every {scale_file_of(run_dir)[1]:g} s)")

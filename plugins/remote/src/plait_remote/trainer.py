@@ -2,7 +2,8 @@
 
 Launched (no `url`), it starts `python -m plait.cli serve trainer` on a run config of its own
 (the model, `engine` and `engine_options`), waits for it to answer, and creates its trainer
-there; attached, it creates its trainer on the service at `url`. Calls are synchronous, like
+there; attached, it creates its trainer on the service at `url`; with `ray` set, the service
+starts on a node of a Ray cluster (plait_remote.on_ray). Calls are synchronous, like
 every trainer engine's. Exported weights come back through a shared directory.
 """
 
@@ -12,12 +13,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import secrets
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from plait.errors import EngineError
 from plait.models import ResolvedModel
@@ -42,7 +46,10 @@ class RemoteTrainer:
         import httpx
 
         self.model = model
-        self.options = options = options or RemoteTrainerOptions()
+        options = options or RemoteTrainerOptions()
+        if options.ray is not None and not options.api_key:  # a Ray node's address is not loopback
+            options = attrs.evolve(options, api_key=secrets.token_urlsafe(24))
+        self.options = options
         if options.engine == "remote" and not options.url:
             raise EngineError("trainer.options.engine is 'remote': the service would launch itself",
                               fix="name the engine the service runs, e.g. trainer.options.engine = \"torch\"")
@@ -71,14 +78,25 @@ class RemoteTrainer:
         from plait_server.engine import ServerProcess, free_port
 
         o = self.options
-        port = o.port or free_port(o.host)
         config = launch_config(self._scratch, "trainer", o.engine, o.engine_options, model=self.model, seed=seed)
-        argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "trainer", str(config),
-                "--host", o.host, "--port", str(port)]
-        env = {"PLAIT_API_KEY": o.api_key} if o.api_key else {}
-        log_path = o.log_path or os.path.join(tempfile.gettempdir(), f"plait-trainer-service-{os.getpid()}-{port}.log")
-        self.server = ServerProcess(SERVICE, argv, log_path=log_path, env={**env, **o.env})
-        url = f"http://{o.host}:{port}"
+
+        def command(host: str, port: int) -> tuple[list[str], dict[str, str]]:
+            argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "trainer", str(config),
+                    "--host", host, "--port", str(port)]
+            return argv, {**({"PLAIT_API_KEY": o.api_key} if o.api_key else {}), **o.env}
+
+        if o.ray is not None:
+            from plait_remote.on_ray import RayServer
+
+            self.server = RayServer(SERVICE, o.ray, command, files={str(config): config.read_text()},
+                                    timeout_s=o.startup_timeout_s)
+            url = self.server.url
+        else:
+            port = o.port or free_port(o.host)
+            argv, env = command(o.host, port)
+            log_path = o.log_path or os.path.join(tempfile.gettempdir(), f"plait-trainer-service-{os.getpid()}-{port}.log")
+            self.server = ServerProcess(SERVICE, argv, log_path=log_path, env=env)
+            url = f"http://{o.host}:{port}"
 
         async def answers() -> bool:
             try:
