@@ -510,9 +510,10 @@ class ORSSession:
         for path in ("/delete", "/delete_session"):
             try:
                 await self._request("POST", path)
+                if path == "/delete":
+                    break  # /delete_session does nothing on the server (ORS); only servers without /delete need it
             except (ServerError, httpx.HTTPError, RuntimeError) as exc:
-                # already gone (an ors-sdk server answers /delete_session for anything; ours 404s
-                # once /delete removed it): closing must never fail the caller
+                # already gone, or a server without the route: closing must never fail the caller
                 log.debug("ORS close step failed", path=path, sid=self.sid, error=str(exc))
         await self.http.close()
 
