@@ -52,6 +52,7 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "routing_replay": (["routing_replay.py"], None),
     "vs_minimal": (["vs_minimal.py"], None),
     "services_overhead": (["services_overhead.py"], None),
+    "rollout_scaling": (["rollout_scaling.py"], None),
     "vs_trl": (["vs_trl.py", "--steps", "6"], venv(TRL_VENV, "scripts/bench/trl_venv.sh")),
 }
 

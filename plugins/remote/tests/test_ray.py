@@ -175,3 +175,29 @@ def test_a_pool_places_its_replicas_on_ray(cluster: Any, tiny_model: ResolvedMod
             await pool.close()
 
     asyncio.run(asyncio.wait_for(body(), 600))
+
+
+def test_an_environment_pool_places_its_members_on_ray(cluster: Any) -> None:
+    """Members of the environment pool on the node with the resource, behind an API key."""
+    from plait_remote.env_pool import EnvPool
+    from plait_remote.options import EnvPoolOptions, RayPlacement
+
+    pool = EnvPool(EnvPoolOptions(env="math.arith", env_options={"preset": "tiny"}, members=1,
+                                  ray=RayPlacement(num_cpus=0.5, resources={"trainer_pool": 0.5})))
+
+    async def body() -> None:
+        try:
+            task = await pool.get_task("train", 3)
+            session = await pool.open(task)
+            reply = await session.call((await session.terminal_tool()).name, {"text": str(task["answer"])})
+            await session.close()
+            assert reply.reward == 1.0, reply
+            assert pool.members[0].server.node_id == node_with("trainer_pool")
+            import httpx
+
+            async with httpx.AsyncClient(base_url=pool.members[0].env.url) as client:
+                assert (await client.post("/create_session", json={})).status_code == 401  # no key, no session
+        finally:
+            await pool.close()
+
+    asyncio.run(asyncio.wait_for(body(), 300))

@@ -9,13 +9,14 @@ Options start from a preset; every knob given explicitly overrides the preset's 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import attrs
 
 from plait.config import positive
-from plait.types import Message
+from plait.types import Message, ToolOutput
 from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat, format_number
 from plait_math.base import MathEnvironment, bind, make_task, unit_interval
 from plait_math.problems import Problem, ProblemSpec, generate
@@ -75,6 +76,9 @@ class ArithOptions:
     """Share of the problem space that belongs to the test split."""
     train_size: int = attrs.field(default=100_000, validator=positive)
     test_size: int = attrs.field(default=1_000, validator=positive)
+    verify_seconds: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    """How long checking an answer takes, on purpose: stands in for a slow verifier (a test suite,
+    a judge model) when measuring how rollout capacity scales (benchmarks/rollout_scaling.py)."""
 
     def __attrs_post_init__(self) -> None:
         if self.preset not in self.PRESETS:
@@ -129,6 +133,11 @@ class ArithEnvironment(MathEnvironment):
 
     async def get_messages(self) -> list[Message]:
         return [*self.worked_examples(), *await super().get_messages()]
+
+    def judge(self, text: str, answer_format: str) -> ToolOutput:
+        if self.options.verify_seconds:
+            time.sleep(self.options.verify_seconds)  # a slow verifier, on purpose (options.verify_seconds)
+        return super().judge(text, answer_format)
 
     @classmethod
     def make_task(cls, split: str, index: int) -> dict[str, Any]:

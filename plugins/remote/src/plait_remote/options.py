@@ -91,3 +91,23 @@ class PoolOptions:
     scale_file: str | None = None
     """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to."""
     poll_s: float = attrs.field(default=1.0, validator=positive)
+
+
+@attrs.frozen
+class EnvPoolOptions:
+    """`members` ORS servers of environment `env` (with `env_options`), each a `plait env serve`
+    process launched by the run (on this machine, or on Ray with `ray`); an episode runs on the
+    member with the most room, at most `max_in_flight` at once on each."""
+
+    env: str = "math.arith"
+    env_options: dict[str, Any] = attrs.field(factory=dict)
+    members: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    """Episodes one member runs at once (its capacity: a slow verifier, a sandbox pool); None = no cap."""
+    scale_file: str | None = None
+    """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to (`plait scale`)."""
+    poll_s: float = attrs.field(default=1.0, validator=positive)
+    ray: RayPlacement | None = None
+    python: str | None = None
+    """The interpreter that runs the members (None: this one)."""
+    startup_timeout_s: float = attrs.field(default=120.0, validator=positive)

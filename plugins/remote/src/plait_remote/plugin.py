@@ -1,5 +1,5 @@
 """plait-remote's plugin module: the "remote" trainer and inference engines, the "pool"
-inference engine, the `plait serve trainer` and `plait serve inference` commands that they
+inference engine and environment, the `plait serve trainer` and `plait serve inference` commands that they
 drive, and `plait scale`, which resizes a running run's pool."""
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ def plait_register_trainer_engines(register: Any) -> None:
     register("remote", "plait_remote.trainer:RemoteTrainer", options="plait_remote.options:RemoteTrainerOptions",
              description="any installed trainer engine in a process of its own (plait serve trainer), "
                          "launched by the run or attached by URL")
+
+
+@hookimpl
+def plait_register_envs(register: Any) -> None:
+    register("pool", "plait_remote.env_pool:EnvPool.from_options", options="plait_remote.options:EnvPoolOptions",
+             description="an environment's episodes spread over several ORS servers of it, each running at most "
+                         "max_in_flight at once; members added and drained while a run goes")
 
 
 @hookimpl
@@ -65,18 +72,18 @@ def plait_register_commands(cli: Any) -> None:
     _service_command(group, "trainer", "trainer", trainer)
 
 
-    @cli.command(name="scale", help="Resize a running run's inference pool: plait scale RUN_DIR inference=N (the "
-                                    "run's inference.engine is \"pool\" with options.scale_file set).")
+    @cli.command(name="scale", help="Resize a running run's pools: plait scale RUN_DIR inference=N env=M (the "
+                                    "section's component is \"pool\" with options.scale_file set).")
     @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
-    @click.argument("sizes", nargs=-1, required=True, metavar="inference=N")
+    @click.argument("sizes", nargs=-1, required=True, metavar="inference=N env=M")
     def scale_command(run_dir: Path, sizes: tuple[str, ...]) -> None:
         from plait_remote.scale import SCALABLE, scale, scale_file_of
 
         for size in sizes:
-            component, _, count = size.partition("=")
-            if component not in SCALABLE or not count.strip().isdigit():
-                raise click.UsageError(f"{size!r}: give {' or '.join(f'{c}=N' for c in SCALABLE)} "
-                                       "(N replicas; only the inference pool scales)")
-            path = scale(run_dir, int(count))
-            click.echo(f"asked the {component} pool of {run_dir} for {count} replicas ({path}; "
-                       f"the run reads it every {scale_file_of(run_dir)[1]:g} s)")
+            section, _, count = size.partition("=")
+            if section not in SCALABLE or not count.strip().isdigit():
+                raise click.UsageError(f"{size!r}: give {' or '.join(f'{s}=N' for s in SCALABLE)} (N members of "
+                                       "that pool)")
+            path = scale(run_dir, section, int(count))
+            click.echo(f"asked the {section} pool of {run_dir} for {count} (written to {path}; the run reads it "
+                       f"every {scale_file_of(run_dir, section)[1]:g} s)")

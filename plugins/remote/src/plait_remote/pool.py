@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from plait.types import (
     WeightUpdate,
 )
 from plait_remote.options import PoolOptions, ReplicaSpec
+from plait_remote.scale import drain, follow_scale_file
 
 log = structlog.get_logger("plait_remote")
 T = TypeVar("T")
@@ -102,7 +102,8 @@ class PoolEngine:
         if self._room is None:
             self._room = asyncio.Condition()
         if self.options.scale_file and self._watcher is None and not self._closed:
-            self._watcher = asyncio.ensure_future(self._watch_scale_file(Path(self.options.scale_file)))
+            self._watcher = asyncio.ensure_future(
+                follow_scale_file(Path(self.options.scale_file), self.options.poll_s, self.scale, "inference pool"))
         return self._room
 
     async def _notify(self) -> None:
@@ -129,11 +130,7 @@ class PoolEngine:
                     raise
                 self.replicas.append(replica)
                 log.info("replica joined the pool", replica=replica.name, replicas=len(self.replicas))
-            for replica in reversed(serving[replicas:]):
-                replica.draining = True
-                task = asyncio.ensure_future(self._retire(replica))
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
+            drain(serving[replicas:], self._retire, self._retiring)
         await self._notify()
 
     async def _retire(self, replica: _Replica) -> None:
@@ -147,20 +144,6 @@ class PoolEngine:
     def _forget(self, replica: _Replica) -> None:
         if replica in self.replicas:
             self.replicas.remove(replica)
-
-    async def _watch_scale_file(self, path: Path) -> None:
-        wanted: int | None = None
-        while not self._closed:
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                asked = int(json.loads(path.read_text())["replicas"])
-                if asked != wanted:
-                    wanted = asked
-                    log.info("scaling the inference pool", replicas=asked, file=str(path))
-                    try:
-                        await self.scale(asked)
-                    except (PlaitError, ValueError) as exc:
-                        log.error("could not scale the inference pool", replicas=asked, error=str(exc))
-            await asyncio.sleep(self.options.poll_s)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import secrets
 import shutil
 import sys
@@ -34,7 +33,7 @@ from plait.types import (
     TrainerCapabilities,
 )
 from plait_remote.options import RemoteTrainerOptions
-from plait_remote.wire import launch_config, refused
+from plait_remote.wire import launch_config, refused, start_service
 
 SERVICE = "plait trainer service"
 
@@ -75,8 +74,6 @@ class RemoteTrainer:
     def _launch(self, seed: int) -> str:
         import httpx
 
-        from plait_server.engine import ServerProcess, free_port
-
         o = self.options
         config = launch_config(self._scratch, "trainer", o.engine, o.engine_options, model=self.model, seed=seed)
 
@@ -85,18 +82,8 @@ class RemoteTrainer:
                     "--host", host, "--port", str(port)]
             return argv, {**({"PLAIT_API_KEY": o.api_key} if o.api_key else {}), **o.env}
 
-        if o.ray is not None:
-            from plait_remote.on_ray import RayServer
-
-            self.server = RayServer(SERVICE, o.ray, command, files={str(config): config.read_text()},
-                                    timeout_s=o.startup_timeout_s)
-            url = self.server.url
-        else:
-            port = o.port or free_port(o.host)
-            argv, env = command(o.host, port)
-            log_path = o.log_path or os.path.join(tempfile.gettempdir(), f"plait-trainer-service-{os.getpid()}-{port}.log")
-            self.server = ServerProcess(SERVICE, argv, log_path=log_path, env=env)
-            url = f"http://{o.host}:{port}"
+        self.server, url = start_service(SERVICE, command, ray=o.ray, host=o.host, port=o.port, log_path=o.log_path,
+                                         files={str(config): config.read_text()}, timeout_s=o.startup_timeout_s)
 
         async def answers() -> bool:
             try:

@@ -157,3 +157,24 @@ def launch_config(directory: Path, section: str, engine: str, engine_options: di
     path.write_text(tomli_w.dumps({"run": {"seed": seed}, "model": table,
                                    section: {"engine": engine, "options": dict(engine_options)}}))
     return path
+
+
+def start_service(name: str, command: Callable[[str, int], tuple[list[str], dict[str, str]]], *, ray: Any,
+                  host: str, port: int | None, log_path: str | None, files: dict[str, str],
+                  timeout_s: float) -> tuple[Any, str]:
+    """(the launched server, its base URL): `command(host, port)` started on this machine, or on
+    a Ray node when `ray` (a RayPlacement) is given, with `files` (path -> text) written there."""
+    import os
+    import tempfile
+
+    from plait_server.engine import ServerProcess, free_port
+
+    if ray is not None:
+        from plait_remote.on_ray import RayServer
+
+        server = RayServer(name, ray, command, files=files, timeout_s=timeout_s)
+        return server, server.url
+    port = port or free_port(host)
+    argv, env = command(host, port)
+    log_path = log_path or os.path.join(tempfile.gettempdir(), f"plait-{name.replace(' ', '-')}-{os.getpid()}-{port}.log")
+    return ServerProcess(name, argv, log_path=log_path, env=env), f"http://{host}:{port}"

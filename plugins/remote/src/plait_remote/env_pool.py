@@ -1,0 +1,235 @@
+"""The "pool" environment: episodes spread over several ORS servers of one environment, elastic.
+
+How many episodes run at once is often bounded by the environment side (a verifier that takes
+seconds, a sandbox per episode), not by sampling. `env.name = "pool"` launches `members`
+`plait env serve ENV` processes (on this machine, or on Ray nodes with `ray`) and runs each
+episode on the member with the most room, at most `max_in_flight` episodes on each; the others
+wait. With `scale_file` (`plait scale RUN_DIR env=N`) members join while the run goes (a new one
+takes episodes once it answers) or leave: a member scaled away takes no new episode, finishes its
+running ones, then stops, so no episode is lost. Every member serves the same environment with
+the same options, so tasks come from any of them. A member that dies costs the episodes running
+on it (each comes back as a failed trajectory, like any environment failure) and leaves the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from plait.errors import EnvironmentError_
+from plait.protocols import EnvSession, InferenceEngine, Renderer
+from plait.rollout import EpisodeConfig, run_episode
+from plait.trajectory import Trajectory
+from plait.types import Split
+from plait_remote.options import EnvPoolOptions
+from plait_remote.scale import drain, follow_scale_file
+from plait_remote.wire import start_service
+
+log = structlog.get_logger("plait_remote")
+
+
+def toml_value(value: Any) -> str:
+    """`value` as a TOML value for `plait env serve -o key=VALUE`."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return json.dumps(value)  # strings, numbers and booleans read the same in TOML
+
+
+class _Member:
+    def __init__(self, name: str, server: Any, env: Any) -> None:
+        self.name = name
+        self.server = server
+        self.env = env
+        self.in_flight = 0
+        self.episodes = 0
+        self.draining = False
+
+
+class EnvPool:
+    """`plait.protocols.Environment` (and `DrivesEpisodes`) over a pool of ORS servers."""
+
+    name = "pool"
+
+    def __init__(self, options: EnvPoolOptions) -> None:
+        self.options = options
+        self._api_key = secrets.token_urlsafe(24) if options.ray is not None else None  # beyond loopback
+        self._built = 0
+        self.members = [self._launch() for _ in range(options.members)]
+        self._ready: asyncio.Task[None] | None = None
+        self._room: asyncio.Condition | None = None
+        self._membership: asyncio.Lock | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @classmethod
+    def from_options(cls, *, options: EnvPoolOptions) -> EnvPool:
+        return cls(options)
+
+    # -- members ---------------------------------------------------------------------------
+
+    def _command(self, host: str, port: int) -> tuple[list[str], dict[str, str]]:
+        o = self.options
+        argv = [o.python or sys.executable, "-m", "plait.cli", "env", "serve", o.env, "--host", host, "--port", str(port)]
+        for key, value in o.env_options.items():
+            argv += ["-o", f"{key}={toml_value(value)}"]
+        return argv, {"PLAIT_ORS_API_KEY": self._api_key} if self._api_key else {}
+
+    def _launch(self) -> _Member:
+        from plait_sdk.client import ORSEnvironment, ORSOptions
+
+        self._built += 1
+        name = f"{self.options.env} #{self._built}"
+        server, url = start_service(f"{self.options.env} environment", self._command, ray=self.options.ray,
+                                    host="127.0.0.1", port=None, log_path=None, files={},
+                                    timeout_s=self.options.startup_timeout_s)
+        return _Member(name, server, ORSEnvironment(ORSOptions(url=url, api_key=self._api_key)))
+
+    async def _healthy(self, member: _Member) -> None:
+        async def answers() -> bool:
+            import httpx
+
+            try:
+                async with httpx.AsyncClient(base_url=member.env.url, timeout=5.0) as client:
+                    return (await client.get("/health")).status_code == 200
+            except httpx.TransportError:  # not listening yet
+                return False
+
+        await member.server.wait_healthy(answers, timeout_s=self.options.startup_timeout_s)
+
+    async def _ensure_ready(self) -> None:
+        if self._closed:
+            raise EnvironmentError_("the environment pool is closed")
+        if self._ready is None:  # concurrent first calls share one start-up wait
+            self._ready = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._ready)
+
+    async def _start(self) -> None:
+        self._room, self._membership = asyncio.Condition(), asyncio.Lock()
+        await asyncio.gather(*(self._healthy(member) for member in self.members))
+        if self.options.scale_file:
+            self._watcher = asyncio.ensure_future(follow_scale_file(
+                Path(self.options.scale_file), self.options.poll_s, self.scale, "environment pool"))
+
+    async def _notify(self) -> None:
+        assert self._room is not None
+        async with self._room:
+            self._room.notify_all()
+
+    async def scale(self, members: int) -> None:
+        """Grow to `members` (each new one takes episodes once it answers), or drain the newest
+        down to it (they finish their running episodes, then stop)."""
+        if members < 1:
+            raise ValueError(f"an environment pool keeps at least one member, asked for {members}")
+        await self._ensure_ready()
+        assert self._membership is not None
+        async with self._membership:
+            serving = [m for m in self.members if not m.draining]
+            for _ in range(members - len(serving)):
+                member = self._launch()
+                try:
+                    await self._healthy(member)
+                except BaseException:
+                    await self._stop(member)
+                    raise
+                self.members.append(member)
+                log.info("member joined the environment pool", member=member.name, members=len(self.members))
+            drain(serving[members:], self._retire, self._retiring)
+        await self._notify()
+
+    async def _retire(self, member: _Member) -> None:
+        assert self._room is not None
+        async with self._room:
+            await self._room.wait_for(lambda: member.in_flight == 0)
+        await self._leave(member, "scaled down")
+
+    async def _leave(self, member: _Member, why: str) -> None:
+        if member in self.members:
+            self.members.remove(member)
+            log.info("member left the environment pool", member=member.name, why=why, episodes=member.episodes,
+                     members=len(self.members))
+        await self._stop(member)
+
+    @staticmethod
+    async def _stop(member: _Member) -> None:
+        with contextlib.suppress(Exception):
+            await member.env.close()
+        await asyncio.to_thread(member.server.stop)
+
+    # -- episodes --------------------------------------------------------------------------
+
+    async def _acquire(self) -> _Member:
+        await self._ensure_ready()
+        assert self._room is not None
+        cap = self.options.max_in_flight
+
+        def room() -> list[_Member]:
+            return [m for m in self.members if not m.draining and (cap is None or m.in_flight < cap)]
+
+        async with self._room:
+            await self._room.wait_for(lambda: bool(room()) or self._closed or not self.members)
+            if self._closed or not self.members:
+                raise EnvironmentError_("the environment pool is closed, or every member of it died")
+            member = min(room(), key=lambda m: m.in_flight)
+            member.in_flight += 1
+            return member
+
+    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
+                          config: EpisodeConfig) -> Trajectory:
+        member = await self._acquire()
+        try:
+            return await run_episode(member.env, task, engine, renderer, config)
+        finally:
+            member.in_flight -= 1
+            member.episodes += 1
+            if not member.server.alive():
+                log.warning("a member of the environment pool died; its running episodes fail",
+                            member=member.name, error=member.server.crash_error().message)
+                await self._leave(member, "died")
+            await self._notify()
+
+    # -- the Environment protocol ----------------------------------------------------------
+
+    async def _any(self) -> Any:
+        await self._ensure_ready()
+        serving = [m for m in self.members if not m.draining] or self.members
+        if not serving:
+            raise EnvironmentError_("every member of the environment pool died", fix="read the members' logs")
+        return serving[0].env
+
+    async def splits(self) -> list[Split]:
+        return list(await (await self._any()).splits())
+
+    async def num_tasks(self, split: str) -> int:
+        return int(await (await self._any()).num_tasks(split))
+
+    async def get_task(self, split: str, index: int) -> dict[str, Any]:
+        return dict(await (await self._any()).get_task(split, index))
+
+    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> EnvSession:
+        """A session on the least busy member, outside the episode caps (the run's episodes go
+        through `run_episode`)."""
+        await self._ensure_ready()
+        serving = [m for m in self.members if not m.draining]
+        return await min(serving, key=lambda m: m.in_flight).env.open(task, secrets)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in [self._watcher, *self._retiring]:
+            if task is not None:
+                task.cancel()
+        if self._room is not None:
+            await self._notify()
+        for member in list(self.members):
+            await self._stop(member)
+        self.members.clear()
