@@ -149,7 +149,7 @@ def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
             with pytest.raises(EngineError) as info:
                 await engine.sample(ModelInput.from_ints(prompt), 1, params)
             assert "after 2 restarts" in info.value.message
-            assert killed.actor._actor_id.hex()[:12] in info.value.message and killed.node_id[:12] in info.value.message
+            assert killed.actor_id[:12] in info.value.message and killed.node_id[:12] in info.value.message
         finally:
             await engine.close()
 

@@ -31,7 +31,7 @@ from plait.trajectory import Trajectory
 from plait.types import Split
 from plait_remote.options import EnvPoolOptions
 from plait_remote.scale import drain, follow_scale_file
-from plait_remote.wire import start_service
+from plait_remote.wire import answers_health, start_service
 
 log = structlog.get_logger("plait_remote")
 
@@ -96,16 +96,7 @@ class EnvPool:
         return _Member(name, server, ORSEnvironment(ORSOptions(url=url, api_key=self._api_key)))
 
     async def _healthy(self, member: _Member) -> None:
-        async def answers() -> bool:
-            import httpx
-
-            try:
-                async with httpx.AsyncClient(base_url=member.env.url, timeout=5.0) as client:
-                    return (await client.get("/health")).status_code == 200
-            except httpx.TransportError:  # not listening yet
-                return False
-
-        await member.server.wait_healthy(answers, timeout_s=self.options.startup_timeout_s)
+        await member.server.wait_healthy(lambda: answers_health(member.env.url), timeout_s=self.options.startup_timeout_s)
 
     async def _ensure_ready(self) -> None:
         if self._closed:
@@ -154,10 +145,11 @@ class EnvPool:
         await self._leave(member, "scaled down")
 
     async def _leave(self, member: _Member, why: str) -> None:
-        if member in self.members:
-            self.members.remove(member)
-            log.info("member left the environment pool", member=member.name, why=why, episodes=member.episodes,
-                     members=len(self.members))
+        if member not in self.members:  # another of its episodes saw it die first
+            return
+        self.members.remove(member)
+        log.info("member left the environment pool", member=member.name, why=why, episodes=member.episodes,
+                 members=len(self.members))
         await self._stop(member)
 
     @staticmethod
@@ -200,12 +192,15 @@ class EnvPool:
 
     # -- the Environment protocol ----------------------------------------------------------
 
-    async def _any(self) -> Any:
+    async def _serving(self) -> list[_Member]:
         await self._ensure_ready()
-        serving = [m for m in self.members if not m.draining] or self.members
+        serving = [m for m in self.members if not m.draining]
         if not serving:
             raise EnvironmentError_("every member of the environment pool died", fix="read the members' logs")
-        return serving[0].env
+        return serving
+
+    async def _any(self) -> Any:
+        return (await self._serving())[0].env
 
     async def splits(self) -> list[Split]:
         return list(await (await self._any()).splits())
@@ -219,9 +214,7 @@ class EnvPool:
     async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> EnvSession:
         """A session on the least busy member, outside the episode caps (the run's episodes go
         through `run_episode`)."""
-        await self._ensure_ready()
-        serving = [m for m in self.members if not m.draining]
-        return await min(serving, key=lambda m: m.in_flight).env.open(task, secrets)
+        return await min(await self._serving(), key=lambda m: m.in_flight).env.open(task, secrets)
 
     async def close(self) -> None:
         self._closed = True

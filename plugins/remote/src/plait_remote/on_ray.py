@@ -73,12 +73,12 @@ class ServiceHost:
         self.name = name
         self.server: ServerProcess | None = None
 
-    def where(self) -> tuple[str, int, str]:
-        """(this node's address, a free port on it, the node's id)."""
+    def where(self) -> tuple[str, int, str, str]:
+        """(this node's address, a free port on it, the node's id, this actor's id)."""
         import ray
 
-        address = ray.util.get_node_ip_address()
-        return address, free_port(address), ray.get_runtime_context().get_node_id()
+        address, context = ray.util.get_node_ip_address(), ray.get_runtime_context()
+        return address, free_port(address), context.get_node_id(), str(context.get_actor_id())
 
     def start(self, argv: list[str], env: dict[str, str], files: dict[str, str]) -> tuple[int, str]:
         """Write `files`, start the command; (its pid, its log's path on this node)."""
@@ -117,8 +117,10 @@ class RayServer(LaunchedServer):
         self.actor: Any = host.options(
             num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, resources=dict(placement.resources),
             max_restarts=0).remote(name)
+        self._exit_code: int | None = None
+        self._actor_failure: str | None = None
         try:
-            address, port, node_id = ray.get(self.actor.where.remote(), timeout=timeout_s)
+            address, port, node_id, self.actor_id = ray.get(self.actor.where.remote(), timeout=timeout_s)
         except GetTimeoutError:
             ray.kill(self.actor)
             raise EngineError(
@@ -127,13 +129,12 @@ class RayServer(LaunchedServer):
                 fix="ask for resources a node has (options.ray), add a node that has them, "
                     "or raise startup_timeout_s") from None
         self.address, self.node_id = address, node_id
-        self.location = f" (Ray actor {self.actor._actor_id.hex()[:12]} on node {node_id[:12]} at {address})"
+        self.location = f" (Ray actor {self.actor_id[:12]} on node {node_id[:12]} at {address})"
+        self.log_path = Path("(not started)")
         argv, env = command(address, port)
         self.pid, log_path = self._get(self.actor.start.remote(argv, env, files), timeout_s=60.0)
         self.log_path = Path(log_path)
         self.url = f"http://{address}:{port}"
-        self._exit_code: int | None = None
-        self._actor_failure: str | None = None
         self._checked = time.monotonic()
         log.info("service started on Ray", server=name, node=node_id[:12], url=self.url, log=log_path)
 
@@ -148,8 +149,11 @@ class RayServer(LaunchedServer):
         try:
             return ray.get(ref, timeout=timeout_s)
         except RayActorError as exc:
-            self._actor_failure = str(exc).strip().splitlines()[0][:300]
+            self._died(exc)
             raise self.crash_error() from None
+
+    def _died(self, exc: Exception) -> None:
+        self._actor_failure = str(exc).strip().splitlines()[0][:300]
 
     def alive(self) -> bool:
         if self._actor_failure is not None or self._exit_code is not None:
@@ -160,7 +164,7 @@ class RayServer(LaunchedServer):
             try:
                 self._exit_code = ray.get(self.actor.exit_code.remote(), timeout=30)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                self._actor_failure = str(exc).strip().splitlines()[0][:300]
+                self._died(exc)
             self._checked = time.monotonic()
         return self._actor_failure is None and self._exit_code is None
 

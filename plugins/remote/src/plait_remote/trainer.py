@@ -33,7 +33,7 @@ from plait.types import (
     TrainerCapabilities,
 )
 from plait_remote.options import RemoteTrainerOptions
-from plait_remote.wire import launch_config, refused, start_service
+from plait_remote.wire import answers_health, launch_config, refused, start_service
 
 SERVICE = "plait trainer service"
 
@@ -72,7 +72,6 @@ class RemoteTrainer:
         self._closed = False
 
     def _launch(self, seed: int) -> str:
-        import httpx
 
         o = self.options
         config = launch_config(self._scratch, "trainer", o.engine, o.engine_options, model=self.model, seed=seed)
@@ -85,17 +84,10 @@ class RemoteTrainer:
         self.server, url = start_service(SERVICE, command, ray=o.ray, host=o.host, port=o.port, log_path=o.log_path,
                                          files={str(config): config.read_text()}, timeout_s=o.startup_timeout_s)
 
-        async def answers() -> bool:
-            try:
-                async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
-                    return (await client.get("/health")).status_code == 200
-            except httpx.TransportError:  # not listening yet
-                return False
-
         # wait_healthy is async and a trainer is built from synchronous code that may run inside
         # an event loop: wait in a thread of its own
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, self.server.wait_healthy(answers, timeout_s=o.startup_timeout_s)).result()
+            pool.submit(asyncio.run, self.server.wait_healthy(lambda: answers_health(url), timeout_s=o.startup_timeout_s)).result()
         return url
 
     # -- the wire ---------------------------------------------------------------------------

@@ -178,3 +178,14 @@ def start_service(name: str, command: Callable[[str, int], tuple[list[str], dict
     argv, env = command(host, port)
     log_path = log_path or os.path.join(tempfile.gettempdir(), f"plait-{name.replace(' ', '-')}-{os.getpid()}-{port}.log")
     return ServerProcess(name, argv, log_path=log_path, env=env), f"http://{host}:{port}"
+
+
+async def answers_health(url: str) -> bool:
+    """Whether the service at `url` answers GET /health with 200 (False while it is not listening yet)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+            return (await client.get("/health")).status_code == 200
+    except httpx.TransportError:
+        return False
