@@ -35,6 +35,7 @@ adapted; their attention is.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -99,7 +100,9 @@ class LoraBank:
                              fix="LoRA here adapts Llama/Qwen/Mistral-style projections")
         self.adapters: dict[str, dict[str, Adapter]] = {}
         self.specs: dict[str, LoraConfig] = {}
-        self._groups: list[tuple[str, torch.Tensor]] | None = None  # (adapter, flat token indices)
+        # Within `routing`: the flat token indices sorted by adapter, and each adapter's segment of them.
+        self._order: torch.Tensor | None = None
+        self._segments: list[tuple[str, int, int]] = []
         self._adapter_of: torch.Tensor | None = None  # within `routing`: the adapter index of every token
         self._names: list[str] = []
         self._tokens = 0
@@ -163,7 +166,7 @@ class LoraBank:
         (None: the base's). The chunked output head (`plait_train.scorer`) applies these itself,
         as it never calls the output projection's forward (where the hook would)."""
         head = self._unembedding
-        if self._groups is None or head is None:
+        if self._order is None or head is None:
             return [(None, self.adapters[self.default].get(head) if self.default and head else None)]
         assert self._adapter_of is not None
         chosen = self._adapter_of[select]
@@ -184,32 +187,35 @@ class LoraBank:
         flat = adapter_of_token.reshape(-1)
         self._tokens = flat.numel()
         self._adapter_of, self._names = flat, list(names)
-        self._groups = [(name, (flat == k).nonzero().squeeze(-1)) for k, name in enumerate(names)]
-        self._groups = [(name, rows) for name, rows in self._groups if rows.numel()]
+        groups = [(flat == k).nonzero().squeeze(-1) for k in range(len(names))]
+        self._order = torch.cat(groups) if groups else flat.new_zeros(0)
+        ends = itertools.accumulate(len(rows) for rows in groups)
+        self._segments = [(name, end - len(rows), end) for name, rows, end in zip(names, groups, ends, strict=True)
+                          if len(rows)]
         try:
             yield
         finally:
-            self._groups = self._adapter_of = None
+            self._order = self._adapter_of = None
 
     def _hook(self, path: str) -> Any:
         def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-            if self._groups is None:  # outside `routing`: the default adapter, if any, for every token
+            if self._order is None:  # outside `routing`: the default adapter, if any, for every token
                 adapter = self.adapters[self.default].get(path) if self.default else None
                 return output if adapter is None else output + adapter(inputs[0]).to(output.dtype)
-            if not self._groups:
+            adapters = [self.adapters[name].get(path) for name, _, _ in self._segments]
+            if not any(adapters):  # no routed adapter adapts this layer
                 return output
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
             if x.shape[0] != self._tokens:
                 raise ValueError(f"the routing covers {self._tokens} tokens, layer {path} got {x.shape[0]}")
+            # One gather into adapter order, each adapter on its contiguous segment, one scatter
+            # back (the segmented LoRA matmul of Punica's SGMV, in plain torch).
             flat = output.reshape(-1, output.shape[-1])
-            delta = None
-            for name, rows in self._groups:
-                adapter = self.adapters[name].get(path)
-                if adapter is None:  # this adapter leaves the layer alone
-                    continue
-                y = adapter(x.index_select(0, rows)).to(flat.dtype)
-                delta = (flat.new_zeros(flat.shape) if delta is None else delta).index_add(0, rows, y)
-            return output if delta is None else output + delta.view_as(output)
+            grouped = x.index_select(0, self._order)
+            deltas = [flat.new_zeros(end - start, flat.shape[-1]) if adapter is None
+                      else adapter(grouped[start:end]).to(flat.dtype)
+                      for adapter, (_, start, end) in zip(adapters, self._segments, strict=True)]
+            return flat.index_add(0, self._order, torch.cat(deltas)).view_as(output)
 
         return hook
 
