@@ -186,10 +186,10 @@ def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_
             data = [sft(rng.integers(100, 5000, size=int(rng.integers(6, 14))).tolist()) for _ in range(3)]
             if barrier:
                 barrier.wait()
-            for _ in range(4):
-                out = run.forward_backward(data, "cross_entropy").result()
+            for _ in range(4):  # the step as the SDK's docs write it: both requests, then the results
+                out = run.forward_backward(data, "cross_entropy")
                 run.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-                losses.append(out.metrics["loss:sum"])
+                losses.append(out.result().metrics["loss:sum"])
 
     alone: list[list[float]] = [[] for _ in range(3)]
     for seed in range(3):
