@@ -18,8 +18,12 @@ ARITH_TINY_MOE = Path(__file__).resolve().parents[1] / "examples" / "arith_tiny_
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 @pytest.mark.parametrize("schedule", ["sync", "async"])
 def test_moe_learns_arith_with_routing_replay(run_arith_tiny, run_arith_tiny_async, schedule: str) -> None:
-    run = (run_arith_tiny_async if schedule == "async" else run_arith_tiny)(config=ARITH_TINY_MOE)
-    run.assert_learned()
+    if schedule == "async":  # the async bar of the dense example (tests/test_async_rl.py): async runs learn slower
+        run = run_arith_tiny_async(config=ARITH_TINY_MOE)
+        run.assert_learned(min_reward=0.65, min_accuracy=0.6)
+    else:
+        run = run_arith_tiny(config=ARITH_TINY_MOE)
+        run.assert_learned()
     trained = [m for m in run.metrics if "policy/routing_agreement" in m]  # steps that trained
     assert len(trained) >= run.steps // 2
     assert all(m["policy/routing_agreement"] == 1.0 for m in trained)  # measured on what the experts got
