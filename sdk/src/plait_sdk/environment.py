@@ -18,6 +18,7 @@ Overriding `list_task_tools` works the same in both.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import weakref
@@ -139,11 +140,20 @@ def takes_keywords(model: type[pydantic.BaseModel]) -> bool:
 
 
 def tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
+    schema = _input_schema(inspect.unwrap(getattr(fn, "__func__", fn)))
+    return ToolSpec(name=name, description=inspect.cleandoc(fn.__doc__ or ""), input_schema=copy.deepcopy(schema))
+
+
+@functools.cache
+def _input_schema(fn: Callable[..., Any]) -> dict[str, Any] | None:
+    """A tool's input JSON schema, made once per function: a server lists tools for every
+    session, and pydantic builds a schema in about a millisecond (measured: a third of the ORS
+    server's time at 128 episodes a step)."""
     model = input_model(fn)
     schema = model.model_json_schema() if model is not None else None
     if schema is not None and takes_keywords(model):  # type: ignore[arg-type]
         schema.pop("title", None)  # a generated name ("submit_input") says nothing to the model
-    return ToolSpec(name=name, description=inspect.cleandoc(fn.__doc__ or ""), input_schema=schema)
+    return schema
 
 
 async def run_user_callable(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
