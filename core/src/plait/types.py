@@ -215,11 +215,11 @@ StopReason = Literal["stop", "length", "abort"]
 class SampledSequence:
     """One sampled completion, exactly as the inference engine produced it.
 
-    `tokens` include the stop token when the sequence stopped on one. `weight_version` is the
-    version of the weights that produced the *last* token; `token_versions`, when set, gives the
-    version of every token (they differ when weights were updated in flight). `routed_experts`
-    (MoE models, when the engine is asked for it) holds the experts that routed every token the
-    engine ran, prompt and completion but the last token: shape (tokens - 1, layers, top_k).
+    `tokens` include the stop token when the sequence stopped on one. `weight_version` is the version
+    of the weights that produced the *last* token; `token_versions`, when set, gives the version of
+    every token (they differ when weights were updated in flight). `routed_experts` (MoE models, when
+    the engine is asked for it) holds the experts that routed every token the engine ran, prompt and
+    completion but the last token: shape (tokens - 1, layers, top_k). `replica`: the pool's replica.
     """
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
@@ -228,6 +228,7 @@ class SampledSequence:
     weight_version: int = 0
     token_versions: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(_int_tuple))
     routed_experts: TensorData | None = None
+    replica: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

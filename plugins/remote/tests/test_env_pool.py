@@ -122,3 +122,24 @@ def test_a_member_that_dies_costs_only_its_running_episodes(episodes) -> None:
             await pool.close()
 
     asyncio.run(asyncio.wait_for(body(), 300))
+
+
+def test_the_pool_autoscales_by_the_episodes_that_wait_for_room(episodes) -> None:
+    from plait_remote.scale import AutoscaleOptions
+
+    async def body() -> None:
+        pool = make_pool(members=1, max_in_flight=2, poll_s=0.05,
+                         autoscale=AutoscaleOptions(min=1, max=2, stall_s=0.3, idle_s=1.0))
+        try:
+            trajectories = await episodes(pool, 16)
+            assert all(t.error is None and t.finished for t in trajectories), [t.error for t in trajectories]
+            assert len(pool.peaks) == 2, "episodes that waited for room brought a second member"
+            for _ in range(100):  # calm: it drains back to its minimum
+                if len(pool.members) == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(pool.members) == 1
+        finally:
+            await pool.close()
+
+    asyncio.run(asyncio.wait_for(body(), 300))

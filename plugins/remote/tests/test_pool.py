@@ -1,6 +1,6 @@
 """The "pool" inference engine: the contract kit through a pool, and what a pool adds: requests
 spread over replicas, replicas that join with the newest weights, scale-down that drains, a dead
-replica's requests sent to another, and scaling from a file."""
+replica's requests sent to another, scaling from a file, and autoscaling by the queue."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def test_requests_spread_and_joining_replicas_get_the_newest_weights(tiny_model:
                                                          SamplingParams(max_tokens=8, stop=[])) for i in range(8)))
             assert all(len(r.sequences[0].tokens) == 8 for r in replies)
             assert all(r.requests > 0 for r in pool.replicas), [r.requests for r in pool.replicas]
+            assert {r.sequences[0].replica for r in replies} == {r.name for r in pool.replicas}  # each names its replica
             await pool.apply_weights(update)
             await pool.scale(3)
             joined = pool.replicas[-1]
@@ -137,3 +138,62 @@ def test_a_dead_replicas_requests_go_to_another(tiny_model: ResolvedModel) -> No
             await pool.close()
 
     asyncio.run(asyncio.wait_for(body(), 600))
+
+
+@pytest.mark.slow
+def test_the_pool_autoscales_by_the_requests_that_wait_for_room(tiny_model: ResolvedModel) -> None:
+    from plait_remote.scale import AutoscaleOptions
+
+    async def body() -> list[int]:
+        pool = torch_pool(tiny_model, 1, max_in_flight=1, poll_s=0.05,
+                          autoscale=AutoscaleOptions(min=1, max=3, stall_s=0.2, idle_s=0.5))
+        sizes = []
+        try:
+            running = asyncio.gather(*(pool.sample(ModelInput.from_ints([1, 2, 3, i]), 1,
+                                                   SamplingParams(max_tokens=32, stop=[])) for i in range(16)))
+            while not running.done():
+                sizes.append(sum(not r.draining for r in pool.replicas))
+                await asyncio.sleep(0.02)
+            assert all(len(r.sequences[0].tokens) == 32 for r in await running)
+            for _ in range(200):  # calm: it drains back to its minimum
+                if len(pool.replicas) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(pool.replicas) == 1
+            return sizes
+        finally:
+            await pool.close()
+
+    sizes = asyncio.run(asyncio.wait_for(body(), 300))
+    assert max(sizes) == 3 and sizes[0] == 1, sizes
+
+
+def test_autoscale_decisions_and_settings(monkeypatch: pytest.MonkeyPatch, tiny_model: ResolvedModel) -> None:
+    from plait.errors import ConfigError
+    from plait_remote import scale
+    from plait_remote.scale import AutoscaleOptions, Autoscaler
+
+    clock = [100.0]
+    monkeypatch.setattr(scale.time, "monotonic", lambda: clock[0])
+    policy = Autoscaler(AutoscaleOptions(min=1, max=2, stall_s=1.0, idle_s=10.0), "test pool")
+    clock[0] += 2
+    assert policy.wanted(1, 1, cap=1) == 1  # nothing waits
+    with policy.waiting():
+        clock[0] += 0.5
+        assert policy.wanted(1, 1, cap=1) == 1  # not waited for stall_s yet
+        clock[0] += 0.6
+        assert policy.wanted(1, 1, cap=1) == 2
+        assert policy.wanted(2, 2, cap=1) == 2  # at max
+    clock[0] += 5
+    assert policy.wanted(2, 2, cap=1) == 2  # calm for 5 s of idle_s 10
+    clock[0] += 6
+    assert policy.wanted(2, 1, cap=1) == 2  # calm, but two were in flight within idle_s
+    clock[0] += 5
+    assert policy.wanted(2, 1, cap=1) == 1  # the last idle_s had at most one in flight
+    assert policy.wanted(0, 0, cap=1) == 1  # below min (members died): back up at once
+    with pytest.raises(ValueError, match="below min"):
+        AutoscaleOptions(min=3, max=2)
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        torch_pool(tiny_model, 1, autoscale=AutoscaleOptions())
+    with pytest.raises(ConfigError, match="scale_file"):
+        torch_pool(tiny_model, 1, max_in_flight=2, scale_file="x.json", autoscale=AutoscaleOptions())

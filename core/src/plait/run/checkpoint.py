@@ -101,7 +101,8 @@ def record_trained(run: Run, samples: Sequence[TrainedSample], weight_version: i
     metrics (the step count after it); truncated with them on resume, so it lists exactly what
     the checkpointed weights have seen."""
     record = {"step": run.state.step + 1, "weight_version": weight_version, "attempt": run.state.attempt,
-              "samples": [s.ledger_entry() for s in samples]}
+              "samples": [s.ledger_entry() for s in samples],  # and which replica sampled each turn (pools):
+              "replicas": [[turn.completion.replica for turn in s.trajectory.turns] for s in samples]}
     with (run.run_dir / LEDGER_FILE).open("a") as f:
         f.write(json.dumps(record) + "\n")
 

@@ -4,11 +4,16 @@ How many episodes run at once is often bounded by the environment side (a verifi
 seconds, a sandbox per episode), not by sampling. `env.name = "pool"` launches `members`
 `plait env serve ENV` processes (on this machine, or on Ray nodes with `ray`) and runs each
 episode on the member with the most room, at most `max_in_flight` episodes on each; the others
-wait. With `scale_file` (`plait scale RUN_DIR env=N`) members join while the run goes (a new one
+wait. With `scale_file` (`plait scale RUN_DIR env=N`), or `autoscale` (sized by the episodes
+that wait for room, plait_remote.scale.Autoscaler), members join while the run goes (a new one
 takes episodes once it answers) or leave: a member scaled away takes no new episode, finishes its
 running ones, then stops, so no episode is lost. Every member serves the same environment with
 the same options, so tasks come from any of them. A member that dies costs the episodes running
 on it (each comes back as a failed trajectory, like any environment failure) and leaves the pool.
+
+With `rollout_config` the members are rollout workers (`plait serve rollout`, see
+plait_remote.rollout_service): each runs whole episodes, the agent loop beside the environment,
+and only model calls cross to the run's inference service.
 """
 
 from __future__ import annotations
@@ -22,15 +27,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 
-from plait.errors import EnvironmentError_
+from plait.errors import ConfigError, EnvironmentError_
 from plait.protocols import EnvSession, InferenceEngine, Renderer
 from plait.rollout import EpisodeConfig, run_episode
 from plait.trajectory import Trajectory
 from plait.types import Split
 from plait_remote.options import EnvPoolOptions
-from plait_remote.scale import drain, follow_scale_file
+from plait_remote.scale import Autoscaler, check_autoscale, drain, start_sizing
 from plait_remote.wire import answers_health, start_service
 
 log = structlog.get_logger("plait_remote")
@@ -61,7 +67,15 @@ class EnvPool:
     name = "pool"
 
     def __init__(self, options: EnvPoolOptions) -> None:
+        if options.rollout_config is not None:
+            config = Path(options.rollout_config).expanduser().resolve()
+            if not config.is_file():
+                raise ConfigError("env.options.rollout_config", f"{options.rollout_config} is not a file",
+                                  fix="give the run config the rollout workers are built from (this run's own)")
+            options = attrs.evolve(options, rollout_config=str(config))
+        check_autoscale(options, "env")
         self.options = options
+        self._autoscaler = Autoscaler(options.autoscale, "environment pool") if options.autoscale else None
         self._api_key = secrets.token_urlsafe(24) if options.ray is not None else None  # beyond loopback
         self._built = 0
         self.members = [self._launch() for _ in range(options.members)]
@@ -80,20 +94,29 @@ class EnvPool:
 
     def _command(self, host: str, port: int) -> tuple[list[str], dict[str, str]]:
         o = self.options
-        argv = [o.python or sys.executable, "-m", "plait.cli", "env", "serve", o.env, "--host", host, "--port", str(port)]
-        for key, value in o.env_options.items():
-            argv += ["-o", f"{key}={toml_value(value)}"]
-        return argv, {"PLAIT_ORS_API_KEY": self._api_key} if self._api_key else {}
+        python = [o.python or sys.executable, "-m", "plait.cli"]
+        where = ["--host", host, "--port", str(port)]
+        if o.rollout_config is None:
+            argv = [*python, "env", "serve", o.env, *where]
+            for key, value in o.env_options.items():
+                argv += ["-o", f"{key}={toml_value(value)}"]
+            return argv, {"PLAIT_ORS_API_KEY": self._api_key} if self._api_key else {}
+        argv = [*python, "serve", "rollout", o.rollout_config, "-s", f"env.name={o.env}",
+                "-s", f"env.options={toml_value(o.env_options)}", *where]
+        return argv, {"PLAIT_API_KEY": self._api_key} if self._api_key else {}
 
     def _launch(self) -> _Member:
+        from plait_remote.rollout_service import RolloutWorkerEnv
         from plait_sdk.client import ORSEnvironment, ORSOptions
 
         self._built += 1
-        name = f"{self.options.env} #{self._built}"
-        server, url = start_service(f"{self.options.env} environment", self._command, ray=self.options.ray,
+        kind = "environment" if self.options.rollout_config is None else "rollout worker"
+        name = f"{self.options.env} {kind} #{self._built}"
+        server, url = start_service(f"{self.options.env} {kind}", self._command, ray=self.options.ray,
                                     host="127.0.0.1", port=None, log_path=None, files={},
                                     timeout_s=self.options.startup_timeout_s)
-        return _Member(name, server, ORSEnvironment(ORSOptions(url=url, api_key=self._api_key)))
+        env_class = ORSEnvironment if self.options.rollout_config is None else RolloutWorkerEnv
+        return _Member(name, server, env_class(ORSOptions(url=url, api_key=self._api_key)))
 
     async def _healthy(self, member: _Member) -> None:
         await member.server.wait_healthy(lambda: answers_health(member.env.url), timeout_s=self.options.startup_timeout_s)
@@ -108,9 +131,8 @@ class EnvPool:
     async def _start(self) -> None:
         self._room, self._membership = asyncio.Condition(), asyncio.Lock()
         await asyncio.gather(*(self._healthy(member) for member in self.members))
-        if self.options.scale_file:
-            self._watcher = asyncio.ensure_future(follow_scale_file(
-                Path(self.options.scale_file), self.options.poll_s, self.scale, "environment pool"))
+        self._watcher = start_sizing(self.options, self._autoscaler, lambda: self.members, self.scale,
+                                     "environment pool")
 
     async def _notify(self) -> None:
         assert self._room is not None
@@ -169,7 +191,9 @@ class EnvPool:
             return [m for m in self.members if not m.draining and (cap is None or m.in_flight < cap)]
 
         async with self._room:
-            await self._room.wait_for(lambda: bool(room()) or self._closed or not self.members)
+            queued = self._autoscaler.waiting() if self._autoscaler and not room() else contextlib.nullcontext()
+            with queued:
+                await self._room.wait_for(lambda: bool(room()) or self._closed or not self.members)
             if self._closed or not self.members:
                 raise EnvironmentError_("the environment pool is closed, or every member of it died")
             member = min(room(), key=lambda m: m.in_flight)

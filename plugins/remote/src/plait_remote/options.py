@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from plait.config import positive
+from plait_remote.scale import AutoscaleOptions
 from plait_server.engine import ServerOptions
 
 
@@ -91,13 +92,17 @@ class PoolOptions:
     scale_file: str | None = None
     """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to."""
     poll_s: float = attrs.field(default=1.0, validator=positive)
+    autoscale: AutoscaleOptions | None = None
+    """Size the pool by its queue instead (needs `max_in_flight`): requests that wait for room
+    add a replica, a calm pool drains one (plait_remote.scale)."""
 
 
 @attrs.frozen
 class EnvPoolOptions:
     """`members` ORS servers of environment `env` (with `env_options`), each a `plait env serve`
-    process launched by the run (on this machine, or on Ray with `ray`); an episode runs on the
-    member with the most room, at most `max_in_flight` at once on each."""
+    process (or a `plait serve rollout` worker, with `rollout_config`) launched by the run (on this
+    machine, or on Ray with `ray`); an episode runs on the member with the most room, at most
+    `max_in_flight` at once on each."""
 
     env: str = "math.arith"
     env_options: dict[str, Any] = attrs.field(factory=dict)
@@ -107,7 +112,15 @@ class EnvPoolOptions:
     scale_file: str | None = None
     """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to (`plait scale`)."""
     poll_s: float = attrs.field(default=1.0, validator=positive)
+    autoscale: AutoscaleOptions | None = None
+    """Size the pool by its queue instead (needs `max_in_flight`): episodes that wait for room
+    add a member, a calm pool drains one (plait_remote.scale)."""
     ray: RayPlacement | None = None
     python: str | None = None
     """The interpreter that runs the members (None: this one)."""
     startup_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    rollout_config: str | None = None
+    """A run config (usually this run's own file): the members are then `plait serve rollout`
+    workers of its [model] and [renderer] (with `env` and `env_options` as their [env]), each
+    running whole episodes next to its environment and sampling from the run's inference
+    service (inference.engine = "remote"). The file must be at this path wherever a member runs."""

@@ -1,6 +1,7 @@
 """plait-remote's plugin module: the "remote" trainer and inference engines, the "pool"
-inference engine and environment, the `plait serve trainer` and `plait serve inference` commands that they
-drive, and `plait scale`, which resizes a running run's pool."""
+inference engine and environment, the "rollout" environment, the `plait serve trainer`,
+`plait serve inference` and `plait serve rollout` commands that they drive, and `plait scale`,
+which resizes a running run's pool."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ def plait_register_trainer_engines(register: Any) -> None:
 @hookimpl
 def plait_register_envs(register: Any) -> None:
     register("pool", "plait_remote.env_pool:EnvPool.from_options", options="plait_remote.options:EnvPoolOptions",
-             description="an environment's episodes spread over several ORS servers of it, each running at most "
-                         "max_in_flight at once; members added and drained while a run goes")
+             description="an environment's episodes spread over several ORS servers of it (or rollout workers), "
+                         "each running at most max_in_flight at once; members added and drained while a run goes")
+    register("rollout", "plait_remote.rollout_service:RolloutWorkerEnv.from_options",
+             options="plait_remote.rollout_service:RolloutWorkerOptions",
+             description="a plait serve rollout worker: it runs whole episodes next to its environment, "
+                         "sampling from the run's inference service")
 
 
 @hookimpl
@@ -37,14 +42,14 @@ def plait_register_inference_engines(register: Any) -> None:
                          "re-issued, replicas added and drained while a run goes")
 
 
-def _service_command(group: Any, name: str, section: str, serve: Callable[[], Callable[..., None]]) -> None:
-    @group.command(name=name, help=f"Serve the {section} engine of run config CONFIG (its [model] and [{section}] "
-                                   f"sections) over HTTP, for runs whose {section}.engine is \"remote\".")
+def _service_command(group: Any, name: str, help: str, example: str, port: int,
+                     serve: Callable[[], Callable[..., None]]) -> None:
+    @group.command(name=name, help=help)
     @click.argument("config", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=False)
     @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help=f"Override a config value, e.g. -s {section}.engine=torch.")
+                  help=f"Override a config value, e.g. -s {example}.")
     @click.option("--host", default="127.0.0.1", show_default=True)
-    @click.option("--port", default=8300 if section == "inference" else 8400, show_default=True, help="0 = a free port.")
+    @click.option("--port", default=port, show_default=True, help="0 = a free port.")
     @click.option("--api-key", envvar="PLAIT_API_KEY", default=None,
                   help="Required of every request but GET /health (env PLAIT_API_KEY); "
                        "required to bind beyond loopback.")
@@ -68,8 +73,20 @@ def plait_register_commands(cli: Any) -> None:
 
         return serve_trainer
 
-    _service_command(group, "inference", "inference", inference)
-    _service_command(group, "trainer", "trainer", trainer)
+    def rollout() -> Callable[..., None]:
+        from plait_remote.rollout_service import serve_rollout
+
+        return serve_rollout
+
+    for section, port, serve in [("inference", 8300, inference), ("trainer", 8400, trainer)]:
+        _service_command(group, section, f"Serve the {section} engine of run config CONFIG (its [model] and "
+                                         f"[{section}] sections) over HTTP, for runs whose {section}.engine is "
+                                         "\"remote\".", f"{section}.engine=torch", port, serve)
+    _service_command(group, "rollout", "Serve a rollout worker of run config CONFIG (its [model], [renderer] and "
+                                       "[env]): the environment over ORS, and whole episodes run next to it that "
+                                       "sample from the run's inference service, for runs whose env.name is "
+                                       "\"rollout\" (or a \"pool\" with options.rollout_config).",
+                     "env.name=math.arith", 8500, rollout)
 
 
     @cli.command(name="scale", help="Resize a running run's pools: plait scale RUN_DIR inference=N env=M (the "

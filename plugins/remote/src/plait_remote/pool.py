@@ -5,13 +5,15 @@
   `max_in_flight` per replica.
 - **Failures**: a request whose replica fails (it died, or answers errors) is sent to another
   replica, at most `max_reissues` times; a replica that no longer answers `health()` leaves the
-  pool. A sample is produced once, by the one replica that answered.
+  pool. A sample is produced once, by the one replica that answered, and names it
+  (`SampledSequence.replica`; a run's trained.jsonl lists the replica of every turn it trained).
 - **Weights**: an update goes to every replica (in parallel); the pool keeps the newest, and a
   replica that joins gets it before it takes a request.
 - **Elasticity**: `scale(n)` adds replicas (built from the last replica spec) or drains and
   removes the newest ones (they take no new request; their running ones finish). With
   `scale_file`, the pool reads the wanted number from that JSON file (`{"replicas": n}`) every
-  `poll_s` seconds: `plait scale` writes it.
+  `poll_s` seconds: `plait scale` writes it. With `autoscale` the pool sizes itself from the
+  requests that wait for room (plait_remote.scale.Autoscaler).
 - **Pause / resume** go to every replica; one that joins while paused is paused too.
 """
 
@@ -21,9 +23,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import structlog
 
 from plait.errors import ConfigError, DataError, EngineError, PlaitError
@@ -38,7 +40,7 @@ from plait.types import (
     WeightUpdate,
 )
 from plait_remote.options import PoolOptions, ReplicaSpec
-from plait_remote.scale import drain, follow_scale_file
+from plait_remote.scale import Autoscaler, check_autoscale, drain, start_sizing
 
 log = structlog.get_logger("plait_remote")
 T = TypeVar("T")
@@ -67,6 +69,8 @@ class PoolEngine:
         if not self.options.replicas or not any(spec.count for spec in self.options.replicas):
             raise ConfigError("inference.options.replicas", "the pool needs at least one replica",
                               fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, count = 2}]')
+        check_autoscale(self.options, "inference")
+        self._autoscaler = Autoscaler(self.options.autoscale, "inference pool") if self.options.autoscale else None
         self._seed = seed
         self._built = 0
         self.replicas: list[_Replica] = []
@@ -101,9 +105,9 @@ class PoolEngine:
     def _condition(self) -> asyncio.Condition:
         if self._room is None:
             self._room = asyncio.Condition()
-        if self.options.scale_file and self._watcher is None and not self._closed:
-            self._watcher = asyncio.ensure_future(
-                follow_scale_file(Path(self.options.scale_file), self.options.poll_s, self.scale, "inference pool"))
+        if self._watcher is None and not self._closed:
+            self._watcher = start_sizing(self.options, self._autoscaler, lambda: self.replicas, self.scale,
+                                         "inference pool")
         return self._room
 
     async def _notify(self) -> None:
@@ -155,20 +159,22 @@ class PoolEngine:
             return [r for r in self.replicas if not r.draining and (cap is None or r.in_flight < cap)]
 
         async with room:
-            await room.wait_for(lambda: bool(candidates()) or self._closed)
+            queued = self._autoscaler.waiting() if self._autoscaler and not candidates() else contextlib.nullcontext()
+            with queued:
+                await room.wait_for(lambda: bool(candidates()) or self._closed)
             if self._closed:
                 raise EngineError("the inference pool is closed", fix="build a new engine")
             replica = min(candidates(), key=_Replica.load)
             replica.in_flight += 1
             return replica
 
-    async def _on_replica(self, send: Callable[[InferenceEngine], Awaitable[T]], measure: Callable[[T], int]) -> T:
+    async def _on_replica(self, send: Callable[[_Replica], Awaitable[T]], measure: Callable[[T], int]) -> T:
         failures: list[str] = []
         while True:
             replica = await self._pick()
             started = time.monotonic()
             try:
-                result = await send(replica.engine)
+                result = await send(replica)
             except (DataError, ValueError):
                 raise  # the request's own fault: the same on any replica
             except PlaitError as exc:
@@ -205,11 +211,14 @@ class PoolEngine:
                               fix="check the replicas' logs")
 
     async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
-        return await self._on_replica(lambda engine: engine.sample(prompt, num_samples, sampling_params),
-                                      lambda reply: sum(len(s.tokens) for s in reply.sequences))
+        async def tagged(replica: _Replica) -> SampleResponse:
+            reply = await replica.engine.sample(prompt, num_samples, sampling_params)
+            return attrs.evolve(reply, sequences=[attrs.evolve(s, replica=replica.name) for s in reply.sequences])
+
+        return await self._on_replica(tagged, lambda reply: sum(len(s.tokens) for s in reply.sequences))
 
     async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
-        return await self._on_replica(lambda engine: engine.compute_logprobs(prompt), lambda _: 0)
+        return await self._on_replica(lambda replica: replica.engine.compute_logprobs(prompt), lambda _: 0)
 
     # -- control --------------------------------------------------------------------------
 
