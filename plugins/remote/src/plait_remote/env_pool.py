@@ -203,16 +203,25 @@ class EnvPool:
     async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
                           config: EpisodeConfig) -> Trajectory:
         member = await self._acquire()
+        trajectory: Trajectory | None = None
         try:
-            return await run_episode(member.env, task, engine, renderer, config)
+            trajectory = await run_episode(member.env, task, engine, renderer, config)
+            return trajectory
         finally:
-            member.in_flight -= 1
-            member.episodes += 1
-            if not member.server.alive():
+            # A failed episode may be the member's death: find out before its room is given back,
+            # or a waiting episode would be sent to it. The process can still look alive when its
+            # sockets are already closed, so a member that does not answer /health counts as dead.
+            if (trajectory is None or trajectory.error) and not await self._answers(member):
                 log.warning("a member of the environment pool died; its running episodes fail",
                             member=member.name, error=member.server.crash_error().message)
                 await self._leave(member, "died")
+            member.in_flight -= 1
+            member.episodes += 1
             await self._notify()
+
+    @staticmethod
+    async def _answers(member: _Member) -> bool:
+        return member.server.alive() and await answers_health(member.env.url)
 
     # -- the Environment protocol ----------------------------------------------------------
 
