@@ -36,7 +36,7 @@ from plait.rollout import EpisodeConfig, run_episode
 from plait.trajectory import Trajectory
 from plait.types import Split
 from plait_remote.options import EnvPoolOptions
-from plait_remote.scale import Autoscaler, check_autoscale, drain, start_sizing
+from plait_remote.scale import autoscaler_for, drain, start_sizing
 from plait_remote.wire import answers_health, start_service
 
 log = structlog.get_logger("plait_remote")
@@ -73,9 +73,8 @@ class EnvPool:
                 raise ConfigError("env.options.rollout_config", f"{options.rollout_config} is not a file",
                                   fix="give the run config the rollout workers are built from (this run's own)")
             options = attrs.evolve(options, rollout_config=str(config))
-        check_autoscale(options, "env")
         self.options = options
-        self._autoscaler = Autoscaler(options.autoscale, "environment pool") if options.autoscale else None
+        self._autoscaler = autoscaler_for(options, "env", "environment pool")
         self._api_key = secrets.token_urlsafe(24) if options.ray is not None else None  # beyond loopback
         self._built = 0
         self.members = [self._launch() for _ in range(options.members)]

@@ -40,7 +40,7 @@ from plait.types import (
     WeightUpdate,
 )
 from plait_remote.options import PoolOptions, ReplicaSpec
-from plait_remote.scale import Autoscaler, check_autoscale, drain, start_sizing
+from plait_remote.scale import autoscaler_for, drain, start_sizing
 
 log = structlog.get_logger("plait_remote")
 T = TypeVar("T")
@@ -69,8 +69,7 @@ class PoolEngine:
         if not self.options.replicas or not any(spec.count for spec in self.options.replicas):
             raise ConfigError("inference.options.replicas", "the pool needs at least one replica",
                               fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, count = 2}]')
-        check_autoscale(self.options, "inference")
-        self._autoscaler = Autoscaler(self.options.autoscale, "inference pool") if self.options.autoscale else None
+        self._autoscaler = autoscaler_for(self.options, "inference", "inference pool")
         self._seed = seed
         self._built = 0
         self.replicas: list[_Replica] = []

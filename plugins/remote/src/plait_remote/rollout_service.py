@@ -20,7 +20,6 @@ other with that fix.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +35,7 @@ from plait.serde import from_json, to_json
 from plait.trajectory import Trajectory
 from plait_remote.wire import endpoint, field
 from plait_sdk.client import ORSEnvironment, ORSOptions
+from plait_server.engine import Reply, error_message
 
 log = structlog.get_logger("plait_remote")
 
@@ -184,10 +184,8 @@ class RolloutWorkerEnv(ORSEnvironment):
         timeout = aiohttp.ClientTimeout(total=None, connect=10.0)
         async with self.http.client().post(self.url + "/rollout/episode", json=body, headers=self.headers(),
                                            timeout=timeout) as response:
-            content = await response.read()
-        answer = json.loads(content)
-        if response.status != 200:
-            error = (answer.get("error") or {}) if isinstance(answer, dict) else {}
-            raise RuntimeError(f"HTTP {response.status}: {error.get('message', content[:300])}")
-        return answer
+            reply = Reply(response.status, await response.read())
+        if reply.status_code != 200:
+            raise RuntimeError(f"HTTP {reply.status_code}: {error_message(reply)}")
+        return reply.json()
 

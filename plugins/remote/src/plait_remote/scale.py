@@ -112,10 +112,11 @@ class AutoscaleOptions:
             raise ValueError(f"max ({self.max}) is below min ({self.min})")
 
 
-def check_autoscale(options: Any, section: str) -> None:
-    """A pool's options with `autoscale` must cap its members and not also follow a scale file."""
+def autoscaler_for(options: Any, section: str, what: str) -> Autoscaler | None:
+    """The autoscaler of a pool's options (None without `autoscale`), which must cap its members
+    and not also follow a scale file."""
     if options.autoscale is None:
-        return
+        return None
     if options.max_in_flight is None:
         raise ConfigError(f"{section}.options.max_in_flight", "autoscale sizes the pool by the work that waits "
                                                               "for room, and without a cap nothing waits",
@@ -123,6 +124,7 @@ def check_autoscale(options: Any, section: str) -> None:
     if options.scale_file is not None:
         raise ConfigError(f"{section}.options.scale_file", "a pool follows either its scale file or autoscale",
                           fix=f"leave out {section}.options.scale_file or {section}.options.autoscale")
+    return Autoscaler(options.autoscale, what)
 
 
 class Autoscaler:
