@@ -2,8 +2,9 @@
 
 The same run config (default examples/arith_tiny.toml, evaluation off) runs with its components
 in-process, and with its trainer in `plait serve trainer`, its inference engine in
-`plait serve inference` (both launched by the run) and its environment on an ORS server
-(`plait env serve`); nothing else differs. The two placements alternate `--repeats` times; each
+`plait serve inference` (both launched by the run), its environment on an ORS server
+(`plait env serve`) and weights going by disk (the trainer service writes each version where
+the inference service loads it: `sync.method = "disk"`); nothing else differs. The two placements alternate `--repeats` times; each
 run's warm steps (all but the first `--warmup`) give a median step time (`time/total`) and the
 median of each part of it (rollout, verify, train, sync). The ratio is services / in-process (goal 1.2).
 
@@ -30,6 +31,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVICE_ENGINE = '{engine="torch", engine_options={batch_wait_ms=100}}'
+"""The inference service's engine. Its batching window is wider than in-process (50 ms): a step's
+requests reach it over HTTP after each episode's ORS set-up, the first often ~80 ms ahead of the
+rest (measured), and a batch started on it alone delays the others by a whole (small) batch."""
 PARTS = ("time/total", "time/rollout", "time/verify", "time/train", "time/sync")
 
 
@@ -96,8 +101,8 @@ def main() -> None:
             overrides = {
                 "in_process": [],
                 "services": ["trainer.engine=remote", 'trainer.options={engine="torch"}',
-                             "inference.engine=remote", 'inference.options={engine="torch"}',
-                             "env.name=ors", f'env.options={{url="{ors_url}"}}'],
+                             "inference.engine=remote", f"inference.options={SERVICE_ENGINE}",
+                             "env.name=ors", f'env.options={{url="{ors_url}"}}', "sync.method=disk"],
             }
             for repeat in range(args.repeats):
                 for placement, extra in overrides.items():

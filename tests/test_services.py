@@ -2,7 +2,8 @@
 process, its inference engine in a `plait serve inference` process (both launched by the run) and
 its environment on an ORS server (`plait env serve`), the controller alone in `plait run`; the
 config differs from the in-process run (tests/test_learning_arith_tiny.py) only in where the
-components live. Mid-run the inference service is SIGKILLed: the run launches it again with the
+components live and in weights travelling by disk (the trainer service writes each version where
+the inference service loads it). Mid-run the inference service is SIGKILLed: the run launches it again with the
 weights it had, sends its running requests once more, learns as the in-process run does, and
 trains every prompt's every sample exactly once."""
 
@@ -100,7 +101,7 @@ def test_arith_tiny_learns_with_every_component_a_service_through_a_sigkill(
     killer.start()
     run = run_arith_tiny("trainer.engine=remote", 'trainer.options={engine="torch"}',
                          "inference.engine=remote", 'inference.options={engine="torch"}',
-                         "env.name=ors", f'env.options={{url="{arith_ors_url}"}}')
+                         "env.name=ors", f'env.options={{url="{arith_ors_url}"}}', "sync.method=disk")
     killer.join(timeout=5)
 
     assert len(killed) == 1, f"one inference service to kill, found {killed}"

@@ -64,3 +64,52 @@ def test_a_trainer_service_that_dies_is_named_with_its_log(tiny_model: ResolvedM
             trainer.forward([sft_datum([1, 2, 3])])
     finally:
         trainer.close()
+
+
+def test_the_disk_sync_has_the_service_write_weights_where_the_engines_load_them(
+        trainer_service_url: str, tiny_model: ResolvedModel, remote_trainer_options, make_attached,
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer service writes the new version into the disk sync's directory itself: the
+    controller never reads the weights, and an engine in a server (loads the directory) and one
+    in this process (reads the update back) both end up with the trained weights."""
+    import asyncio
+
+    import numpy as np
+
+    from plait.types import AdamParams, ModelInput
+    from plait_remote.trainer import RemoteTrainer
+    from plait_torch.inference import TorchInferenceEngine
+    from plait_weights.sync import MANIFEST_FILE, WEIGHTS_FILE, DiskSync, DiskSyncOptions
+
+    trainer = RemoteTrainer(tiny_model, options=remote_trainer_options(url=trainer_service_url), seed=0)
+    remote, local = make_attached(), TorchInferenceEngine(tiny_model, seed=0)
+    sync = DiskSync(options=DiskSyncOptions(directory=str(tmp_path / "weights")))
+    prompt = ModelInput.from_ints(random_tokens(1, 12, vocab_size(tiny_model)))
+    try:
+        before = asyncio.run(local.compute_logprobs(prompt))
+        trainer.forward_backward([sft_datum(random_tokens(0, 16, vocab_size(tiny_model)))], "cross_entropy")
+        version = trainer.optim_step(AdamParams(learning_rate=1e-2)).weight_version
+
+        def read_by_the_controller(self):  # the point of the fast path: never called
+            raise AssertionError("the controller read the weights")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(RemoteTrainer, "export_weights", read_by_the_controller)
+            stats = asyncio.run(sync.push(trainer, [remote, local], version))
+        written = tmp_path / "weights" / f"v{version}"
+        assert (written / WEIGHTS_FILE).stat().st_size == stats.bytes > 0
+        assert (written / MANIFEST_FILE).exists()
+        assert remote.weight_version == local.weight_version == version
+
+        trained = dict(trainer.export_weights())
+        served = local.model.state_dict()
+        assert set(trained) <= set(served)
+        for name, tensor in trained.items():
+            np.testing.assert_array_equal(served[name].numpy(), tensor.numpy(), err_msg=name)
+        after = asyncio.run(local.compute_logprobs(prompt))
+        assert after != before
+        np.testing.assert_allclose(asyncio.run(remote.compute_logprobs(prompt))[1:], after[1:], atol=1e-5)
+    finally:
+        trainer.close()
+        asyncio.run(remote.close())
+        asyncio.run(local.close())

@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import structlog
@@ -315,6 +315,16 @@ class WeightPublisher:
                             base_version=base_version, base_checksum=base_checksum)
 
 
+@runtime_checkable
+class WritesWeightFiles(Protocol):
+    """Optional trainer capability: write its weights itself as `directory/model.safetensors`
+    (Hugging Face names). A trainer in a service of its own has it: the disk sync then has the
+    file written straight where the engines load it, never through the controller."""
+
+    def export_weights_to(self, directory: Path) -> Path:
+        """Write the weights into `directory` (created if missing); returns the file."""
+
+
 def update_nbytes(update: WeightUpdate) -> int:
     from plait_weights import patch as weight_patch
 
@@ -387,6 +397,10 @@ class DiskSync:
     patches it in place (`apply_patch_to_checkpoint`) before the engine loads it. Other engines
     get the updates read back from disk through `apply_weights`. `sync/bytes` counts what is
     written under `v<N>/`. With layout "tp", rank r's files are in `v<N>/tp<r>/`.
+
+    A trainer that writes its own files (`WritesWeightFiles`: a trainer service) writes a full
+    payload into `v<N>/` itself, so weights go from the trainer's service to the engines' without
+    passing through the controller; the directory must then be writable by the trainer's service.
     """
 
     def __init__(self, *, options: DiskSyncOptions | None = None) -> None:
@@ -406,9 +420,11 @@ class DiskSync:
 
     async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
         start = time.perf_counter()
-        pushes = await asyncio.to_thread(self.publisher.prepare, trainer, version)
         root = self.version_dir(version)
         await asyncio.to_thread(shutil.rmtree, root, True)
+        if self._trainer_writes(trainer):
+            return await self._push_written(trainer, engines, version, start)
+        pushes = await asyncio.to_thread(self.publisher.prepare, trainer, version)
         nbytes = 0
         written: dict[tuple[int, bool], Path] = {}  # (rank, full) -> directory
         for rank, push in enumerate(pushes):
@@ -432,6 +448,29 @@ class DiskSync:
                 await self._deliver(index, engine, written[(0, full)], version)
         self._prune(version)
         return _stats(pushes, version, nbytes, start)
+
+    def _trainer_writes(self, trainer: TrainerEngine) -> bool:
+        """Whether the trainer's own file is what this sync would write: full weights, as
+        exported (no cast, no resharding), without a checksum."""
+        o = self.options
+        return (isinstance(trainer, WritesWeightFiles) and o.payload == "full" and o.dtype is None
+                and o.layout == "hf" and not o.send_checksum)
+
+    async def _push_written(self, trainer: WritesWeightFiles, engines: Sequence[InferenceEngine], version: int,
+                            start: float) -> SyncStats:
+        """The trainer writes `v<N>/model.safetensors` itself; the engines load it from there."""
+        root = self.version_dir(version)
+        written = await asyncio.to_thread(trainer.export_weights_to, root)
+        if written != root / WEIGHTS_FILE:
+            raise WeightSyncError(f"the trainer wrote its weights to {written}, not to {root / WEIGHTS_FILE}",
+                                  fix="a trainer's export_weights_to must write directory/model.safetensors")
+        write_manifest(root, [{"file": WEIGHTS_FILE, "version": version, "kind": "full", "checksum": None}])
+        for index, engine in enumerate(engines):
+            await self._deliver(index, engine, root, version)
+        self._prune(version)
+        nbytes = written.stat().st_size
+        return SyncStats(version=version, bytes=nbytes, seconds=time.perf_counter() - start, delta_fraction=1.0,
+                         full_bytes=nbytes)
 
     async def _deliver(self, index: int, engine: InferenceEngine, folder: Path, version: int) -> None:
         if isinstance(engine, DiskWeightLoader):
@@ -486,11 +525,19 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
             save_safetensors(named, directory, filename=filename, metadata={"plait": weight_patch.header_json(header)})
             files.append({"file": filename})
             nbytes += update_nbytes(update)
+    write_manifest(directory, files)
+    return nbytes
+
+
+def write_manifest(directory: Path, files: Sequence[Mapping[str, Any]]) -> None:
+    """`update.json`: the files of a version in apply order; written last, atomically, so that a
+    reader never sees a half-written version."""
+    from plait_weights import patch as weight_patch
+
     manifest = directory / MANIFEST_FILE
     tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"format": weight_patch.FORMAT, "files": files}))
+    tmp.write_text(json.dumps({"format": weight_patch.FORMAT, "files": list(files)}))
     os.replace(tmp, manifest)
-    return nbytes
 
 
 def read_updates(directory: Path) -> list[WeightUpdate]:

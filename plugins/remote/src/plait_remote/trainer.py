@@ -39,7 +39,8 @@ SERVICE = "plait trainer service"
 
 
 class RemoteTrainer:
-    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops`) on a `plait serve trainer` service."""
+    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and `plait_weights.sync.WritesWeightFiles`)
+    on a `plait serve trainer` service."""
 
     def __init__(self, model: ResolvedModel, *, options: RemoteTrainerOptions | None = None, seed: int = 0) -> None:
         import httpx
@@ -154,12 +155,17 @@ class RemoteTrainer:
         from safetensors.torch import load_file
 
         directory = self._exports / f"{self.trainer_id}-v{self._version}"
-        written = self._trainer("export_weights", {"path": str(directory.resolve())})["path"]
         try:
-            tensors = load_file(written)
+            tensors = load_file(self.export_weights_to(directory))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         yield from tensors.items()
+
+    def export_weights_to(self, directory: Path) -> Path:
+        """The service writes `directory/model.safetensors` (`plait_weights.sync.WritesWeightFiles`:
+        the disk sync has it written where the engines load it). `directory` must be writable by
+        the service."""
+        return Path(self._trainer("export_weights", {"path": str(Path(directory).resolve())})["path"])
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
