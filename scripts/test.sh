@@ -1,50 +1,70 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set up the services the tests need (scripts/ci/*.sh:
-# Docker engine, sandbox image, vLLM venv, ...), then every test except those that need a GPU.
+# Docker engine, sandbox image, vLLM venv, ...) and, while they install, run the fast suite; then
+# every other test except those that need a GPU.
 # Usage: scripts/test.sh [--fast | --setup-only] [extra pytest args]
 #   --fast: no service set-up, only the default (fast) suite: the check to run before every commit.
-#   --setup-only: the service set-up alone (idempotent; .ci/run starts it while the linters run).
+#   --setup-only: the service set-up alone (idempotent).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-pytest_args=(-m "not gpu" --durations=30)  # the slowest tests listed, to keep CI within its limit
-setup_only=false
-if [ "${1:-}" = "--fast" ]; then
-    shift
-    pytest_args=()  # the default markers in pyproject.toml leave out slow and service-bound tests
-else
-    [ "${1:-}" = "--setup-only" ] && { shift; setup_only=true; }
+# The fast suite is pytest's default selection (pyproject.toml's addopts); the rest is its complement.
+REST_MARKERS="not gpu and (slow or docker or vllm or sglang or distributed)"
+
+setup() {
     # docker.sh first (it may apt-get); then the others side by side, each logging to a file: they
     # build venvs of their own (or pip-install one package), so their downloads and installs overlap.
-    first=scripts/ci/docker.sh
+    local first=scripts/ci/docker.sh
     if [ -e "$first" ]; then
         echo "== $first"
-        bash "$first" || { echo "setup step $first failed" >&2; exit 1; }
+        bash "$first" || { echo "setup step $first failed" >&2; return 1; }
     fi
+    local logs steps=() pids=() failed=()
     logs=$(mktemp -d)
-    steps=()
-    pids=()
-    for setup in scripts/ci/*.sh; do
-        [ "$setup" = "$first" ] && continue
-        bash "$setup" >"$logs/$(basename "$setup").log" 2>&1 &
-        steps+=("$setup")
+    for step in scripts/ci/*.sh; do
+        [ "$step" = "$first" ] && continue
+        bash "$step" >"$logs/$(basename "$step").log" 2>&1 &
+        steps+=("$step")
         pids+=($!)
     done
-    failed=()
     for i in "${!steps[@]}"; do
         wait "${pids[$i]}" || failed+=("${steps[$i]}")
         echo "== ${steps[$i]}"
         cat "$logs/$(basename "${steps[$i]}").log"
     done
     rm -rf "$logs"
-    [ ${#failed[@]} -eq 0 ] || { echo "setup steps failed: ${failed[*]}" >&2; exit 1; }
-    $setup_only && exit 0
-fi
-dirs=()
-for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests examples/plugins/*/tests tests; do
-    [ -d "$d" ] && dirs+=("$d")
-done
-"$VENV/bin/python" -m pytest "${dirs[@]}" "${pytest_args[@]}" -q "$@"
-rc=$?
-[ "$rc" -eq 5 ] && rc=0  # "no tests collected" is not a failure
-exit "$rc"
+    [ ${#failed[@]} -eq 0 ] || { echo "setup steps failed: ${failed[*]}" >&2; return 1; }
+}
+
+tests() {  # tests [pytest args]: exit status 5 ("no tests collected") is not a failure
+    local dirs=()
+    for d in core/tests libs/*/tests sdk/tests plugins/*/tests envs/*/tests renderers/*/tests examples/plugins/*/tests tests; do
+        [ -d "$d" ] && dirs+=("$d")
+    done
+    "$VENV/bin/python" -m pytest "${dirs[@]}" -q "$@"
+    local rc=$?
+    [ "$rc" -eq 5 ] && rc=0
+    return "$rc"
+}
+
+case "${1:-}" in
+    --fast) shift; tests "$@"; exit $? ;;
+    --setup-only) setup; exit $? ;;
+esac
+
+# The set-up mostly downloads and the fast suite needs none of it: run them side by side (the
+# slowest tests listed, to keep CI within its limit).
+setup_log=$(mktemp)
+setup >"$setup_log" 2>&1 &
+setup_pid=$!
+tests --durations=15 "$@"
+fast_rc=$?
+setup_rc=0
+wait "$setup_pid" || setup_rc=$?
+cat "$setup_log"
+rm -f "$setup_log"
+[ "$setup_rc" -eq 0 ] || { echo "service set-up failed (scripts/test.sh --setup-only)" >&2; exit "$setup_rc"; }
+tests -m "$REST_MARKERS" --durations=30 "$@"
+rest_rc=$?
+[ "$fast_rc" -ne 0 ] && exit "$fast_rc"
+exit "$rest_rc"
