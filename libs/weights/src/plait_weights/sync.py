@@ -461,7 +461,7 @@ class DiskSync:
         """The trainer writes `v<N>/model.safetensors` itself; the engines load it from there."""
         root = self.version_dir(version)
         written = await asyncio.to_thread(trainer.export_weights_to, root)
-        if written != root / WEIGHTS_FILE:
+        if written.resolve() != (root / WEIGHTS_FILE).resolve():  # the service may name it through symlinks
             raise WeightSyncError(f"the trainer wrote its weights to {written}, not to {root / WEIGHTS_FILE}",
                                   fix="a trainer's export_weights_to must write directory/model.safetensors")
         write_manifest(root, [{"file": WEIGHTS_FILE, "version": version, "kind": "full", "checksum": None}])
