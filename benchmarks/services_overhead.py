@@ -4,8 +4,8 @@ The same run config (default examples/arith_tiny.toml, evaluation off) runs with
 in-process, and with its trainer in `plait serve trainer`, its inference engine in
 `plait serve inference` (both launched by the run), its environment on an ORS server
 (`plait env serve`) and weights going by disk (the trainer service writes each version where
-the inference service loads it: `sync.method = "disk"`); nothing else differs. The two placements alternate `--repeats` times; each
-run's warm steps (all but the first `--warmup`) give a median step time (`time/total`) and the
+the inference service loads it: `sync.method = "disk"`); nothing else differs. The two
+placements alternate `--repeats` times; each run's warm steps (all but the first `--warmup`) give a median step time (`time/total`) and the
 median of each part of it (rollout, verify, train, sync). The ratio is services / in-process (goal 1.2).
 
     python benchmarks/services_overhead.py [--config examples/arith_tiny.toml] [--steps 12] [--repeats 2]

@@ -423,7 +423,7 @@ class DiskSync:
         root = self.version_dir(version)
         await asyncio.to_thread(shutil.rmtree, root, True)
         if self._trainer_writes(trainer):
-            return await self._push_written(trainer, engines, version, start)
+            return await self._push_written(trainer, engines, root, version, start)
         pushes = await asyncio.to_thread(self.publisher.prepare, trainer, version)
         nbytes = 0
         written: dict[tuple[int, bool], Path] = {}  # (rank, full) -> directory
@@ -456,15 +456,14 @@ class DiskSync:
         return (isinstance(trainer, WritesWeightFiles) and o.payload == "full" and o.dtype is None
                 and o.layout == "hf" and not o.send_checksum)
 
-    async def _push_written(self, trainer: WritesWeightFiles, engines: Sequence[InferenceEngine], version: int,
-                            start: float) -> SyncStats:
-        """The trainer writes `v<N>/model.safetensors` itself; the engines load it from there."""
-        root = self.version_dir(version)
+    async def _push_written(self, trainer: WritesWeightFiles, engines: Sequence[InferenceEngine], root: Path,
+                            version: int, start: float) -> SyncStats:
+        """The trainer writes `root/model.safetensors` itself; the engines load it from there."""
         written = await asyncio.to_thread(trainer.export_weights_to, root)
         if written.resolve() != (root / WEIGHTS_FILE).resolve():  # the service may name it through symlinks
             raise WeightSyncError(f"the trainer wrote its weights to {written}, not to {root / WEIGHTS_FILE}",
                                   fix="a trainer's export_weights_to must write directory/model.safetensors")
-        write_manifest(root, [{"file": WEIGHTS_FILE, "version": version, "kind": "full", "checksum": None}])
+        write_manifest(root, [full_weights_entry(version, checksum=None)])
         for index, engine in enumerate(engines):
             await self._deliver(index, engine, root, version)
         self._prune(version)
@@ -515,7 +514,7 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
     if len(updates) == 1 and updates[0].kind == "full":
         update = updates[0]
         save_safetensors(update.tensors, directory)
-        files.append({"file": WEIGHTS_FILE, "version": update.version, "kind": "full", "checksum": update.checksum})
+        files.append(full_weights_entry(update.version, checksum=update.checksum))
         nbytes = update_nbytes(update)
     else:
         for index, update in enumerate(updates):
@@ -527,6 +526,11 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
             nbytes += update_nbytes(update)
     write_manifest(directory, files)
     return nbytes
+
+
+def full_weights_entry(version: int, *, checksum: str | None) -> dict[str, Any]:
+    """The manifest entry of a full version: `model.safetensors` with Hugging Face names."""
+    return {"file": WEIGHTS_FILE, "version": version, "kind": "full", "checksum": checksum}
 
 
 def write_manifest(directory: Path, files: Sequence[Mapping[str, Any]]) -> None:
