@@ -80,14 +80,15 @@ def test_the_service_refuses_to_serve_itself_and_to_go_public_without_a_key(tiny
 def test_a_service_killed_under_running_requests_is_launched_again_with_its_weights(
         tiny_model: ResolvedModel, remote_options) -> None:
     """SIGKILL while requests are held in a pause: the engine launches the service again, loads
-    the weights the dead one had, and sends the requests once more: the same tokens (seeded) and
-    the update's version."""
+    the weights the dead one had, and sends the requests once more: the same tokens and the
+    update's version. Greedy: a seeded sample of this random model's near-uniform distribution
+    flips a token on the rounding of a batch of another size (as the re-sent requests may be)."""
     from plait.plugins import build
     from plait_remote.engine import RemoteEngine
 
     vocab = vocab_size(tiny_model)
     prompt = random_tokens(8, 10, vocab)
-    params = SamplingParams(max_tokens=6, stop=[], seed=3)
+    params = SamplingParams(max_tokens=6, stop=[], temperature=0.0)
     trainer = build("trainer_engine", "torch", tiny_model, seed=0)
     target = (prompt[-1] + 5) % vocab
     for _ in range(2):

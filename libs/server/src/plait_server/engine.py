@@ -724,6 +724,10 @@ class ServerEngine:
         async with self._restart_lock:
             if self.server is not dead or self._closed:
                 return
+            for _ in range(20):  # a process killed a moment ago is reaped in a moment: then say how it ended
+                if not dead.alive():
+                    break
+                await asyncio.sleep(0.1)
             how = dead.how_it_ended() if not dead.alive() else f"stopped answering GET /health{dead.location}"
             if self._restarts >= self.options.max_restarts:
                 raise EngineError(
