@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 
+import attrs
 import pytest
 
 from plait.config import RunConfig, apply_overrides, load_config
@@ -91,8 +92,11 @@ def test_validate_components_names_unknown_engine_and_provider():
 
 
 def test_component_options_are_checked_with_their_class():
-    from plait.metrics import ConsoleOptions
     from plait.schema import structure_options
+
+    @attrs.frozen
+    class ConsoleOptions:
+        keys: list[str] = attrs.field(factory=list)
 
     with pytest.raises(ConfigError) as info:
         structure_options(ConsoleOptions, {"kyes": []}, "metrics.options.console")
@@ -100,3 +104,34 @@ def test_component_options_are_checked_with_their_class():
     assert 'did you mean "keys"' in str(info.value)
     with pytest.raises(ConfigError, match="takes no options"):
         structure_options(None, {"x": 1}, "sync.options")
+
+
+def test_each_policy_starts_from_the_top_level_tables_and_overrides_its_own_keys():
+    cfg = load_config(None, ["trainer.learning_rate=0.01", 'policies.a.roles=["x"]', 'policies.b.roles=["y"]',
+                             "policies.b.trainer.learning_rate=0.5", "policies.b.model.name=other"])
+    a, b = cfg.policies["a"], cfg.policies["b"]
+    assert (a.trainer.learning_rate, b.trainer.learning_rate) == (0.01, 0.5)
+    assert (a.model.name, b.model.name) == (cfg.model.name, "other")
+    assert a.trainer.engine == b.trainer.engine == cfg.trainer.engine
+    assert list(cfg.policy_sections()) == ["a", "b"]
+    single = load_config().policy_sections()
+    assert list(single) == ["policy"] and single["policy"].trainer == load_config().trainer
+
+
+def test_a_policy_key_error_names_the_policy():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["policies.a.trainer.learning_rat=1"])
+    assert info.value.path == "policies.a.trainer.learning_rat"
+
+
+def test_every_role_has_one_policy_and_every_policy_acts():
+    from plait.components import validate_components
+
+    twice = load_config(None, ['policies.a.roles=["x"]', 'policies.b.roles=["x"]'])
+    with pytest.raises(ConfigError, match="role 'x' is also played by policy 'a'") as info:
+        validate_components(twice)
+    assert info.value.path == "policies.b.roles"
+    idle = load_config(None, ['policies.a.roles=["x"]', "policies.b.model.name=other"])
+    with pytest.raises(ConfigError, match="would never act") as info:
+        validate_components(idle)
+    assert info.value.path == "policies.b.roles"

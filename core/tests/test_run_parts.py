@@ -1,11 +1,8 @@
-"""Run pieces that need no engines: task order, seeds, timing, rollout metrics, the dashboard."""
-
-import json
+"""Run pieces that need no engines: task order, seeds, timing, rollout metrics."""
 
 import pytest
 
 from plait.errors import PlaitError
-from plait.plot import plot_run
 from plait.run.report import rollout_metrics, union_seconds
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, TaskSampler, sample_seed
 from plait.trajectory import Trajectory, Turn
@@ -52,22 +49,6 @@ def test_rollout_metrics():
     assert m["reward/k"] == 2
     assert m["reward/pass@k"] == 1.0  # only the group that kept all its samples counts
     assert m["data/response_tokens"] == 2
-
-
-def test_dashboard_renders_from_metrics(tmp_path):
-    records = [{"step": s, "reward/mean": s / 10, "policy/entropy": 1 - s / 20, "optim/grad_norm": 1.0,
-                "time/rollout": 2.0, "time/train": 1.0, "time/sync": 0.1, "time/total": 3.1} for s in range(1, 6)]
-    records.insert(0, {"step": 0, "eval/accuracy": 0.1})
-    records.append({"step": 5, "eval/accuracy": 0.6})
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = plot_run(tmp_path)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out.stat().st_size > 20_000
-
-
-def test_dashboard_of_a_directory_without_metrics_says_so(tmp_path):
-    with pytest.raises(PlaitError, match=r"no metrics\.jsonl"):
-        plot_run(tmp_path)
 
 
 def test_sample_seeds_are_those_recorded_runs_used_and_distinct():

@@ -9,6 +9,3 @@ from plait.kinds import RegisterMetricSink
 @hookimpl
 def plait_register_metric_sinks(register: RegisterMetricSink) -> None:
     register("jsonl", "plait.metrics:JsonlSink", description="metrics.jsonl in the run directory")
-    register("console", "plait.metrics:ConsoleSink", options="plait.metrics:ConsoleOptions",
-             description="one-line summary per step")
-    register("tensorboard", "plait.metrics:TensorBoardSink", description="TensorBoard event files")

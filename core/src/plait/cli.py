@@ -96,17 +96,6 @@ def models() -> None:
         click.echo(f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]")
 
 
-@cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PNG to write (default RUN_DIR/dashboard.png).")
-def plot(run_dir: Path, output: Path | None) -> None:
-    """Render a run's standard dashboard to PNG."""
-    from plait.plot import plot_run
-
-    click.echo(str(plot_run(run_dir, output)))
-
-
 def main() -> None:
     from plait.plugins import get_plugin_manager
 

@@ -9,27 +9,56 @@ from typing import Any, TypeVar
 import attrs
 
 from plait import kinds
-from plait.config import RunConfig
+from plait.config import PolicySection, RunConfig
 from plait.errors import ConfigError, ModelError, UnknownComponentError
 from plait.metrics import MetricSink
 from plait.models import ResolvedModel, checkpoint_dir, materialized
 from plait.plugins import Factory, Registry, get_registry
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
+from plait.rollout import Actor, DrivesEpisodes
 
 F = TypeVar("F")
+
+
+@attrs.define
+class Policy:
+    """One policy: what trains it, what samples from it, and how its weights get there."""
+
+    name: str
+    config: PolicySection
+    model: ResolvedModel
+    trainer: TrainerEngine
+    engines: list[InferenceEngine]
+    renderer: Renderer
+    sync: WeightSync
+
+    @property
+    def actor(self) -> Actor:
+        return self.engines[0], self.renderer
 
 
 @attrs.define
 class Components:
     """Everything a run is composed of, built from the config by the plugin registry."""
 
-    model: ResolvedModel
-    trainer: TrainerEngine
-    engines: list[InferenceEngine]
-    renderer: Renderer
+    policies: list[Policy]
     env: Environment
-    sync: WeightSync
     sinks: list[MetricSink]
+
+    def plays(self, policy: Policy, role: str) -> bool:
+        """Whether `policy` plays `role`: it lists it, or it is the first and no policy lists it."""
+        return role in policy.config.roles or (
+            policy is self.policies[0] and not any(role in p.config.roles for p in self.policies))
+
+    def suffixed(self, policy: Policy, metrics: Mapping[str, float]) -> dict[str, float]:
+        """`metrics` named for `policy` ("reward/mean@NAME") when the run has several policies."""
+        if len(self.policies) == 1:
+            return dict(metrics)
+        return {f"{key}@{policy.name}": value for key, value in metrics.items()}
+
+    def roles(self) -> dict[str, Actor]:
+        """The actor of every role a policy lists (the first policy plays the others)."""
+        return {role: p.actor for p in self.policies for role in p.config.roles}
 
 
 def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel:
@@ -57,57 +86,72 @@ def _lookup(registry: Registry, kind: kinds.Kind[F], name: str) -> Factory[F]:
         raise ConfigError(kind.config_key, exc.message, fix=exc.fix) from None
 
 
+def _policy_parts(p: PolicySection, at: str) -> list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]]:
+    """(kind, name, options, config key) of a policy's trainer, inference engine, renderer and sync."""
+    return [(kinds.TRAINER_ENGINE, p.trainer.engine, p.trainer.options, f"{at}trainer"),
+            (kinds.INFERENCE_ENGINE, p.inference.engine, p.inference.options, f"{at}inference"),
+            (kinds.RENDERER, p.renderer.name, p.renderer.options, f"{at}renderer"),
+            (kinds.WEIGHT_SYNC, p.sync.method, p.sync.options, f"{at}sync")]
+
+
 def _checked(registry: Registry, kind: kinds.Kind[F], name: str, options: Mapping[str, Any],
-             section: str) -> tuple[F, Any]:
+             section: str) -> tuple[Factory[F], Any]:
     """The factory registered as `name` and `options` validated against its options class."""
     factory = _lookup(registry, kind, name)
-    return factory.load(), factory.validate_options(options, f"{section}.options")
+    return factory, factory.validate_options(options, f"{section}.options")
+
+
+def _at(config: RunConfig, name: str) -> str:
+    return f"policies.{name}." if config.policies else ""
 
 
 def validate_components(config: RunConfig) -> None:
-    """Check that every named component exists and that its options fit its options class.
-
-    Runs at config load so a typo fails in a second, not after the model has loaded.
-    """
+    """Check that every named component exists and that its options fit its options class, and
+    that each role has one policy. Runs at config load so a typo fails in a second, not after the
+    model has loaded."""
     registry = get_registry()
-    checks: list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]] = [
-        (kinds.TRAINER_ENGINE, config.trainer.engine, config.trainer.options, "trainer"),
-        (kinds.INFERENCE_ENGINE, config.inference.engine, config.inference.options, "inference"),
-        (kinds.RENDERER, config.renderer.name, config.renderer.options, "renderer"),
-        (kinds.WEIGHT_SYNC, config.sync.method, config.sync.options, "sync"),
-        (kinds.ENV, config.env.name, config.env.options, "env"),
-    ]
-    for kind, name, options, section in checks:
-        _lookup(registry, kind, name).validate_options(options, f"{section}.options")
+    checks: list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]] = []
+    played: dict[str, str] = {}
+    for index, (name, p) in enumerate(config.policy_sections().items()):
+        if index and not p.roles:
+            raise ConfigError(f"{_at(config, name)}roles", "this policy would never act: only the first policy "
+                              "plays the roles no policy lists", fix="list the environment roles it plays")
+        for role in p.roles:
+            if played.setdefault(role, name) != name:
+                raise ConfigError(f"{_at(config, name)}roles", f"role {role!r} is also played by policy {played[role]!r}")
+        checks += _policy_parts(p, _at(config, name))
+    for check in [*checks, (kinds.ENV, config.env.name, config.env.options, "env")]:
+        _checked(registry, *check)
     _lookup(registry, kinds.LOSS, config.rl.loss)
     for sink in config.metrics.sinks:
-        _lookup(registry, kinds.METRIC_SINK, sink).validate_options(
-            config.metrics.options.get(sink, {}), f"metrics.options.{sink}")
+        _lookup(registry, kinds.METRIC_SINK, sink).validate_options(config.metrics.options.get(sink, {}),
+                                                                    f"metrics.options.{sink}")
     for sink in config.metrics.options:
         if sink not in config.metrics.sinks:
             raise ConfigError(f"metrics.options.{sink}", f"options for sink {sink!r}, which metrics.sinks does not list")
 
 
+def build_policy(name: str, p: PolicySection, seed: int, at: str) -> Policy:
+    registry = get_registry()
+    model = resolve_model(p.model.name, tokenizer=p.model.tokenizer, dtype=p.model.dtype)
+    (trainer, trainer_options), (engine, engine_options), (renderer, renderer_options), (sync, sync_options) = [
+        _checked(registry, *part) for part in _policy_parts(p, at)]
+    return Policy(name, p, model, trainer.load()(model, options=trainer_options, seed=seed),
+                  [engine.load()(model, options=engine_options, seed=seed)],
+                  renderer.load()(model, options=renderer_options), sync.load()(options=sync_options))
+
+
 def build_components(config: RunConfig, run_dir: Path) -> Components:
     registry = get_registry()
-    model = resolve_model(config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype)
-    seed = config.run.seed
-    make_trainer, trainer_options = _checked(registry, kinds.TRAINER_ENGINE, config.trainer.engine,
-                                             config.trainer.options, "trainer")
-    make_engine, engine_options = _checked(registry, kinds.INFERENCE_ENGINE, config.inference.engine,
-                                           config.inference.options, "inference")
-    make_renderer, renderer_options = _checked(registry, kinds.RENDERER, config.renderer.name,
-                                               config.renderer.options, "renderer")
     make_env, env_options = _checked(registry, kinds.ENV, config.env.name, config.env.options, "env")
-    make_sync, sync_options = _checked(registry, kinds.WEIGHT_SYNC, config.sync.method, config.sync.options, "sync")
-    trainer = make_trainer(model, options=trainer_options, seed=seed)
-    engine = make_engine(model, options=engine_options, seed=seed)
-    renderer = make_renderer(model, options=renderer_options)
-    env = make_env(options=env_options)
-    sync = make_sync(options=sync_options)
+    env = make_env.load()(options=env_options)
+    if len(config.policies) > 1 and isinstance(env, DrivesEpisodes):
+        raise ConfigError("policies", f"env {config.env.name!r} runs its episodes itself, so it cannot hand "
+                          "turns to several policies", fix="use one policy, or run the environment in the controller")
+    policies = [build_policy(name, p, config.run.seed, _at(config, name)) for name, p in config.policy_sections().items()]
     sinks = []
     for name in config.metrics.sinks:
         factory = _lookup(registry, kinds.METRIC_SINK, name)
         options = factory.validate_options(config.metrics.options.get(name, {}), f"metrics.options.{name}")
         sinks.append(factory.load()(run_dir, options=options))
-    return Components(model, trainer, [engine], renderer, env, sync, sinks)
+    return Components(policies, env, sinks)

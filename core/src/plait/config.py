@@ -175,6 +175,24 @@ class MetricsSection:
     """Per-sink options, keyed by sink name."""
 
 
+POLICY_TABLES = ("model", "trainer", "inference", "renderer", "sync")
+"""The tables a `[policies.NAME]` section takes; each starts from the top-level table of that name."""
+
+
+@attrs.frozen
+class PolicySection:
+    """One policy of a run with several: its own model, trainer, inference, renderer and weight
+    sync, playing the environment's roles it lists (`plait.rollout.ROLE_KEY`)."""
+
+    roles: list[str] = attrs.field(factory=list)
+    """The roles this policy plays; the first policy also plays every role no policy lists."""
+    model: ModelSection = attrs.field(factory=ModelSection)
+    trainer: TrainerSection = attrs.field(factory=TrainerSection)
+    inference: InferenceSection = attrs.field(factory=InferenceSection)
+    renderer: RendererSection = attrs.field(factory=RendererSection)
+    sync: SyncSection = attrs.field(factory=SyncSection)
+
+
 @attrs.frozen
 class RunConfig:
     run: RunSection = attrs.field(factory=RunSection)
@@ -189,6 +207,13 @@ class RunConfig:
     eval: EvalSection = attrs.field(factory=EvalSection)
     checkpoint: CheckpointSection = attrs.field(factory=CheckpointSection)
     metrics: MetricsSection = attrs.field(factory=MetricsSection)
+    policies: dict[str, PolicySection] = attrs.field(factory=dict)
+    """Several policies in one run (`[policies.NAME]`); none: one policy from the top-level tables."""
+
+    def policy_sections(self) -> dict[str, PolicySection]:
+        """Every policy of the run by name; a run without `[policies]` has one, "policy"."""
+        return self.policies or {"policy": PolicySection([], self.model, self.trainer, self.inference,
+                                                         self.renderer, self.sync)}
 
 
 def parse_override(override: str) -> tuple[list[str], Any]:
@@ -226,4 +251,19 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("", f"{path} is not valid TOML: {exc}") from exc
-    return structure(RunConfig, apply_overrides(data, overrides))
+    return structure(RunConfig, with_policy_defaults(apply_overrides(data, overrides)))
+
+
+def with_policy_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Each `[policies.NAME]` table of POLICY_TABLES as the top-level one with its own keys over it."""
+    policies = data.get("policies")
+    if not isinstance(policies, dict):
+        return data
+    def merged(policy: Any) -> Any:
+        if not isinstance(policy, dict):
+            return policy  # structure() names the key and what it expected
+        tables = {t: {**data[t], **policy.get(t, {})} for t in POLICY_TABLES
+                  if isinstance(data.get(t), dict) and isinstance(policy.get(t, {}), dict)}
+        return {**policy, **tables}
+
+    return {**data, "policies": {name: merged(policy) for name, policy in policies.items()}}

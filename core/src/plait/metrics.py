@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import attrs
-
 
 def merge_metrics(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
     """Merge "name:reduction" metrics of several chunks; `mean` is weighted by each chunk's count."""
@@ -57,11 +55,6 @@ def mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def transformer_flops_per_token(non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N plus the attention term 12·L·H·S (forward + backward)."""
-    return 6.0 * non_embedding_params + 12.0 * num_layers * hidden_size * seq_len
-
-
 @runtime_checkable
 class MetricSink(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
@@ -100,56 +93,3 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
-
-
-@attrs.frozen
-class ConsoleOptions:
-    keys: list[str] = attrs.field(
-        factory=lambda: ["reward/mean", "eval/accuracy", "policy/entropy", "optim/grad_norm", "time/total"]
-    )
-    """Metrics shown in the one-line summary of each step."""
-
-
-class ConsoleSink:
-    """A one-line summary per step on stderr (the progress bar is the controller's)."""
-
-    def __init__(self, run_dir: Path, *, options: ConsoleOptions | None = None) -> None:
-        from plait.logs import console
-
-        self.keys = (options or ConsoleOptions()).keys
-        self.console = console
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        parts = [f"{key.split('/')[-1]}={_fmt(metrics[key])}" for key in self.keys if key in metrics]
-        self.console.print("  ".join([f"step {step:>4}", *parts]))
-
-    def close(self) -> None:
-        pass
-
-
-def _fmt(value: float) -> str:
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e6):
-        return str(int(value))
-    return f"{value:.4g}"
-
-
-class TensorBoardSink:
-    """Scalars to TensorBoard event files under `<run_dir>/tb` (with tensorboardX: no torch)."""
-
-    def __init__(self, run_dir: Path, *, options: Any = None) -> None:
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError as exc:
-            from plait.errors import PlaitError
-
-            raise PlaitError(f"the tensorboard metric sink needs tensorboardX: {exc}",
-                             fix="pip install 'plait[tensorboard]', or drop 'tensorboard' from metrics.sinks") from exc
-        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, int | float):
-                self.writer.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        self.writer.close()

@@ -18,7 +18,6 @@ from typing import Any, Protocol, runtime_checkable
 from plait.types import (
     AdamParams,
     Block,
-    BroadcastGroup,
     Datum,
     EngineHealth,
     ForwardBackwardOutput,
@@ -32,7 +31,6 @@ from plait.types import (
     SamplingParams,
     Split,
     SyncStats,
-    TensorMeta,
     ToolError,
     ToolOutput,
     ToolSpec,
@@ -132,38 +130,6 @@ class InferenceEngine(Protocol):
     async def health(self) -> EngineHealth: ...
 
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class DiskWeightLoader(Protocol):
-    """Optional inference-engine capability: load weights a weight sync wrote to disk, and bump
-    the weight version alone. Engines that run in a server of their own (vLLM, SGLang) have it."""
-
-    async def load_weights_from_disk(self, path: str, version: int) -> None:
-        """Load the safetensors files in directory `path` (Hugging Face names; readable by the
-        engine's server) as `version`."""
-
-    async def set_weight_version(self, version: int) -> None:
-        """Tag later tokens with `version` without loading anything (the weights came another way)."""
-
-
-@runtime_checkable
-class BroadcastWeightReceiver(Protocol):
-    """Optional inference-engine capability: take weights the trainer broadcasts over a
-    torch.distributed group (the engine's own distributed update API)."""
-
-    async def weight_broadcast_ranks(self) -> int:
-        """How many ranks this engine takes in the group (its tensor/pipeline-parallel size)."""
-
-    async def join_weight_broadcast(self, group: BroadcastGroup) -> None:
-        """Join `group`; returns once joined, so call it concurrently with the trainer's own
-        `init_process_group` (rank 0)."""
-
-    async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
-        """Receive `tensors`, which rank 0 broadcasts in this order concurrently with this call;
-        with `version`, later tokens are tagged with it (pass it with the last bucket)."""
-
-    async def leave_weight_broadcast(self) -> None: ...
 
 
 @runtime_checkable

@@ -44,6 +44,14 @@ log = structlog.get_logger("plait.rollout")
 
 RewardReduce = Literal["sum", "last", "max", "mean"]
 
+ROLE_KEY = "plait.role"
+"""Roles, an ORS extension: in a task, the role that acts first; in a tool output's metadata, the
+role that acts next, told the output's blocks as a user message. A client that knows no roles
+plays every role with one model (the hand-over reaches it as the tool's result)."""
+REWARDS_KEY = "plait.rewards"
+"""In a tool output's metadata: {role: reward} of this call. The output's own `reward` (what a
+plain ORS client sees) is the episode's; without this key it is also the calling role's."""
+
 MALFORMED_FEEDBACK = ("Error: your last message could not be parsed (malformed tool call). "
                       "Write each tool call in the format the system prompt describes, and try again.")
 
@@ -109,22 +117,64 @@ class DrivesEpisodes(Protocol):
                           config: EpisodeConfig) -> Trajectory: ...
 
 
+Actor = tuple[InferenceEngine, Renderer]
+"""Who plays a role: the engine that samples its turns and the renderer of its conversation."""
+
+
+@attrs.define
+class _Conversation:
+    """One role's side of an episode: what it was told, and its last prompt and completion."""
+
+    actor: Actor
+    messages: list[Message] = attrs.field(factory=list)
+    pending: list[Message] = attrs.field(factory=list)
+    """Messages for this role that arrived while another role was acting."""
+    prompt: ModelInput | None = None
+    prompt_source: PromptSource = "render"
+    completion: Sequence[int] = ()
+
+    def advance(self, new_messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelInput:
+        """The role's next prompt: its conversation so far plus `new_messages` (and the pending ones)."""
+        new_messages = [*self.pending, *new_messages]
+        self.pending = []
+        self.messages.extend(new_messages)
+        renderer = self.actor[1]
+        if self.prompt is None:
+            self.prompt, self.prompt_source = _render_prompt(renderer, self.messages, tools), "render"
+        else:
+            self.prompt, self.prompt_source = _next_prompt(renderer, self.prompt, self.completion, self.messages,
+                                                           new_messages, tools)
+        return self.prompt
+
+
 async def run_episode(env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                      config: EpisodeConfig) -> Trajectory:
+                      config: EpisodeConfig, roles: Mapping[str, Actor] | None = None) -> Trajectory:
+    """One episode of `task`. `engine` and `renderer` play every role `roles` does not name."""
     if isinstance(env, DrivesEpisodes):
         return await env.run_episode(task, engine, renderer, config)
     clock = _EnvClock()
     turns: list[Turn] = []
     rewards: list[float] = []
+    role_rewards: dict[str, list[float]] = {}
     state: dict[str, Any] = {"correct": False, "finished": False, "truncated": False, "tool_errors": 0}
     session: EnvSession | None = None
+    role = str(task.get(ROLE_KEY, ""))
+    conversations: dict[str, _Conversation] = {}
+
+    def conversation(role: str) -> _Conversation:
+        if role not in conversations:
+            conversations[role] = _Conversation((roles or {}).get(role, (engine, renderer)))
+        return conversations[role]
 
     def result(error: str | None = None) -> Trajectory:
+        named = {turn.role for turn in turns} | set(role_rewards)
+        by_role = {} if named <= {""} else {
+            r: reduce_rewards(role_rewards.get(r, ()), config.reward_reduce) for r in sorted(named)}
         return Trajectory(
             task=dict(task), turns=turns, rewards=rewards,
             reward=reduce_rewards(rewards, config.reward_reduce), correct=state["correct"],
             finished=state["finished"], truncated=state["truncated"], error=error,
-            tool_errors=state["tool_errors"], env_seconds=clock.intervals,
+            tool_errors=state["tool_errors"], env_seconds=clock.intervals, role_rewards=by_role,
         )
 
     try:
@@ -132,29 +182,33 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
         messages = list(await clock.run(session.messages(), config.env_timeout_s))
         terminal = await clock.run(session.terminal_tool(), config.env_timeout_s)
         tools = list(await clock.run(session.tools(), config.env_timeout_s))
-        prompt: ModelInput = _render_prompt(renderer, messages, tools)
-        prompt_source: PromptSource = "render"
+        current = conversation(role)
+        prompt = current.advance(messages, tools)
         for turn_index in range(config.max_turns):
             sampling = sampling_within_budget(config, prompt.length)
             if sampling is None:
                 state["truncated"] = True  # the context budget is spent
                 break
-            sequence = await sample_through_aborts(engine, prompt, sampling)
-            message, termination = renderer.parse_response(sequence.tokens)
-            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED, prompt_source))
+            sequence = await sample_through_aborts(current.actor[0], prompt, sampling)
+            message, termination = current.actor[1].parse_response(sequence.tokens)
+            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED,
+                              current.prompt_source, role))
+            current.completion = sequence.tokens
             if sequence.stop_reason == "length":
                 state["truncated"] = True
-            messages.append(message)
+            current.messages.append(message)
 
             new_messages: list[Message] = []
+            handover: tuple[str, Message] | None = None
             if termination is ParseTermination.MALFORMED:
                 state["tool_errors"] += 1
                 new_messages.append(Message("user", MALFORMED_FEEDBACK))
             elif message.tool_calls:
                 for call in message.tool_calls:
                     output = await clock.run(session.call(call.name, call.arguments), config.env_timeout_s)
-                    _record(output, rewards, state)
+                    _record(output, rewards, role_rewards, role, state)
                     new_messages.append(_tool_result_message(call.id, call.name, output))
+                    handover = handover or _handover(output, role)
                     if state["finished"]:
                         break
             elif terminal is not None:
@@ -163,8 +217,10 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
                 if isinstance(output, ToolError) and output.reason == "exception":
                     # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
                     return result(error=f"grading the answer failed: {output.error}")
-                _record(output, rewards, state)
-                state["finished"] = True  # a plain answer ends the episode
+                _record(output, rewards, role_rewards, role, state)
+                handover = _handover(output, None)
+                # a plain answer ends the episode, unless the environment hands the turn on
+                state["finished"] = state["finished"] or handover is None
             else:
                 break  # no tool call and nothing to hand the answer to
             if state["finished"]:
@@ -172,8 +228,11 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
             if turn_index + 1 == config.max_turns:
                 state["truncated"] = True
                 break
-            messages.extend(new_messages)
-            prompt, prompt_source = _next_prompt(renderer, prompt, sequence.tokens, messages, new_messages, tools)
+            if handover is not None:
+                current.pending.extend(new_messages)
+                role, told = handover
+                current, new_messages = conversation(role), [told]
+            prompt = current.advance(new_messages, tools)
         return result()
     except Exception as exc:  # the environment (or its session) failed: this episode only
         log.warning("episode failed", error=f"{type(exc).__name__}: {exc}", task=_short(task))
@@ -184,6 +243,15 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
                 await asyncio.wait_for(session.close(), config.env_timeout_s)
             except Exception as exc:
                 log.warning("session close failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def _handover(output: ToolOutput | ToolError, current: str | None) -> tuple[str, Message] | None:
+    """The role `output` hands the turn to and what it tells it; None when it names no role, or
+    (after a tool call, whose result the caller already gets) the caller's own."""
+    if not isinstance(output, ToolOutput) or ROLE_KEY not in (output.metadata or {}):
+        return None
+    role = str((output.metadata or {})[ROLE_KEY])
+    return None if role == current else (role, Message("user", output.text))
 
 
 async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sampling: SamplingParams) -> SampledSequence:
@@ -205,12 +273,19 @@ async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sam
     return sequence
 
 
-def _record(output: ToolOutput | ToolError, rewards: list[float], state: dict[str, Any]) -> None:
+def _record(output: ToolOutput | ToolError, rewards: list[float], role_rewards: dict[str, list[float]],
+            caller: str, state: dict[str, Any]) -> None:
+    """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the caller's output's."""
     if isinstance(output, ToolError):
         state["tool_errors"] += 1
         return
     if output.reward is not None:
         rewards.append(float(output.reward))
+    by_role = (output.metadata or {}).get(REWARDS_KEY)
+    if not isinstance(by_role, Mapping):
+        by_role = {} if output.reward is None else {caller: output.reward}
+    for role, reward in by_role.items():
+        role_rewards.setdefault(str(role), []).append(float(reward))
     if is_correct(output):
         state["correct"] = True
     if output.finished:

@@ -29,6 +29,8 @@ class Turn:
     """False when the completion could not be parsed (malformed tool call, ...)."""
     prompt_source: PromptSource = "render"
     """How the prompt was made: rendered from messages, or bridged from the previous turn's ids."""
+    role: str = ""
+    """The environment's role that made this call ("" in an environment without roles)."""
 
 
 @attrs.frozen
@@ -49,6 +51,20 @@ class Trajectory:
     tool_errors: int = 0
     env_seconds: tuple[tuple[float, float], ...] = attrs.field(converter=tuple[tuple[float, float], ...], factory=tuple)
     """(start, end) wall-clock intervals of environment calls."""
+    role_rewards: dict[str, float] = attrs.field(factory=dict)
+    """Each role's reward (reduced like `reward`) in an episode whose environment names roles."""
+
+    def acting_roles(self) -> list[str]:
+        """The roles that made a call, in order of their first call ([""] without roles)."""
+        return list(dict.fromkeys(turn.role for turn in self.turns)) or [""]
+
+    def for_role(self, role: str) -> Trajectory:
+        """The episode as one role saw it: its own turns and rewards (correct: a reward >= 1)."""
+        if not self.role_rewards:
+            return self
+        reward = self.role_rewards.get(role, 0.0)
+        return attrs.evolve(self, turns=[t for t in self.turns if t.role == role], rewards=(reward,),
+                            reward=reward, correct=reward >= 1.0, role_rewards={})
 
     @property
     def num_turns(self) -> int:

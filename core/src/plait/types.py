@@ -376,33 +376,6 @@ class SyncStats:
     full_bytes: int = 0
 
 
-@attrs.frozen
-class TensorMeta:
-    """What a receiver needs to take one tensor off a broadcast: its name, dtype and shape."""
-
-    name: str
-    dtype: str
-    """A torch dtype name without the "torch." prefix: "float32", "bfloat16", ..."""
-    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
-
-
-@attrs.frozen
-class BroadcastGroup:
-    """A torch.distributed group in which the trainer (rank 0) broadcasts weights to engines.
-
-    An engine's ranks are `rank_offset .. rank_offset + ranks - 1`; `world_size` is 1 plus the
-    ranks of every engine in the group. `backend` is "nccl" on GPUs ("gloo" where the engine
-    supports it, e.g. on CPU).
-    """
-
-    master_address: str
-    master_port: int
-    rank_offset: int
-    world_size: int
-    backend: str = "nccl"
-    group_name: str = "weight_update_group"
-
-
 PauseMode = Literal["abort", "keep", "wait"]
 
 

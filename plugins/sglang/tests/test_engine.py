@@ -14,12 +14,13 @@ import torch
 
 from plait.errors import EngineError
 from plait.models import ResolvedModel
-from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
+from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
 from plait_server.engine import free_port
 from plait_server.testing import assert_resampled_as_before
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
+from plait_weights.capabilities import BroadcastGroup
 
 pytestmark = pytest.mark.sglang
 VOCAB = 151936

@@ -131,7 +131,7 @@ def test_bucketed_pushes_every_tensor_in_bounded_updates(trainer, bf16_model):
 
 class DiskLoadingEngine(TorchInferenceEngine):
     """A torch engine that also loads weights from a directory, as server engines do
-    (`plait.protocols.DiskWeightLoader`): the disk sync then hands it whole checkpoints."""
+    (`plait_weights.capabilities.DiskWeightLoader`): the disk sync then hands it whole checkpoints."""
 
     loaded: list[str]
 

@@ -13,9 +13,10 @@ import structlog
 
 from plait.advantages import group_advantages
 from plait.models import ResolvedModel
-from plait.types import AdamParams, BroadcastGroup, ModelInput, SamplingParams, WeightUpdate
+from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
 from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
+from plait_weights.capabilities import BroadcastGroup
 from plait_weights.sync import InProcessSync
 
 pytestmark = pytest.mark.vllm

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from plait.components import Policy
 from plait.run.state import Run, TrainedSample
 from plait.serde import from_json, to_json
 from plait.trajectory import Trajectory
@@ -41,9 +42,15 @@ def checkpoint_state(run: Run, held: Sequence[TrainedSample]) -> dict[str, objec
     consistent; written by `save_checkpoint`, possibly in a thread)."""
     s = run.state
     return {"step": s.step, "samples_seen": s.samples_seen, "attempt": s.attempt,
-            "weight_version": run.components.trainer.weight_version, "eval_history": s.eval_history,
+            "weight_versions": {p.name: p.trainer.weight_version for p in run.components.policies},
+            "eval_history": s.eval_history,
             "completed": [{"position": h.position, "index": h.index, "task_index": h.task_index,
                            "attempt": h.attempt, "trajectory": to_json(h.trajectory)} for h in held]}
+
+
+def trainer_dir(run: Run, policy: Policy) -> str:
+    """A checkpoint's directory of one policy's trainer state."""
+    return "trainer" if len(run.components.policies) == 1 else f"trainer-{policy.name}"
 
 
 def save_checkpoint(run: Run, state: dict[str, object]) -> Path:
@@ -55,7 +62,8 @@ def save_checkpoint(run: Run, state: dict[str, object]) -> Path:
     tmp = root / f".tmp-step_{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    run.components.trainer.save_state(tmp / "trainer")
+    for policy in run.components.policies:
+        policy.trainer.save_state(tmp / trainer_dir(run, policy))
     _write_synced(tmp / "controller.json", json.dumps(state))
     _fsync_dir(tmp)
     crash_point("checkpoint", step)
@@ -81,7 +89,8 @@ def load_checkpoint(run: Run) -> list[TrainedSample] | None:
         return None
     latest = checkpoints[-1]
     state = json.loads((latest / "controller.json").read_text())
-    run.components.trainer.load_state(latest / "trainer")
+    for policy in run.components.policies:
+        policy.trainer.load_state(latest / trainer_dir(run, policy))
     s = run.state
     s.step = int(state["step"])
     s.samples_seen = int(state["samples_seen"])

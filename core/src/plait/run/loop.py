@@ -19,9 +19,8 @@ from typing import Any
 import structlog
 import tomli_w
 
-from plait.components import Components, build_components
+from plait.components import Components, Policy, build_components
 from plait.config import RunConfig
-from plait.plot import plot_run
 from plait.plugins import get_registry
 from plait.progress import StepProgress
 from plait.protocols import ClosableWeightSync
@@ -32,11 +31,12 @@ from plait.run.checkpoint import (
     record_trained,
     save_checkpoint,
 )
-from plait.run.report import StepTimes, step_metrics
+from plait.run.report import StepTimes, policy_metrics, step_metrics
 from plait.run.schedules import Schedule, make_schedule
 from plait.run.state import Run, RunState, TaskSampler
-from plait.run.steps import evaluate, prepare, publish, train, write_samples
+from plait.run.steps import evaluate, policy_groups, prepare, publish, train, write_samples
 from plait.schema import unstructure
+from plait.trajectory import Trajectory
 
 log = structlog.get_logger("plait.run")
 
@@ -44,17 +44,16 @@ log = structlog.get_logger("plait.run")
 async def train_step(run: Run, schedule: Schedule) -> dict[str, float]:
     """One step of either schedule; returns its metrics."""
     step = run.state.step
-    trainer = run.components.trainer
+    policies = run.components.policies
     t0 = time.perf_counter()
     batch, rollout_seconds = await schedule.batch(step)
     stall = time.perf_counter() - t0
     groups = [[s.trajectory for s in group] for group in batch]
     write_samples(run, groups)
 
-    trained_version = trainer.weight_version
+    trained_version = policies[0].trainer.weight_version
     t1 = time.perf_counter()
-    prepared = await schedule.compute(lambda: prepare(run, groups))
-    trained = await schedule.compute(lambda: train(run, prepared.datums, always_step=schedule.always_step))
+    trained = await asyncio.gather(*(train_policy(run, schedule, p, groups) for p in policies))
     train_seconds = time.perf_counter() - t1
     samples = [s for group in batch for s in group]
     record_trained(run, samples, trained_version)
@@ -65,13 +64,24 @@ async def train_step(run: Run, schedule: Schedule) -> dict[str, float]:
     sync_seconds = time.perf_counter() - t2
 
     metrics = step_metrics(
-        groups, prepared=prepared.metrics, trained=trained, trainer=trainer, trained_version=trained_version,
-        times=StepTimes(rollout=rollout_seconds, stall=stall, train=train_seconds, sync=sync_seconds,
-                        total=time.perf_counter() - t0),
+        groups, trained, times=StepTimes(rollout=rollout_seconds, stall=stall, train=train_seconds,
+                                         sync=sync_seconds, total=time.perf_counter() - t0),
         schedule={**synced, **schedule.done(step)}, samples_before=run.state.samples_seen,
         restored=sum(s.attempt != run.state.attempt for s in samples))
     run.state.samples_seen += len(samples)
     return metrics
+
+
+async def train_policy(run: Run, schedule: Schedule, policy: Policy, groups: list[list[Trajectory]]) -> dict[str, float]:
+    """Prepare and train one policy on what it played of the batch; its metrics."""
+    views = policy_groups(run, policy, groups)
+    version = policy.trainer.weight_version
+    start = time.perf_counter()
+    prepared = await schedule.compute(lambda: prepare(run, policy, views))
+    trained = await schedule.compute(lambda: train(run, policy, prepared.datums, always_step=schedule.always_step))
+    return run.components.suffixed(policy, policy_metrics(
+        views, prepared=prepared.metrics, trained=trained, trainer=policy.trainer, trained_version=version,
+        train_seconds=time.perf_counter() - start))
 
 
 def log_metrics(run: Run, step: int, metrics: dict[str, float]) -> None:
@@ -122,18 +132,19 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
         "run": run.config.run.name, "run_dir": str(run.run_dir), "steps": run.state.step,
         "seconds": round(seconds, 1), "eval_accuracy_start": first, "eval_accuracy_end": last,
         "eval_accuracy_gain": last - first, "eval_history": history,
-        "model": run.components.model.name, "env": run.config.env.name,
+        "model": run.components.policies[0].model.name, "env": run.config.env.name,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 async def close(c: Components) -> None:
-    if isinstance(c.sync, ClosableWeightSync):  # syncs that hold a group or files
-        await c.sync.close()
-    for engine in c.engines:
-        await engine.close()
-    c.trainer.close()
+    for policy in c.policies:
+        if isinstance(policy.sync, ClosableWeightSync):  # syncs that hold a group or files
+            await policy.sync.close()
+        for engine in policy.engines:
+            await engine.close()
+        policy.trainer.close()
     await c.env.close()
     for sink in c.sinks:
         sink.close()
@@ -149,7 +160,7 @@ def prepare_run_dir(config: RunConfig, *, resume: bool) -> Path:
 
 
 def run_training(config: RunConfig, *, resume: bool = True) -> str:
-    """Build the components, train, plot; return a one-paragraph summary."""
+    """Build the components and train; return a one-paragraph summary."""
     get_registry()  # load plugins before the (slow) model resolution, so errors come early
     run_dir = prepare_run_dir(config, resume=resume)
     components = build_components(config, run_dir)
@@ -164,9 +175,8 @@ def run_training(config: RunConfig, *, resume: bool = True) -> str:
             await close(components)
 
     summary = asyncio.run(main())
-    dashboard = plot_run(run_dir)
     return (
         f"run {summary['run']}: {summary['steps']} steps in {summary['seconds'] / 60:.1f} min; "
         f"held-out accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
-        f"({summary['eval_accuracy_gain']:+.3f}); run dir {run_dir}; dashboard {dashboard}"
+        f"({summary['eval_accuracy_gain']:+.3f}); run dir {run_dir}"
     )

@@ -81,38 +81,51 @@ class StepTimes:
     total: float
 
 
-def step_metrics(groups: Sequence[Sequence[Trajectory]], *, prepared: Mapping[str, float],
-                 trained: Mapping[str, float], trainer: TrainerEngine, trained_version: int,
-                 times: StepTimes, schedule: Mapping[str, float], samples_before: int,
-                 restored: int) -> dict[str, float]:
-    """Everything a step reports: rewards and episode shape, data, policy and optimizer, off-policy
-    staleness, throughput, timing, progress and the schedule's own (`schedule`)."""
+def policy_metrics(groups: Sequence[Sequence[Trajectory]], *, prepared: Mapping[str, float],
+                   trained: Mapping[str, float], trainer: TrainerEngine, trained_version: int,
+                   train_seconds: float) -> dict[str, float]:
+    """What a step reports of one policy: rewards and episode shape, data, policy and optimizer,
+    off-policy staleness and training throughput."""
     trajectories = [t for g in groups for t in g]
     metrics = rollout_metrics(groups)
-    metrics["time/verify"] = union_seconds([iv for t in trajectories for iv in t.env_seconds])
     metrics.update(prepared)
-
     sampled_lp = [lp for t in trajectories if t.error is None for turn in t.turns for lp in turn.completion.logprobs]
     metrics["policy/entropy_sampled"] = -mean(sampled_lp) if sampled_lp else 0.0
     metrics.update({name: trained[key] for key, name in _TRAINER_METRICS.items() if key in trained})
     metrics.setdefault("policy/entropy", metrics["policy/entropy_sampled"])
     tokens = trained.get("train_tokens:sum", 0.0)
-    if times.train > 0 and tokens:
-        metrics["perf/tokens_per_s/train"] = tokens / times.train
-    if isinstance(trainer, MeasuresFlops) and trainer.peak_flops_per_s and times.train > 0 \
+    if train_seconds > 0 and tokens:
+        metrics["perf/tokens_per_s/train"] = tokens / train_seconds
+    if isinstance(trainer, MeasuresFlops) and trainer.peak_flops_per_s and train_seconds > 0 \
             and "model_flops:sum" in trained:
-        metrics["perf/mfu"] = trained["model_flops:sum"] / times.train / trainer.peak_flops_per_s
+        metrics["perf/mfu"] = trained["model_flops:sum"] / train_seconds / trainer.peak_flops_per_s
         metrics["perf/peak_flops"] = float(trainer.peak_flops_per_s)
-
     staleness = np.asarray([trained_version - v for t in trajectories for turn in t.turns
                             for v in turn.completion.versions()])
+    metrics["async/staleness_mean"] = float(staleness.mean()) if staleness.size else 0.0
+    metrics["async/staleness_max"] = float(staleness.max()) if staleness.size else 0.0
+    return metrics
+
+
+def step_metrics(groups: Sequence[Sequence[Trajectory]], policies: Sequence[Mapping[str, float]], *,
+                 times: StepTimes, schedule: Mapping[str, float], samples_before: int,
+                 restored: int) -> dict[str, float]:
+    """Everything a step reports: each policy's (`policy_metrics`, named for it when there are
+    several, beside the whole episodes' rewards), environment time, timing, rollout throughput,
+    progress and the schedule's own (`schedule`)."""
+    trajectories = [t for g in groups for t in g]
+    metrics = rollout_metrics(groups)
+    for part in policies:
+        metrics.update(part)
+    for role in sorted({r for t in trajectories if t.error is None for r in t.role_rewards}):
+        metrics[f"role/{role}/reward"] = mean([t.role_rewards[role] for t in trajectories
+                                                if t.error is None and role in t.role_rewards])
     generated = sum(t.completion_tokens for t in trajectories)
     metrics.update({
+        "time/verify": union_seconds([iv for t in trajectories for iv in t.env_seconds]),
         "time/rollout": times.rollout, "time/train": times.train, "time/sync": times.sync,
         "time/stall": times.stall, "time/total": times.total,
         "perf/tokens_per_s/rollout": generated / times.rollout if times.rollout else 0.0,
-        "async/staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
-        "async/staleness_max": float(staleness.max()) if staleness.size else 0.0,
         "progress/samples": float(samples_before + len(trajectories)),
         "progress/restored": float(restored),
     })

@@ -195,7 +195,7 @@ class AsyncSchedule:
 
     async def publish(self, step: int) -> dict[str, float]:
         """Pause every engine, push the new weights, resume; then let the producer go on."""
-        engines = self.run.components.engines
+        engines = [e for policy in self.run.components.policies for e in policy.engines]
         mode = self.run.config.off_policy.update_pause
         await self._bounded(asyncio.gather(*(e.pause(mode) for e in engines)), "pause")
         try:

@@ -18,6 +18,7 @@ import numpy as np
 import structlog
 
 from plait.advantages import group_advantages, is_constant
+from plait.components import Policy
 from plait.errors import WeightSyncError
 from plait.metrics import mean, merge_metrics
 from plait.off_policy import importance_correction
@@ -41,7 +42,7 @@ def episode_config(run: Run, temperature: float, seed: int) -> EpisodeConfig:
 async def sample_episode(run: Run, split: str, task_index: int, temperature: float, seed: int) -> Trajectory:
     c = run.components
     task = await c.env.get_task(split, task_index)
-    return await run_episode(c.env, task, c.engines[0], c.renderer, episode_config(run, temperature, seed))
+    return await run_episode(c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed), c.roles())
 
 
 async def sample_groups(run: Run, split: str, task_indices: Sequence[int], group_size: int, temperature: float,
@@ -51,7 +52,7 @@ async def sample_groups(run: Run, split: str, task_indices: Sequence[int], group
     c = run.components
     tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
     flat = await asyncio.gather(*(
-        run_episode(c.env, task, c.engines[0], c.renderer, episode_config(run, temperature, seed(g, j)))
+        run_episode(c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed(g, j)), c.roles())
         for g, task in enumerate(tasks) for j in range(group_size)
     ))
     return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
@@ -77,7 +78,19 @@ class Prepared:
     metrics: dict[str, float]
 
 
-def prepare(run: Run, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
+def policy_groups(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
+    """What `policy` learns from: per group and role it plays, the episodes in which that role
+    acted, each as that role saw it (`Trajectory.for_role`); the groups as they are in an
+    environment without roles."""
+    views = []
+    for group in groups:
+        for role in dict.fromkeys(r for t in group for r in t.acting_roles()):
+            if run.components.plays(policy, role):
+                views.append([t.for_role(role) for t in group if role in t.acting_roles()])
+    return views
+
+
+def prepare(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
     """Group advantages (constant-reward groups left out), token-level mean scaling, and the
     off-policy correction (`plait.off_policy`) when configured."""
     rl = run.config.rl
@@ -98,11 +111,11 @@ def prepare(run: Run, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
         datums = [_scale_advantages(d, 1.0 / action_tokens) for d in datums]
     metrics = {"data/datums": float(len(datums)), "data/action_tokens": action_tokens,
                "data/groups_kept": float(kept), "data/groups_constant": float(constant)}
-    datums, correction = correct_off_policy(run, datums)
+    datums, correction = correct_off_policy(run, policy, datums)
     return Prepared(datums, {**metrics, **correction})
 
 
-def correct_off_policy(run: Run, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
+def correct_off_policy(run: Run, policy: Policy, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
     """`importance_correction` with the trainer's logprobs from one forward pass at the weights
     about to be updated; the data as they are when `off_policy.correction` is "none"."""
     if run.config.off_policy.correction == "none" or not datums:
@@ -110,19 +123,18 @@ def correct_off_policy(run: Run, datums: Sequence[Datum]) -> tuple[list[Datum], 
     rl = run.config.rl
     train_logprobs: list[np.ndarray] = []
     for start in range(0, len(datums), rl.micro_batch_size):
-        out = run.components.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
+        out = policy.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
         train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
     return importance_correction(datums, train_logprobs, run.config.off_policy)
 
 
-def train(run: Run, datums: Sequence[Datum], *, always_step: bool) -> dict[str, float]:
+def train(run: Run, policy: Policy, datums: Sequence[Datum], *, always_step: bool) -> dict[str, float]:
     """forward_backward over micro-batches, then one optimizer step. Without data the step is
     skipped unless `always_step` (the async schedule counts on one version per step)."""
-    rl, tc = run.config.rl, run.config.trainer
-    trainer = run.components.trainer
+    rl, tc, trainer = run.config.rl, policy.config.trainer, policy.trainer
     if not datums and not always_step:
         log.info("no learning signal this step (every group had equal rewards); skipping the update",
-                 step=run.state.step)
+                 step=run.state.step, policy=policy.name)
         return {}
     parts = []
     for start in range(0, len(datums), rl.micro_batch_size):
@@ -135,18 +147,23 @@ def train(run: Run, datums: Sequence[Datum], *, always_step: bool) -> dict[str, 
 
 
 async def publish(run: Run) -> dict[str, float]:
-    """Push the trainer's weights to every inference engine, and check that each took them."""
-    c = run.components
-    version = c.trainer.weight_version
-    stats = await c.sync.push(c.trainer, c.engines, version)
-    for index, engine in enumerate(c.engines):
+    """Push each policy's trainer weights to its inference engines, and check that each took them."""
+    parts = await asyncio.gather(*(publish_policy(run, p) for p in run.components.policies))
+    return {k: v for part in parts for k, v in part.items()}
+
+
+async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
+    version = policy.trainer.weight_version
+    stats = await policy.sync.push(policy.trainer, policy.engines, version)
+    for index, engine in enumerate(policy.engines):
         if engine.weight_version != version:
             raise WeightSyncError(
-                f"inference engine #{index} ({type(engine).__name__}) holds weight version "
-                f"{engine.weight_version} after sync method {run.config.sync.method!r} pushed version {version}",
+                f"inference engine #{index} ({type(engine).__name__}) of policy {policy.name!r} holds weight version "
+                f"{engine.weight_version} after sync method {policy.config.sync.method!r} pushed version {version}",
                 fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)")
-    return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
-            "sync/delta_fraction": stats.delta_fraction, "sync/full_bytes": float(stats.full_bytes)}
+    return run.components.suffixed(policy, {
+        "sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
+        "sync/delta_fraction": stats.delta_fraction, "sync/full_bytes": float(stats.full_bytes)})
 
 
 async def evaluate(run: Run) -> dict[str, float]:
@@ -159,6 +176,11 @@ async def evaluate(run: Run) -> dict[str, float]:
                "eval/reward": mean([g[0].reward for g in greedy]),
                "eval/errors": float(sum(g[0].error is not None for g in greedy)),
                "eval/tasks": float(len(indices))}
+    if len(run.components.policies) > 1:  # and each policy's, over the roles it plays
+        for policy in run.components.policies:
+            views = [t for g in policy_groups(run, policy, greedy) for t in g if t.error is None]
+            metrics.update(run.components.suffixed(policy, {"eval/accuracy": mean([float(t.correct) for t in views]),
+                                                            "eval/reward": mean([t.reward for t in views])}))
     if ec.samples_per_task > 1:
         k = ec.samples_per_task
         sampled = await sample_groups(run, split, indices, k, ec.temperature,
@@ -170,15 +192,18 @@ async def evaluate(run: Run) -> dict[str, float]:
 
 def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: int = 2) -> None:
     """A few decoded samples per step in samples.jsonl, for reading what the model does."""
-    tokenizer = run.components.renderer.tokenizer
+    c = run.components
     with (run.run_dir / "samples.jsonl").open("a") as f:
         for group in groups[:per_step]:
             t = group[0]
             if not t.turns:
                 continue
+            players = {r: next(p for p in c.policies if c.plays(p, r)) for r in t.acting_roles()}
             f.write(json.dumps({
                 "step": run.state.step, "task": t.task, "reward": t.reward, "correct": t.correct, "error": t.error,
-                "completion": [tokenizer.decode(list(turn.completion.tokens)) for turn in t.turns],
+                "completion": [players[turn.role].renderer.tokenizer.decode(list(turn.completion.tokens))
+                               for turn in t.turns],
+                **({"roles": [turn.role for turn in t.turns], "role_rewards": t.role_rewards} if t.role_rewards else {}),
             }, default=str) + "\n")
 
 

@@ -12,6 +12,8 @@ ENVS = {
                    "GSM8K word problems (test: the real GSM8K test split; train: reasoning-gym gsm_symbolic)"),
     "math.calculator": ("plait_math.calculator_env", "CalculatorOptions",
                         "multi-turn arithmetic with a safe calculator tool"),
+    "math.propose": ("plait_math.propose", "ProposeOptions",
+                     "two roles: a proposer writes a sum for a target, a solver solves it (multi-policy, self-play)"),
 }
 
 

@@ -13,7 +13,11 @@ from typing import Any
 import attrs
 import torch
 
-from plait.metrics import transformer_flops_per_token
+
+def transformer_flops_per_token(non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6·N plus the attention term 12·L·H·S (forward + backward)."""
+    return 6.0 * non_embedding_params + 12.0 * num_layers * hidden_size * seq_len
+
 
 # Dense (no sparsity) datasheet peaks in FLOP/s, by a substring of torch.cuda.get_device_name().
 _GPU_PEAKS: dict[str, dict[torch.dtype, float]] = {

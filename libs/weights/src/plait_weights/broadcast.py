@@ -19,7 +19,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from plait.types import BroadcastGroup, TensorMeta
+from plait_weights.capabilities import BroadcastGroup, TensorMeta
 
 STORE_PREFIX = "plait-weights"
 

@@ -15,7 +15,7 @@ Every sync method (`sync.method`) is a transport; its options choose the other t
   tensor-parallel shard (`plait_weights.layout`), for receivers that hold one shard each.
 - **transport** (the method): `in_process` hands updates to each engine's `apply_weights`; `disk`
   writes them as safetensors under `<directory>/v<N>/` (the hand-off point for engines in a server
-  of their own, `plait.protocols.DiskWeightLoader`); `distributed` sends them over a
+  of their own, `plait_weights.capabilities.DiskWeightLoader`); `distributed` sends them over a
   torch.distributed group (gloo on CPU, NCCL on GPUs; `plait_weights.distributed`).
 
 Every transfer is versioned, bounded by `timeout_s` (an engine or peer that does not answer in
@@ -37,15 +37,16 @@ import tempfile
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import attrs
 import structlog
 
 from plait.config import positive
 from plait.errors import WeightSyncError
-from plait.protocols import DiskWeightLoader, InferenceEngine, TrainerEngine
+from plait.protocols import InferenceEngine, TrainerEngine
 from plait.types import SyncStats, TensorPatch, WeightUpdate
+from plait_weights.capabilities import DiskWeightLoader, WritesWeightFiles
 
 log = structlog.get_logger("plait_weights.sync")
 
@@ -313,16 +314,6 @@ class WeightPublisher:
             checksum = weight_patch.checksum((name, tensors[name]) for name in entries)
         return WeightUpdate(version=version, tensors=dict(entries), kind=kind, checksum=checksum,
                             base_version=base_version, base_checksum=base_checksum)
-
-
-@runtime_checkable
-class WritesWeightFiles(Protocol):
-    """Optional trainer capability: write its weights itself as `directory/model.safetensors`
-    (Hugging Face names). A trainer in a service of its own has it: the disk sync then has the
-    file written straight where the engines load it, never through the controller."""
-
-    def export_weights_to(self, directory: Path) -> Path:
-        """Write the weights into `directory` (created if missing); returns the file."""
 
 
 def update_nbytes(update: WeightUpdate) -> int:

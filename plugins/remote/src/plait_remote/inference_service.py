@@ -23,10 +23,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from plait.protocols import DiskWeightLoader, InferenceEngine
+from plait.protocols import InferenceEngine
 from plait.serde import from_json, to_json
 from plait.types import ModelInput, SamplingParams, WeightUpdate
 from plait_remote.wire import BadRequest, endpoint, field, log, reply
+from plait_weights.capabilities import DiskWeightLoader
 
 PAUSE_MODES = ("keep", "abort", "wait")
 

@@ -39,7 +39,7 @@ SERVICE = "plait trainer service"
 
 
 class RemoteTrainer:
-    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and `plait_weights.sync.WritesWeightFiles`)
+    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and `plait_weights.capabilities.WritesWeightFiles`)
     on a `plait serve trainer` service."""
 
     def __init__(self, model: ResolvedModel, *, options: RemoteTrainerOptions | None = None, seed: int = 0) -> None:
@@ -162,7 +162,7 @@ class RemoteTrainer:
         yield from tensors.items()
 
     def export_weights_to(self, directory: Path) -> Path:
-        """The service writes `directory/model.safetensors` (`plait_weights.sync.WritesWeightFiles`:
+        """The service writes `directory/model.safetensors` (`plait_weights.capabilities.WritesWeightFiles`:
         the disk sync has it written where the engines load it). `directory` must be writable by
         the service."""
         return Path(self._trainer("export_weights", {"path": str(Path(directory).resolve())})["path"])

@@ -45,14 +45,12 @@ import structlog
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
-    BroadcastGroup,
     ModelInput,
     PauseMode,
     SampledSequence,
     SampleResponse,
     SamplingParams,
     TensorData,
-    TensorMeta,
     prompt_token_ids,
 )
 from plait_server.engine import (
@@ -62,6 +60,7 @@ from plait_server.engine import (
     token_versions,
 )
 from plait_sglang.options import SGLangOptions
+from plait_weights.capabilities import BroadcastGroup, TensorMeta
 
 log = structlog.get_logger("plait_sglang")
 

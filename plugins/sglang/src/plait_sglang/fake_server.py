@@ -733,8 +733,8 @@ def _adapters(server: FakeSGLang) -> dict[str, str]:
 
 def _open_gloo_group(body: dict[str, Any]) -> Any:
     """The engine's member of the broadcast group (plait's rendezvous, `plait_weights.broadcast`)."""
-    from plait.types import BroadcastGroup
     from plait_weights.broadcast import open_group
+    from plait_weights.capabilities import BroadcastGroup
 
     group = BroadcastGroup(body["master_address"], int(body["master_port"]), int(body["rank_offset"]),
                            int(body["world_size"]), body["backend"], body["group_name"])

@@ -8,6 +8,8 @@
 - `tiny-qwen3-arith`: tiny-qwen3 taught single-digit sums by supervised steps (minutes, once).
 - `tiny-qwen3-moe`: a small random `Qwen3MoeForCausalLM` (tiny-qwen3's attention, 8 experts, top 2
   in every layer) with the same tokenizer. For mixture-of-experts plumbing: its outputs are noise.
+- `tiny-qwen3-propose`: tiny-qwen3-arith also taught to write a sum for a target number, for the
+  two roles of `math.propose` (the multi-policy example).
 - `tiny-qwen3-moe-arith`: tiny-qwen3-arith sparsely upcycled into that MoE shape (every expert its
   layer's dense MLP plus strong noise, random routers): it knows the sums without a training run,
   and its routing differs between float32 and bfloat16, for routing-replay (R3) work.
@@ -161,38 +163,44 @@ def arith_sft_example(tokenizer: Any, renderer: Any, rng: random.Random, bare_fr
     return prompt + completion, len(prompt)
 
 
-def build_tiny_qwen3_arith(dest: Path) -> None:
-    """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
+def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: str) -> None:
+    """Train the checkpoint in `dest` for `settings["steps"]` batches of `example(renderer, rng)`
+    ((tokens, prompt length) pairs, prompts rendered like the RL runs': thinking off), at a
+    constant learning rate and then a cosine decay over the last `decay_steps`; save it there."""
     from plait.models import ResolvedModel
     from plait.progress import StepProgress
     from plait.types import AdamParams, Datum, ModelInput
     from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
     from plait_torch.trainer import TorchTrainer
 
-    build_tiny_qwen3(dest)
-    model = ResolvedModel("tiny-qwen3-arith", Path(dest), Path(dest))
-    # The chat template exactly as examples/arith_tiny.toml renders prompts (thinking off).
+    model = ResolvedModel(title, Path(dest), Path(dest))
     renderer = ChatTemplateRenderer.from_model(model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False}))
-    trainer = TorchTrainer(model, seed=ARITH_SFT["seed"])
-    rng = random.Random(ARITH_SFT["seed"])
-    steps, high, low = ARITH_SFT["steps"], ARITH_SFT["learning_rate"], ARITH_SFT["final_learning_rate"]
-    decay_start = steps - ARITH_SFT["decay_steps"]
-    with StepProgress(total=steps, title="build tiny-qwen3-arith") as progress:
+    trainer = TorchTrainer(model, seed=settings["seed"])
+    rng = random.Random(settings["seed"])
+    steps, high, low = settings["steps"], settings["learning_rate"], settings["final_learning_rate"]
+    decay_start = steps - settings["decay_steps"]
+    with StepProgress(total=steps, title=f"build {title}") as progress:
         for step in range(steps):
-            examples = [arith_sft_example(renderer.tokenizer, renderer, rng, ARITH_SFT["bare_fraction"])
-                        for _ in range(ARITH_SFT["batch"])]
+            examples = [example(renderer, rng) for _ in range(settings["batch"])]
             trained_tokens = sum(len(tokens) - prompt_len for tokens, prompt_len in examples)
             batch = [Datum(ModelInput.from_ints(tokens[:-1]), {
                 "target_tokens": tokens[1:],
                 "weights": [0.0] * (prompt_len - 1) + [1.0 / trained_tokens] * (len(tokens) - prompt_len),
             }) for tokens, prompt_len in examples]
             output = trainer.forward_backward(batch, "cross_entropy")
-            decayed = max(0, step - decay_start) / ARITH_SFT["decay_steps"]
+            decayed = max(0, step - decay_start) / settings["decay_steps"]
             learning_rate = low + (high - low) * (1 + math.cos(math.pi * decayed)) / 2
             trainer.optim_step(AdamParams(learning_rate=learning_rate, grad_clip_norm=1.0))
             progress.advance({"loss": output.metrics["loss:sum"]})
     trainer.model.save_pretrained(str(dest), safe_serialization=True)
     trainer.close()
+
+
+def build_tiny_qwen3_arith(dest: Path) -> None:
+    """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
+    build_tiny_qwen3(dest)
+    supervised_steps(dest, ARITH_SFT, lambda renderer, rng: arith_sft_example(
+        renderer.tokenizer, renderer, rng, ARITH_SFT["bare_fraction"]), "tiny-qwen3-arith")
 
 
 def recipe_digest(*parts: Any) -> str:
@@ -204,10 +212,49 @@ def recipe_digest(*parts: Any) -> str:
 TINY_QWEN3_ARITH = ModelSource(
     description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
     materialize=build_tiny_qwen3_arith,
-    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, build_tiny_qwen3, build_random_qwen3,
-                           TINY_QWEN3_CONFIG),
+    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, supervised_steps, build_tiny_qwen3,
+                           build_random_qwen3, TINY_QWEN3_CONFIG),
 )
 
+
+# tiny-qwen3-propose: tiny-qwen3-arith taught a second part, for math.propose (two roles): asked
+# "Write two digits that add up to N.", it writes two digits that do, as "a + b" in PROPOSE_SFT's
+# bare_fraction of replies and otherwise in a sentence ("3 + 4 makes 7.", which the environment
+# does not take); its sums it answers bare in sum_bare_fraction of replies. Both parts start
+# with headroom, and the proposer earns a reward only when the solver solves its problem.
+PROPOSE_SFT = {"steps": 160, "batch": 32, "learning_rate": 3e-3, "final_learning_rate": 5e-4, "decay_steps": 80,
+               "bare_fraction": 0.3, "sum_bare_fraction": 0.2, "seed": 1}
+
+
+def propose_sft_example(renderer: Any, rng: random.Random) -> tuple[list[int], int]:
+    """Half proposals, half sums (tokens, prompt length), rendered like the RL run's prompts."""
+    from plait.types import Message
+
+    if rng.random() < 0.5:
+        return arith_sft_example(renderer.tokenizer, renderer, rng, PROPOSE_SFT["sum_bare_fraction"])
+    target = rng.randint(0, 18)
+    a = rng.randint(max(0, target - 9), min(9, target))
+    problem = f"{a} + {target - a}"
+    reply = problem if rng.random() < PROPOSE_SFT["bare_fraction"] else f"{problem} makes {target}."
+    prompt = renderer.build_generation_prompt([Message("user", f"Write two digits that add up to {target}.")]).to_ints()
+    return [*prompt, *renderer.tokenizer.encode(reply, add_special_tokens=False), renderer.stop_sequences()[-1]], len(prompt)
+
+
+def build_tiny_qwen3_propose(dest: Path) -> None:
+    """tiny-qwen3-arith (built once through the model cache) plus PROPOSE_SFT's steps (a minute or two)."""
+    from plait.models import materialized
+
+    shutil.copytree(materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH).path, dest, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".plait-*"))
+    supervised_steps(dest, PROPOSE_SFT, propose_sft_example, "tiny-qwen3-propose")
+
+
+TINY_QWEN3_PROPOSE = ModelSource(
+    description="tiny-qwen3-arith also taught to propose sums for a target (math.propose's two roles)",
+    materialize=build_tiny_qwen3_propose,
+    revision=recipe_digest(PROPOSE_SFT, propose_sft_example, build_tiny_qwen3_propose, supervised_steps,
+                           TINY_QWEN3_ARITH.revision),
+)
 
 # tiny-qwen3-moe: tiny-qwen3's attention and sizes, every layer a sparse MoE block (decoder_sparse_step
 # 1, no dense-MLP layers) of 8 experts with 2 per token and renormalised top-k weights. Each expert

@@ -45,6 +45,9 @@ def plait_register_models(register: Any) -> None:
     register("tiny-qwen3-arith", "plait_torch.models:TINY_QWEN3_ARITH",
              description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
                          "for the test-sized RL example")
+    register("tiny-qwen3-propose", "plait_torch.models:TINY_QWEN3_PROPOSE",
+             description="tiny-qwen3-arith also taught to write sums for a target (rarely in the bare form "
+                         "math.propose takes), for the two-policy example")
     register("tiny-qwen3-moe", "plait_torch.models:TINY_QWEN3_MOE",
              description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) with the real "
                          "Qwen3 tokenizer, for mixture-of-experts tests")

@@ -46,14 +46,12 @@ import structlog
 from plait.errors import DataError, EngineError
 from plait.models import ResolvedModel
 from plait.types import (
-    BroadcastGroup,
     ModelInput,
     PauseMode,
     SampledSequence,
     SampleResponse,
     SamplingParams,
     TensorData,
-    TensorMeta,
     prompt_token_ids,
 )
 from plait_server.engine import (
@@ -63,6 +61,7 @@ from plait_server.engine import (
     token_versions,
 )
 from plait_vllm.options import VENV_ENV, VLLMOptions
+from plait_weights.capabilities import BroadcastGroup, TensorMeta
 
 log = structlog.get_logger("plait_vllm")
 

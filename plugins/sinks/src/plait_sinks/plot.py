@@ -1,8 +1,10 @@
-"""`plait plot RUN_DIR`: the standard dashboard of a run, as one PNG."""
+"""The standard dashboard of a run, as one PNG. A run with several policies reports each one's
+metrics with an `@NAME` suffix; every panel draws a line per policy beside the run's own."""
 
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,16 @@ def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], lis
     return steps, values
 
 
-def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], title: str,
+def policy_names(run_dir: str | Path) -> list[str]:
+    """The policies of a run with several (`[policies.NAME]` in its config.toml); [] otherwise."""
+    config = Path(run_dir) / "config.toml"
+    return list(tomllib.loads(config.read_text()).get("policies", {})) if config.is_file() else []
+
+
+def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], title: str, policies: Sequence[str],
            *, markers: bool = False, ylim: tuple[float, float] | None = None) -> None:
     drawn = False
-    for key in keys:
+    for key in [variant for k in keys for variant in (k, *(f"{k}@{p}" for p in policies))]:
         steps, values = _series(records, key)
         if steps:
             ax.plot(steps, values, marker="o" if markers or len(steps) < 3 else None, markersize=4, label=key)
@@ -59,18 +67,19 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         raise PlaitError(f"{run_dir}/metrics.jsonl is empty: the run logged no step yet")
     output = Path(output) if output else run_dir / "dashboard.png"
 
+    policies = policy_names(run_dir)
     fig, axes = plt.subplots(3, 3, figsize=(15, 11))
     (a_reward, a_eval, a_passk), (a_entropy, a_iw, a_kl), (a_grad, a_time, a_perf) = axes
-    _panel(a_reward, records, ["reward/mean", "reward/pass@1"], "training reward", ylim=(-0.02, 1.02))
-    _panel(a_eval, records, ["eval/accuracy", "eval/pass@1"], "held-out accuracy", markers=True, ylim=(-0.02, 1.02))
-    _panel(a_passk, records, ["reward/pass@k", "eval/pass@k"], "pass@k", ylim=(-0.02, 1.02))
-    _panel(a_entropy, records, ["policy/entropy", "policy/entropy_sampled"], "entropy (nats/token)")
+    _panel(a_reward, records, ["reward/mean", "reward/pass@1"], "training reward", policies, ylim=(-0.02, 1.02))
+    _panel(a_eval, records, ["eval/accuracy", "eval/pass@1"], "held-out accuracy", policies, markers=True, ylim=(-0.02, 1.02))
+    _panel(a_passk, records, ["reward/pass@k", "eval/pass@k"], "pass@k", policies, ylim=(-0.02, 1.02))
+    _panel(a_entropy, records, ["policy/entropy", "policy/entropy_sampled"], "entropy (nats/token)", policies)
     _panel(a_iw, records, ["policy/importance_weight_max", "policy/importance_weight_mean"],
-           "importance weight  π_train / π_rollout")
-    _panel(a_kl, records, ["policy/mismatch_kl", "async/staleness_mean"], "mismatch KL, staleness")
-    _panel(a_grad, records, ["optim/grad_norm"], "grad norm (pre-clip)")
+           "importance weight  π_train / π_rollout", policies)
+    _panel(a_kl, records, ["policy/mismatch_kl", "async/staleness_mean"], "mismatch KL, staleness", policies)
+    _panel(a_grad, records, ["optim/grad_norm"], "grad norm (pre-clip)", policies)
     _timing(a_time, records)
-    _panel(a_perf, records, ["perf/tokens_per_s/rollout", "perf/tokens_per_s/train"], "tokens / s")
+    _panel(a_perf, records, ["perf/tokens_per_s/rollout", "perf/tokens_per_s/train"], "tokens / s", policies)
 
     summary_path = run_dir / "summary.json"
     title = run_dir.name

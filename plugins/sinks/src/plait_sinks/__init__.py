@@ -1,0 +1,1 @@
+"""plait's metric sinks beyond metrics.jsonl: `console`, `tensorboard` and `dashboard` (and `plait plot`)."""
