@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "vs_minimal": (["vs_minimal.py"], None),
     "services_overhead": (["services_overhead.py"], None),
     "rollout_scaling": (["rollout_scaling.py"], None),
+    "online_rl": (["online_rl.py"], None),
     "vs_trl": (["vs_trl.py", "--steps", "6"], venv(TRL_VENV, "scripts/bench/trl_venv.sh")),
 }
 

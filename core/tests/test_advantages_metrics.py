@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from plait.advantages import group_advantages, is_constant
-from plait.metrics import JsonlSink, merge_metrics, pass_at_k, read_metrics
+from plait.metrics import JsonlSink, merge_metrics, pass_at_k, read_jsonl
 
 
 def test_grpo_normalises_and_centres():
@@ -50,6 +50,6 @@ def test_jsonl_sink_round_trip_keeps_non_finite_values_visible(tmp_path):
     sink.close()
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 2, "torn')  # a crash mid-write
-    records = read_metrics(tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(records) == 1
     assert records[0]["reward/mean"] == 0.5 and records[0]["optim/grad_norm"] == "inf"

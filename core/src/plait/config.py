@@ -209,6 +209,8 @@ class RunConfig:
     metrics: MetricsSection = attrs.field(factory=MetricsSection)
     policies: dict[str, PolicySection] = attrs.field(factory=dict)
     """Several policies in one run (`[policies.NAME]`); none: one policy from the top-level tables."""
+    serve: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """Options of the `plait serve` commands by name (`[serve.online]`), checked by the command."""
 
     def policy_sections(self) -> dict[str, PolicySection]:
         """Every policy of the run by name; a run without `[policies]` has one, "policy"."""

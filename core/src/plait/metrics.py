@@ -84,10 +84,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of a run's metrics.jsonl (a torn last line, from a crash, is skipped)."""
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a torn line (a crash mid-write) is skipped."""
     records = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+    for line in path.read_text().splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

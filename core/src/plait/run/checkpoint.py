@@ -65,11 +65,11 @@ def save_checkpoint(run: Run, state: dict[str, object]) -> Path:
     for policy in run.components.policies:
         policy.trainer.save_state(tmp / trainer_dir(run, policy))
     _write_synced(tmp / "controller.json", json.dumps(state))
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     crash_point("checkpoint", step)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    _fsync_dir(root)
+    fsync_dir(root)
     crash_point("checkpointed", step)
     for old in sorted(root.glob("step_*"))[:-run.config.checkpoint.keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -138,7 +138,7 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -33,7 +33,9 @@ from typing import Protocol, TypeVar
 
 import structlog
 
+from plait.config import OffPolicySection
 from plait.errors import EngineError, PlaitError
+from plait.protocols import InferenceEngine
 from plait.run.checkpoint import crash_point
 from plait.run.state import Batch, Run, TrainedSample
 from plait.run.steps import collect, publish, sample_episode
@@ -195,14 +197,9 @@ class AsyncSchedule:
 
     async def publish(self, step: int) -> dict[str, float]:
         """Pause every engine, push the new weights, resume; then let the producer go on."""
-        engines = [e for policy in self.run.components.policies for e in policy.engines]
-        mode = self.run.config.off_policy.update_pause
-        await self._bounded(asyncio.gather(*(e.pause(mode) for e in engines)), "pause")
-        try:
+        async with engines_paused([e for p in self.run.components.policies for e in p.engines], self.run.config.off_policy):
             metrics = await publish(self.run)
             crash_point("sync", step)
-        finally:
-            await self._bounded(asyncio.gather(*(e.resume() for e in engines)), "resume")
         async with self.changed:
             self.engine_step = step + 1
             self.changed.notify_all()
@@ -226,13 +223,22 @@ class AsyncSchedule:
             self.completed.setdefault(sample.position, {})[sample.index] = sample
         log.info("restored completed samples of untrained batches", samples=len(held))
 
-    async def _bounded(self, work: Awaitable[object], what: str) -> None:
-        timeout = self.run.config.off_policy.update_timeout_s
+
+@contextlib.asynccontextmanager
+async def engines_paused(engines: Sequence[InferenceEngine], off_policy: OffPolicySection) -> AsyncIterator[None]:
+    """`engines` paused (`update_pause`) for a weight update in flight, resumed whatever happens."""
+    async def bounded(work: Awaitable[object], what: str) -> None:
         try:
-            await asyncio.wait_for(work, timeout)
+            await asyncio.wait_for(work, off_policy.update_timeout_s)
         except TimeoutError:
-            raise EngineError(f"the inference engines did not {what} within {timeout:g} s for a weight update",
-                              fix="raise off_policy.update_timeout_s, or use off_policy.update_pause = 'abort'") from None
+            raise EngineError(f"the inference engines did not {what} within {off_policy.update_timeout_s:g} s for a "
+                              "weight update", fix="raise off_policy.update_timeout_s, or use off_policy.update_pause = 'abort'") from None
+
+    try:
+        await bounded(asyncio.gather(*(e.pause(off_policy.update_pause) for e in engines)), "pause")
+        yield
+    finally:
+        await bounded(asyncio.gather(*(e.resume() for e in engines)), "resume")
 
 
 def make_schedule(run: Run) -> Schedule:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from plait.errors import ModelError
+from plait.run.checkpoint import fsync_dir
 
 
 def rng_state() -> dict[str, Any]:
@@ -69,14 +70,6 @@ def fsync_tree(root: Path) -> None:
             with file.open("rb") as handle:
                 os.fsync(handle.fileno())
     fsync_dir(root)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def replace_dir(tmp: Path, dest: Path) -> None:

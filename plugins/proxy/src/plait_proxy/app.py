@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from plait.errors import DataError
-from plait_proxy import anthropic_messages, openai_chat, openai_responses
+from plait_proxy import anthropic_messages, openai_chat, openai_common, openai_responses
 from plait_proxy.chat import ChatRequest, Completion, RequestError
 from plait_proxy.proxy import Proxy
-from plait_proxy.store import RolloutStore
+from plait_proxy.store import ProxySession, RolloutStore
 from plait_sdk.server import parse_json, serving
 
 log = structlog.get_logger("plait.proxy")
@@ -66,19 +66,39 @@ class ServeOptions:
     """When set, every request must carry it; sessions then come from the path or the header."""
     max_body_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 64
+    session_per_request: bool = False
+    """A request that names no session gets one of its own, gone once it is answered (live
+    traffic: every response its own trajectory)."""
+
+
+class CompletionObserver(Protocol):
+    """Told of every answered call before the client sees it (`plait serve online` records it).
+    What it returns travels with the answer: `x-plait-<key>` headers, and a `plait` object in
+    the body of answers that are not streamed. Raising keeps the answer from the client: a
+    RequestError is the client's answer, anything else a 503."""
+
+    def admit(self, headers: Mapping[str, str]) -> None:
+        """Before sampling: raise a RequestError to refuse the request."""
+
+    async def completed(self, session: ProxySession, completion: Completion,
+                        headers: Mapping[str, str]) -> dict[str, Any]: ...
 
 
 class ProxyApp:
-    def __init__(self, proxy: Proxy, store: RolloutStore, options: ServeOptions | None = None) -> None:
+    def __init__(self, proxy: Proxy, store: RolloutStore, options: ServeOptions | None = None, *,
+                 observer: CompletionObserver | None = None, routes: Sequence[Route] = ()) -> None:
+        """`routes`: more endpoints (behind the API key; a RequestError they raise is the answer)."""
         self.proxy = proxy
         self.store = store
         self.options = options or ServeOptions()
+        self.observer = observer
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/sessions", self.open_session, methods=["POST"]),
                   Route("/sessions", self.list_sessions, methods=["GET"]),
                   Route("/sessions/{session}", self.show_session, methods=["GET"]),
                   Route("/sessions/{session}", self.discard_session, methods=["DELETE"]),
-                  Route("/sessions/{session}/finish", self.finish_session, methods=["POST"])]
+                  Route("/sessions/{session}/finish", self.finish_session, methods=["POST"]),
+                  *(Route(r.path, self._guarded(r.endpoint), methods=r.methods) for r in routes)]
         for prefix in ("", "/s/{session}"):
             routes.append(Route(prefix + "/v1/models", self.models, methods=["GET"]))
             routes.append(Route(prefix + "/v1/models/{model:path}", self.model, methods=["GET"]))
@@ -97,10 +117,18 @@ class ProxyApp:
                 self._authenticate(request)
                 session_id = self._session_id(request)
                 chat = wire.parse_request(await self._json(request))
-                session = self.store.get(session_id)
-                completion = await _unless_disconnected(request, self.proxy.complete(session, chat, api))
+                if self.observer is not None:
+                    self.observer.admit(request.headers)
+                session = self.store.open() if session_id is None else self.store.get(session_id)
+                try:
+                    completion = await _unless_disconnected(request, self.proxy.complete(session, chat, api))
+                    meta = await self._observe(session, completion, request.headers)
+                finally:
+                    if session_id is None:
+                        self.store.discard(session.id)
             except RequestError as error:  # the client's to fix: the SDKs' automatic retries would not help
-                return JSONResponse(wire.error_body(error), status_code=error.status, headers=NO_RETRY)
+                return JSONResponse(wire.error_body(error), status_code=error.status,
+                                    headers=NO_RETRY if error.status < 500 else None)
             except _Disconnected:
                 return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
             except DataError as exc:  # the engine's word on this request (its context, its vocabulary)
@@ -111,13 +139,28 @@ class ProxyApp:
                 failure = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
                                        status=502, kind="api_error")
                 return JSONResponse(wire.error_body(failure), status_code=502)
+            headers = {f"x-plait-{key.replace('_', '-')}": str(value) for key, value in meta.items()}
             if chat.stream:
                 return StreamingResponse(_iterate(wire.stream_events(chat, completion)),
                                          media_type="text/event-stream",
-                                         headers={"cache-control": "no-cache"})
-            return JSONResponse(wire.response_body(chat, completion))
+                                         headers={"cache-control": "no-cache", **headers})
+            body = wire.response_body(chat, completion)
+            return JSONResponse({**body, "plait": meta} if meta else body, headers=headers)
 
         return endpoint
+
+    async def _observe(self, session: ProxySession, completion: Completion,
+                       headers: Mapping[str, str]) -> dict[str, Any]:
+        if self.observer is None:
+            return {}
+        try:
+            return await self.observer.completed(session, completion, headers)
+        except RequestError:
+            raise
+        except Exception as exc:  # not recorded, so not answered: the client may retry
+            log.error("recording an answer failed", error=f"{type(exc).__name__}: {exc}")
+            raise RequestError(f"the answer could not be recorded ({type(exc).__name__}: {exc}); retry",
+                               status=503, kind="api_error") from exc
 
     async def _json(self, request: Request) -> Any:
         body = bytearray()
@@ -137,10 +180,13 @@ class ProxyApp:
         if given is None or not hmac.compare_digest(given.encode(), self.options.api_key.encode()):
             raise RequestError("missing or wrong API key", status=401, kind="authentication_error")
 
-    def _session_id(self, request: Request) -> str:
+    def _session_id(self, request: Request) -> str | None:
+        """The session the request names; None for one of its own (`session_per_request`)."""
         session = request.path_params.get("session") or request.headers.get("x-plait-session")
-        if not session and self.options.api_key is None:
+        if not session and self.options.api_key is None and not self.options.session_per_request:
             session = _api_key(request)
+        if not session and self.options.session_per_request:
+            return None
         if not session:
             raise RequestError("no session: put its id in the path (/s/<id>/v1/...), the X-Plait-Session "
                                "header, or the API key", param="session")
@@ -191,6 +237,17 @@ class ProxyApp:
         if session_id not in self.store.sessions:
             raise RequestError(f"unknown session {session_id!r}", status=404)
         return self.store.sessions[session_id]
+
+    def _guarded(self, endpoint: Any) -> Any:
+        """An extra route's endpoint behind the API key, its RequestErrors in OpenAI's shape."""
+        async def call(request: Request) -> Response:
+            try:
+                self._authenticate(request)
+                return await endpoint(request)
+            except RequestError as error:
+                return JSONResponse(openai_common.error_body(error), status_code=error.status)
+
+        return call
 
     async def _session_call(self, request: Request, action: Any) -> Response:
         try:

@@ -1,7 +1,8 @@
-"""plait-proxy's plugin: the `proxy.harness` environment and `plait serve proxy`."""
+"""plait-proxy's plugin: the `proxy.harness` environment, `plait serve proxy` and `plait serve online`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,7 @@ def plait_register_commands(cli: Any) -> None:
 
     @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
-    @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="Override a config value, e.g. -s model.name=tiny-qwen3.")
-    @click.option("--host", default="127.0.0.1", show_default=True,
-                  help="Address to bind; anything but loopback needs --api-key.")
-    @click.option("--port", default=8000, show_default=True, type=int)
-    @click.option("--api-key", envvar="PLAIT_PROXY_API_KEY", default=None,
-                  help="Require this key (Bearer or x-api-key); sessions then come from the path or "
-                       "the X-Plait-Session header.")
+    @_serving("model.name=tiny-qwen3", "sessions then come from the path or the X-Plait-Session header")
     @click.option("--store", "store_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                   help="Append every finished session (token ids, logprobs, weight versions) to "
                        "STORE/sessions.jsonl.")
@@ -63,3 +57,55 @@ def plait_register_commands(cli: Any) -> None:
 
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a foreground server stops
             asyncio.run(serve_forever())
+
+    @serve_group(cli).command()
+    @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+    @_serving("serve.online.batch_size=16", "every endpoint then asks for it")
+    @click.option("--fresh", is_flag=True, help="Start over: delete the run directory (run.out_dir/run.name: "
+                  "the online record, the promoted state, the metrics) instead of resuming from it.")
+    def online(config: Path, overrides: tuple[str, ...], host: str, port: int, api_key: str | None,
+               fresh: bool) -> None:
+        """Online RL: serve the policy of the run config CONFIG to live clients (OpenAI and
+        Anthropic APIs), take rewards at POST /v1/feedback, train on them, and let a version
+        serve only once it passes the held-out gate (options: [serve.online])."""
+        import asyncio
+        import contextlib
+
+        from plait.config import load_config
+        from plait.logs import configure
+        from plait_proxy.app import ServeOptions
+        from plait_proxy.online import online_server
+        from plait_sdk.server import is_loopback
+
+        if not is_loopback(host) and not api_key:
+            raise click.UsageError(f"--host {host} serves beyond this machine: give --api-key too")
+        cfg = load_config(config, overrides)
+        configure(cfg.run.log_level)
+
+        async def serve_forever() -> None:
+            async with online_server(cfg, ServeOptions(host, port, api_key), fresh=fresh) as (url, server):
+                click.echo(f"plait online for {cfg.model.name} on {url}  (OpenAI: {url}/v1, Anthropic: {url}); "
+                           f"rewards: POST {url}/v1/feedback; status: GET {url}/v1/online/status; "
+                           f"serving version {server.serving_version}", err=True)
+                await asyncio.Event().wait()
+
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever())
+
+
+def _serving(override_example: str, with_key: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options of a served command: config overrides, where to listen, the API key."""
+    def add(command: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed([
+            click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                         help=f"Override a config value, e.g. -s {override_example}."),
+            click.option("--host", default="127.0.0.1", show_default=True,
+                         help="Address to bind; anything but loopback needs --api-key."),
+            click.option("--port", default=8000, show_default=True, type=int),
+            click.option("--api-key", envvar="PLAIT_PROXY_API_KEY", default=None,
+                         help=f"Require this key (Bearer or x-api-key); {with_key}."),
+        ]):
+            command = option(command)
+        return command
+
+    return add

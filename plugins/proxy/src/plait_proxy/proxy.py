@@ -63,7 +63,8 @@ class Proxy:
         choices = tuple(self._choice(i, seq, request.stop, completion_id) for i, seq in enumerate(sequences))
         session.calls.append(RecordedCall(
             index=len(session.calls), api=api, messages=request.messages, tools=tools,
-            prompt_ids=tuple(prompt.to_ints()), prompt_source=source, choices=choices, parent=parent))
+            prompt_ids=tuple(prompt.to_ints()), prompt_source=source, choices=choices, parent=parent,
+            response_id=completion_id))
         return Completion(completion_id, request.model, int(time.time()), prompt.to_ints(), choices)
 
     def _prompt(self, session: ProxySession, messages: Sequence[Message], tools: Sequence[object],

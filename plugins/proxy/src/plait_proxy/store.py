@@ -48,6 +48,8 @@ class RecordedCall:
     choices: tuple[Choice, ...]
     parent: tuple[int, int] | None
     """(call index, choice index) of the answer this call's conversation continues."""
+    response_id: str = ""
+    """The id its client got (`Completion.id`)."""
 
 
 @attrs.frozen
@@ -80,12 +82,26 @@ class ProxySession:
         return [call.choices[taken[call.index]] for call in self.calls]
 
     def turns(self) -> list[Turn]:
-        return [Turn(call.prompt_ids, choice.sequence, choice.termination is not ParseTermination.MALFORMED,
-                     call.prompt_source)
-                for call, choice in zip(self.calls, self.taken_choices(), strict=True)]
+        return [_turn(call, choice) for call, choice in zip(self.calls, self.taken_choices(), strict=True)]
+
+    def conversation(self, response_id: str) -> list[Turn]:
+        """The turns that led to the answer `response_id` (its first choice): its call, and each
+        earlier call whose answer the next one continued; not the session's other branches."""
+        call = next(c for c in reversed(self.calls) if c.response_id == response_id)
+        chain = [(call, 0)]
+        while call.parent is not None:
+            index, choice = call.parent
+            call = self.calls[index]
+            chain.append((call, choice))
+        return [_turn(call, call.choices[choice]) for call, choice in reversed(chain)]
 
     def to_json(self) -> dict[str, Any]:
         return {"session": self.id, "created": self.created, "calls": [_call_json(c) for c in self.calls]}
+
+
+def _turn(call: RecordedCall, choice: Choice) -> Turn:
+    return Turn(call.prompt_ids, choice.sequence, choice.termination is not ParseTermination.MALFORMED,
+                call.prompt_source)
 
 
 def _call_json(call: RecordedCall) -> dict[str, Any]:
