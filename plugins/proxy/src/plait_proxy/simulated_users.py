@@ -81,10 +81,11 @@ class Request:
 
 
 async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *, api_key: str = "online",
-                         during: Callable[[httpx.AsyncClient], Coroutine[Any, Any, None]] | None = None) -> list[Request]:
-    """Run `load.users` users for `load.seconds` against the server at `base_url`; late rewards
-    still due when the time is up are sent before returning. `during(client)` runs beside them
-    (e.g. to change the server's settings mid-run)."""
+                         during: Callable[[httpx.AsyncClient], Coroutine[Any, Any, None]] | None = None,
+                         until: Callable[[Sequence[Request]], bool] | None = None) -> list[Request]:
+    """Run `load.users` users for `load.seconds` against the server at `base_url`, or until
+    `until(the requests so far)` holds; late rewards still due then are sent before returning.
+    `during(client)` runs beside them (e.g. to change the server's settings mid-run)."""
     requests: list[Request] = []
     late: list[asyncio.Task[None]] = []
     deadline = time.monotonic() + load.seconds
@@ -103,7 +104,7 @@ async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *
 
         async def user(index: int) -> None:
             rng = random.Random(load.seed * 1000 + index)
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (until is not None and until(requests)):
                 task = tasks[rng.randrange(len(tasks))]
                 request = Request(time.time(), 0.0, False)
                 requests.append(request)
