@@ -116,7 +116,8 @@ class ProxyApp:
             try:
                 self._authenticate(request)
                 session_id = self._session_id(request)
-                chat = wire.parse_request(await self._json(request))
+                chat = wire.parse_request(await read_json(request, self.options.max_body_bytes,
+                                                          self.options.max_json_depth))
                 if self.observer is not None:
                     self.observer.admit(request.headers)
                 session = self.store.open() if session_id is None else self.store.get(session_id)
@@ -161,17 +162,6 @@ class ProxyApp:
             log.error("recording an answer failed", error=f"{type(exc).__name__}: {exc}")
             raise RequestError(f"the answer could not be recorded ({type(exc).__name__}: {exc}); retry",
                                status=503, kind="api_error") from exc
-
-    async def _json(self, request: Request) -> Any:
-        body = bytearray()
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > self.options.max_body_bytes:
-                raise RequestError(f"the body is over {self.options.max_body_bytes} bytes", status=413)
-        try:
-            return parse_json(bytes(body), self.options.max_json_depth)
-        except ValueError as exc:
-            raise RequestError(f"the body is not valid JSON: {exc}") from None
 
     def _authenticate(self, request: Request) -> None:
         if self.options.api_key is None:
@@ -263,6 +253,19 @@ class ProxyApp:
         """Serve in this event loop (the engine's) until the block ends; yields the base URL."""
         async with serving(self.asgi, self.options.host, self.options.port, "proxy's server") as url:
             yield url
+
+
+async def read_json(request: Request, max_bytes: int, max_depth: int) -> Any:
+    """A request's JSON body, read no further than `max_bytes` (413) and `max_depth` (400)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > max_bytes:
+            raise RequestError(f"the body is over {max_bytes} bytes", status=413)
+    try:
+        return parse_json(bytes(body), max_depth)
+    except ValueError as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
 
 
 def _engine_refusal(error: DataError) -> RequestError:

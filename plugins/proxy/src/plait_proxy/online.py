@@ -59,12 +59,11 @@ from plait.run.steps import evaluate, prepare, publish_policy, train
 from plait.schema import structure
 from plait.trajectory import Trajectory
 from plait.types import ToolError
-from plait_proxy.app import ProxyApp, ServeOptions
+from plait_proxy.app import ProxyApp, ServeOptions, read_json
 from plait_proxy.chat import Completion, RequestError
 from plait_proxy.online_log import Answer, OnlineLog, replay
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import ProxySession, RolloutStore
-from plait_sdk.server import parse_json
 
 log = structlog.get_logger("plait.online")
 T = TypeVar("T")
@@ -158,8 +157,10 @@ class Feedback:
         dropped: list[Answer] = []
         async with self.arrived:
             while True:
-                dropped += [a for a in self.ready if not fresh(a)]
-                self.ready = [a for a in self.ready if fresh(a)]
+                kept: list[Answer] = []
+                for answer in self.ready:
+                    (kept if fresh(answer) else dropped).append(answer)
+                self.ready = kept
                 if len(self.ready) >= count:
                     break
                 await self.arrived.wait()
@@ -274,9 +275,9 @@ class OnlineServer:
         if not isinstance(answer_id, str) or not answer_id:
             raise RequestError("response_id must be the id of a response (its `id`, or the "
                                "x-plait-response-id header)", param="response_id")
-        reward = _number(body, "reward")
-        queued = await self.feedback.reward(_bare_id(answer_id), reward)
-        return JSONResponse({"response_id": _bare_id(answer_id), "accepted": True, "queued": queued})
+        answer_id, reward = _bare_id(answer_id), _number(body, "reward")
+        queued = await self.feedback.reward(answer_id, reward)
+        return JSONResponse({"response_id": answer_id, "accepted": True, "queued": queued})
 
     async def status(self, request: Request) -> Response:
         f = self.feedback
@@ -489,15 +490,7 @@ def _bare_id(answer_id: str) -> str:
 
 
 async def _json_object(request: Request, example: str) -> dict[str, Any]:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw.extend(chunk)
-        if len(raw) > MAX_BODY_BYTES:
-            raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", status=413)
-    try:
-        body = parse_json(bytes(raw), 8)
-    except ValueError as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}") from None
+    body = await read_json(request, MAX_BODY_BYTES, 8)
     if not isinstance(body, dict):
         raise RequestError(f"the body must be a JSON object: {example}")
     return body

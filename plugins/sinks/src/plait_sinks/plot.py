@@ -62,7 +62,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         raise PlaitError(f"{run_dir} has no metrics.jsonl", fix="pass the directory of a run (runs/<name>)")
-    records = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
         raise PlaitError(f"{run_dir}/metrics.jsonl is empty: the run logged no step yet")
     output = Path(output) if output else run_dir / "dashboard.png"
