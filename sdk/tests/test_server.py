@@ -275,6 +275,8 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
     inner = server.app
 
     async def older(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":  # nor does it know the X-Plait-Include extension
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"x-plait-include"]}
         if scope["type"] == "http" and scope["path"].endswith(("/task_tools", "/messages")):
             body = b'{"detail":"Not Found"}'
             await send({"type": "http.response.start", "status": 404,
@@ -296,6 +298,48 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
 
         tools, message = run(go())
     assert tools == ["done", "work"] and message == "n=3 secret="
+
+
+def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> None:
+    server = Server([Slow], options=ServerOptions(setup_wait_s=0.2))
+    seen: list[str] = []
+    inner = server.app
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append(scope["path"])
+        await inner(scope, receive, send)
+
+    server.app = counting
+    include = {"X-Plait-Include": "messages, task_tools"}
+    with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
+        created = client.post("/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "a", **include}).json()
+        assert created["messages"] == client.get("/messages", headers={"X-Session-ID": "a"}).json()
+        assert created["task_tools"] == client.get("/task_tools", headers={"X-Session-ID": "a"}).json()
+        plain = client.post("/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "b"}).json()
+        # what setup cannot give (it failed, or is still running) is left out: the route says why
+        failed = client.post("/create", json={"task_spec": {"n": 0, "fail": True}},
+                             headers={"X-Session-ID": "c", **include})
+        slow = client.post("/create", json={"task_spec": {"n": 0, "setup_s": 1.0}},
+                           headers={"X-Session-ID": "d", **include}).json()
+        assert client.get("/messages", headers={"X-Session-ID": "c"}).status_code == 422
+        seen.clear()
+
+        async def episode() -> tuple[list[str], str, ToolOutput | ToolError]:
+            env = ORSEnvironment(ORSOptions(url=url))
+            session = await env.open({"n": 2})
+            try:
+                tools = [t.name for t in await session.tools()]
+                return tools, (await session.messages())[0].content, await session.call("done", {})
+            finally:
+                await session.close()
+                await env.close()
+
+        tools, message, output = run(episode())
+    assert plain == {"sid": "b"} and failed.status_code == 200 and failed.json() == {"sid": "c"}
+    assert slow == {"sid": "d"}
+    assert tools == ["done", "work"] and message == "n=2 secret=" and isinstance(output, ToolOutput)
+    assert [path for path in seen if path != "/list_environments"] == ["/create", "/slow/call", "/delete"]
 
 
 def test_secrets_arrive_from_the_header_or_the_body() -> None:

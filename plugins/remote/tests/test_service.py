@@ -19,6 +19,31 @@ from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
 from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 
 
+def test_a_connection_to_a_service_is_reused_after_a_training_steps_pause() -> None:
+    """A step's sampling requests reuse the last step's connections: the service keeps them
+    longer than uvicorn's 5 s, the remote engine's client longer than its default 1 s."""
+    from plait_remote.engine import RemoteEngine
+    from plait_sdk.server import serving
+    from plait_server.engine import EngineHTTP
+
+    async def app(scope, receive, send) -> None:  # answers with the port the request came from
+        body = str(scope["client"][1]).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def ports() -> list[str]:
+        async with serving(app, "127.0.0.1", 0) as url:
+            http = EngineHTTP(url, name="service", timeout_s=10, keepalive_s=RemoteEngine.keepalive_s)
+            seen = [(await http.request("GET", "/")).text]
+            await asyncio.sleep(5.5)
+            seen.append((await http.request("GET", "/")).text)
+            await http.aclose()
+            return seen
+
+    first, second = asyncio.run(ports())
+    assert first == second
+
+
 def test_bad_requests_are_refused_with_what_was_wrong(service_url: str, tiny_model: ResolvedModel, tmp_path) -> None:
     vocab = vocab_size(tiny_model)
     prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}

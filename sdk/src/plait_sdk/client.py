@@ -347,9 +347,13 @@ class ORSEnvironment:
                 extra["X-Secrets"] = secrets_header(secrets)
             else:  # ors-sdk's server reads secrets from the body only
                 body["secrets"] = dict(secrets)
+        # plait's servers answer with the session's messages and tools too (others ignore the header)
+        extra["X-Plait-Include"] = "messages,task_tools"
         session = ORSSession(self, sid)
         try:
-            await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
+            created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
+            if isinstance(created, Mapping):
+                session.take_included(created)
         except BaseException:
             await session.close()
             raise
@@ -404,7 +408,15 @@ class ORSSession:
         self.lost: str | None = None  # why the server no longer has this session
         self._tools: list[ToolSpec] | None = None
         self._terminal: ToolSpec | None = None
+        self._first_messages: list[Message] | None = None  # from /create, for the first messages()
         self._pinger: asyncio.Task[None] | None = None
+
+    def take_included(self, created: Mapping[str, Any]) -> None:
+        """Keep what a plait server's /create added (X-Plait-Include), sparing those round trips."""
+        if isinstance(created.get("messages"), list):
+            self._first_messages = [message_from_wire(m) for m in created["messages"]]
+        if isinstance(created.get("task_tools"), Mapping):
+            self._take_listing(created["task_tools"])
 
     async def _request(self, method: str, path: str) -> Any:
         return await self.env.request(method, path, sid=self.sid)
@@ -443,6 +455,9 @@ class ORSSession:
             return None
 
     async def messages(self) -> list[Message]:
+        if self._first_messages is not None:
+            first, self._first_messages = self._first_messages, None
+            return first
         found = await self._optional_route("messages")
         if found is not None:
             return [message_from_wire(m) for m in found]
@@ -452,6 +467,9 @@ class ORSSession:
         listing = await self._optional_route("task_tools")
         if listing is None:
             listing = await self._request("GET", await self.env.path("tools"))
+        self._take_listing(listing)
+
+    def _take_listing(self, listing: Mapping[str, Any]) -> None:
         self._tools = [tool_spec_from_wire(t) for t in listing.get("tools") or []]
         terminal = listing.get("terminal_tool")
         self._terminal = None

@@ -21,6 +21,12 @@ Differences from the official servers, all on purpose:
 - Of concurrent `/create` requests with one session id exactly one wins; the others get 409.
 - Resume tokens (`task_id`) belong to the session that started the call; an unknown one is a 404.
 - `/delete_session` also deletes the session if `/delete` was never called (no leak).
+
+One extension, which plain clients never see: a `/create` with `X-Plait-Include: messages,
+task_tools` waits for the session's setup (up to `setup_wait_s`) and adds what `GET /messages` and
+`GET /task_tools` would answer to its JSON (`"messages"`, `"task_tools"`), saving an episode two
+round trips. What setup could not give in time, or failed to give, is left out, and the client
+asks the route itself (and hears why there).
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ from plait_sdk.types import (
 
 log = structlog.get_logger("plait_sdk.server")
 
+KEEP_ALIVE_S = 60
+"""How long plait's servers keep an idle connection: longer than a training step, so that the
+next step's requests reuse it."""
+INCLUDE_HEADER = "x-plait-include"
+INCLUDABLE = ("messages", "task_tools")
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 ENDPOINTS = ("/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
              "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)")
@@ -255,7 +266,7 @@ async def serving(app: Any, host: str, port: int, name: str = "server") -> Async
             yield
 
     server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                       lifespan="off"))
+                                       lifespan="off", timeout_keep_alive=KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -684,8 +695,25 @@ class Server:
                                     "delete finished ones", {"Retry-After": str(self.options.retry_after_s)})
         opening = asyncio.ensure_future(served.env.open(task, secrets))
         opening.add_done_callback(_consume_exception)
-        self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
-        return {"sid": sid}
+        session = self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
+        wanted = [name.strip() for name in request.headers.get(INCLUDE_HEADER, "").split(",")]
+        return {"sid": sid, **await self._included(session, [name for name in INCLUDABLE if name in wanted])}
+
+    async def _included(self, session: _Session, names: list[str]) -> dict[str, Any]:
+        """The answers of the routes `names` for a new session (the X-Plait-Include extension):
+        none when setup did not finish within setup_wait_s or failed, or a route's answer failed."""
+        if not names:
+            return {}
+        await asyncio.wait((session.opening,), timeout=self.options.setup_wait_s)
+        if not session.opening.done() or session.opening.cancelled() or session.opening.exception():
+            return {}
+        env_session = session.opening.result()
+        answers = {"messages": self._messages_wire, "task_tools": self._tools_wire}
+        try:
+            return {name: await answers[name](env_session) for name in names}
+        except Exception as exc:  # the route reports it when the client asks
+            log.debug("create could not include the routes' answers", sid=session.sid, error=repr(exc))
+            return {}
 
     async def _ping(self, request: _Request, _env_name: str | None) -> Any:
         self._session(request)
@@ -742,7 +770,10 @@ class Server:
         return list_tools_to_wire(shared, terminal, supports)
 
     async def _task_tools(self, request: _Request, env_name: str | None) -> Any:
-        env_session = await self._ready(self._session(request, env_name))
+        return await self._tools_wire(await self._ready(self._session(request, env_name)))
+
+    @staticmethod
+    async def _tools_wire(env_session: EnvSession) -> Any:
         supports = getattr(env_session, "supports_score_group", lambda: False)()
         return list_tools_to_wire(await env_session.tools(), await env_session.terminal_tool(), supports)
 
@@ -751,7 +782,10 @@ class Server:
         return [block_to_wire(b) for b in await env_session.prompt()]
 
     async def _messages(self, request: _Request, env_name: str | None) -> Any:
-        env_session = await self._ready(self._session(request, env_name))
+        return await self._messages_wire(await self._ready(self._session(request, env_name)))
+
+    @staticmethod
+    async def _messages_wire(env_session: EnvSession) -> Any:
         found: list[Message] = await env_session.messages()
         return [message_to_wire(m) for m in found]
 
@@ -801,7 +835,7 @@ class Server:
         # loop and http stay "auto": uvloop and httptools when installed (plait-sdk depends on
         # them where they exist), the pure-Python ones elsewhere.
         return uvicorn.Config(self.app, interface="asgi3", log_level="warning", access_log=False,
-                              timeout_keep_alive=60, **settings)
+                              timeout_keep_alive=KEEP_ALIVE_S, **settings)
 
     def _check_host(self, host: str) -> None:
         if not is_loopback(host) and not self.options.api_key:

@@ -237,11 +237,13 @@ class EngineHTTP:
     """
 
     def __init__(self, base_url: str, *, name: str, timeout_s: float, connect_timeout_s: float = 5.0,
-                 server: LaunchedServer | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 server: LaunchedServer | None = None, headers: Mapping[str, str] | None = None,
+                 keepalive_s: float = 1.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.keepalive_s = keepalive_s
         self.server = server
         self.headers = dict(headers or {})
         self._client: Any = None
@@ -256,8 +258,8 @@ class EngineHTTP:
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s),
                 # Servers drop idle keep-alive connections (uvicorn after 5 s): reusing one the
-                # server is closing loses the request, so let them go sooner.
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0),
+                # server is closing loses the request, so let them go sooner (keepalive_s).
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_s),
             )
             self._loop = loop
         return self._client
@@ -525,6 +527,8 @@ class ServerEngine:
     """
 
     server_name = "server"
+    keepalive_s = 1.0
+    """How long an idle connection to the server is kept for reuse (below the server's own limit)."""
 
     def __init__(self, model: ResolvedModel, options: ServerOptions, seed: int) -> None:
         self.model = model
@@ -559,7 +563,7 @@ class ServerEngine:
     def _client(self, base_url: str, server: LaunchedServer | None) -> EngineHTTP:
         headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
         return EngineHTTP(base_url, name=self.server_name, timeout_s=self.options.control_timeout_s,
-                          server=server, headers=headers)
+                          server=server, headers=headers, keepalive_s=self.keepalive_s)
 
     def _launch(self) -> None:
         self.server, base_url = self.start_server()

@@ -402,6 +402,7 @@ class DiskSync:
         else:
             self.directory = Path(self.options.directory).expanduser()
         self.publisher = WeightPublisher(self.options)
+        self._pruning: asyncio.Future[None] | None = None
 
     def version_dir(self, version: int) -> Path:
         return self.directory / f"v{version}"
@@ -411,6 +412,7 @@ class DiskSync:
 
     async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
         start = time.perf_counter()
+        await self._pruned()
         root = self.version_dir(version)
         await asyncio.to_thread(shutil.rmtree, root, True)
         if self._trainer_writes(trainer):
@@ -437,7 +439,7 @@ class DiskSync:
             for index, engine in enumerate(engines):
                 full = pushes[0].delta is None or engine.weight_version != pushes[0].base_version
                 await self._deliver(index, engine, written[(0, full)], version)
-        self._prune(version)
+        self._prune_later(version)
         return _stats(pushes, version, nbytes, start)
 
     def _trainer_writes(self, trainer: TrainerEngine) -> bool:
@@ -457,7 +459,7 @@ class DiskSync:
         write_manifest(root, [full_weights_entry(version, checksum=None)])
         for index, engine in enumerate(engines):
             await self._deliver(index, engine, root, version)
-        self._prune(version)
+        self._prune_later(version)
         nbytes = written.stat().st_size
         return SyncStats(version=version, bytes=nbytes, seconds=time.perf_counter() - start, delta_fraction=1.0,
                          full_bytes=nbytes)
@@ -473,6 +475,22 @@ class DiskSync:
             return
         for update in await asyncio.to_thread(read_updates, folder):
             await _bounded(engine.apply_weights(update), self.options.timeout_s, index, engine, version)
+
+    async def close(self) -> None:
+        await self._pruned()
+
+    def _prune_later(self, newest: int) -> None:
+        """Delete old versions in the background: freeing a model's file takes tens of
+        milliseconds (measured: 45 ms for 79 MB), which the step need not wait for. The next
+        push, or close, waits for it."""
+        self._pruning = asyncio.ensure_future(asyncio.to_thread(self._prune, newest))
+
+    async def _pruned(self) -> None:
+        pruning, self._pruning = self._pruning, None
+        # one from an event loop that has ended was finished or dropped with it (the next prune
+        # deletes what it left)
+        if pruning is not None and pruning.get_loop() is asyncio.get_running_loop():
+            await pruning
 
     def _prune(self, newest: int) -> None:
         versions = sorted(
