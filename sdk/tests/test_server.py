@@ -342,6 +342,23 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
     assert [path for path in seen if path != "/list_environments"] == ["/create", "/slow/call", "/delete"]
 
 
+def test_a_create_that_timed_out_waiting_for_setup_still_opens_its_session() -> None:
+    # the client gives up on /create (its includes wait for a 1.5 s setup) and sends it again:
+    # the 409 that answers its own session id means the first attempt made the session
+    with Server([Slow]).serve_in_thread() as url:
+        async def go() -> tuple[str, ToolOutput | ToolError]:
+            env = ORSEnvironment(ORSOptions(url=url, request_timeout_s=0.5, backoff_base_s=0.2, max_retries=10))
+            session = await env.open({"n": 1, "setup_s": 1.5})
+            try:
+                return (await session.messages())[0].content, await session.call("done", {})
+            finally:
+                await session.close()
+                await env.close()
+
+        message, output = run(go())
+    assert message == "n=1 secret=" and isinstance(output, ToolOutput) and output.finished
+
+
 def test_secrets_arrive_from_the_header_or_the_body() -> None:
     server = Server([Slow])
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:

@@ -351,7 +351,14 @@ class ORSEnvironment:
         extra["X-Plait-Include"] = "messages,task_tools"
         session = ORSSession(self, sid)
         try:
-            created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
+            try:
+                created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
+            except ServerError as exc:
+                if exc.status != 409:
+                    raise
+                # the id is this call's own (a fresh uuid4): an earlier attempt, whose answer was
+                # lost (e.g. timed out waiting for a slow setup), made the session
+                created = None
             if isinstance(created, Mapping):
                 session.take_included(created)
         except BaseException:
