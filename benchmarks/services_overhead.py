@@ -5,10 +5,13 @@ in-process, and with its trainer in `plait serve trainer`, its inference engine 
 `plait serve inference` (both launched by the run), its environment on an ORS server
 (`plait env serve`) and weights going by disk (the trainer service writes each version where
 the inference service loads it: `sync.method = "disk"`); nothing else differs. The two
-placements alternate `--repeats` times; each run's warm steps (all but the first `--warmup`) give a median step time (`time/total`) and the
-median of each part of it (rollout, verify, train, sync). The ratio is services / in-process (goal 1.2).
+placements alternate `--repeats` times; each run's warm steps (all but the first `--warmup`)
+give a median step time (`time/total`) and the median of each part of it (rollout, verify,
+train, sync). The ratio is services / in-process of the median run medians (goal 1.2); beside it,
+the median ratio of paired steps (step k of a services run against step k of the in-process run
+before it: the same work, as both train identically).
 
-    python benchmarks/services_overhead.py [--config examples/arith_tiny.toml] [--steps 12] [--repeats 2]
+    python benchmarks/services_overhead.py [--config examples/arith_tiny.toml] [--steps 12] [--repeats 8]
 
 Writes benchmarks/results/services_overhead.json.
 """
@@ -86,7 +89,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "arith_tiny.toml")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "services_overhead.json")
     args = parser.parse_args()
 
