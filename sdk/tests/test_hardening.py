@@ -24,6 +24,7 @@ import pytest
 from plait.plugins import get_registry
 from plait_sdk import Environment, Server, Split, TextBlock, ToolOutput, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions
+from plait_sdk.server import _send_json as send_json
 
 
 class Counted(Environment):
@@ -285,9 +286,7 @@ def test_the_client_remembers_that_a_server_has_no_messages_route() -> None:
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"x-plait-include"]}
             requests[scope["path"].rsplit("/", 1)[-1]] += 1
             if scope["path"].endswith(("/messages", "/task_tools")):
-                await send({"type": "http.response.start", "status": 404,
-                            "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": b'{"detail":"Not Found"}'})
+                await send_json(send, 404, b'{"detail":"Not Found"}')
                 return
         await inner(scope, receive, send)
 

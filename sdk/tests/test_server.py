@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ from plait.plugins import build
 from plait.types import ToolError, ToolOutput
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions, ServerError, retry_after_seconds
+from plait_sdk.server import _send_json as send_json
 
 CALLS: list[str] = []
 TEARDOWNS: list[int] = []
@@ -278,10 +280,7 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
         if scope["type"] == "http":  # nor does it know the X-Plait-Include extension
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"x-plait-include"]}
         if scope["type"] == "http" and scope["path"].endswith(("/task_tools", "/messages")):
-            body = b'{"detail":"Not Found"}'
-            await send({"type": "http.response.start", "status": 404,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": body})
+            await send_json(send, 404, b'{"detail":"Not Found"}')
             return
         await inner(scope, receive, send)
 
@@ -330,7 +329,9 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
             session = await env.open({"n": 2})
             try:
                 tools = [t.name for t in await session.tools()]
-                return tools, (await session.messages())[0].content, await session.call("done", {})
+                message, output = (await session.messages())[0].content, await session.call("done", {})
+                await session.messages()  # after a call: asked anew
+                return tools, message, output
             finally:
                 await session.close()
                 await env.close()
@@ -339,7 +340,46 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
     assert plain == {"sid": "b"} and failed.status_code == 200 and failed.json() == {"sid": "c"}
     assert slow == {"sid": "d"}
     assert tools == ["done", "work"] and message == "n=2 secret=" and isinstance(output, ToolOutput)
-    assert [path for path in seen if path != "/list_environments"] == ["/create", "/slow/call", "/delete"]
+    assert [path for path in seen if path != "/list_environments"] == [
+        "/create", "/slow/call", "/slow/messages", "/delete"]
+
+
+def test_a_session_deleted_while_create_waits_for_setup_gets_no_includes() -> None:
+    with Server([Slow]).serve_in_thread() as url, httpx.Client(base_url=url, timeout=10) as client:
+        def create() -> Any:
+            return client.post("/create", json={"task_spec": {"n": 1, "setup_s": 0.6}},
+                               headers={"X-Session-ID": "gone", "X-Plait-Include": "messages,task_tools"})
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            creating = pool.submit(create)
+            time.sleep(0.2)
+            deleted = client.post("/delete", headers={"X-Session-ID": "gone"})
+            created = creating.result()
+    assert deleted.status_code == 200 and created.status_code == 200 and created.json() == {"sid": "gone"}
+
+
+def test_a_409_to_a_first_create_is_an_error_not_a_session() -> None:
+    server = Server([Slow])
+    inner = server.app
+
+    async def conflicting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/create":
+            await send_json(send, 409, b'{"detail":"taken"}')
+            return
+        await inner(scope, receive, send)
+
+    server.app = conflicting
+    with server.serve_in_thread() as url:
+        async def go() -> None:
+            env = ORSEnvironment(ORSOptions(url=url))
+            try:
+                await env.open({"n": 0})
+            finally:
+                await env.close()
+
+        with pytest.raises(ServerError, match="409") as raised:
+            run(go())
+    assert raised.value.status == 409
 
 
 def test_a_create_that_timed_out_waiting_for_setup_still_opens_its_session() -> None:

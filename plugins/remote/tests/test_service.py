@@ -22,7 +22,7 @@ from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 def test_a_connection_to_a_service_is_reused_after_a_training_steps_pause() -> None:
     """A step's sampling requests reuse the last step's connections: the service keeps them
     longer than uvicorn's 5 s, the remote engine's client longer than its default 1 s."""
-    from plait_remote.engine import RemoteEngine
+    from plait_remote.options import RemoteOptions
     from plait_sdk.server import serving
     from plait_server.engine import EngineHTTP
 
@@ -33,10 +33,11 @@ def test_a_connection_to_a_service_is_reused_after_a_training_steps_pause() -> N
 
     async def ports() -> list[str]:
         async with serving(app, "127.0.0.1", 0) as url:
-            http = EngineHTTP(url, name="service", timeout_s=10, keepalive_s=RemoteEngine.keepalive_s)
-            seen = [(await http.request("GET", "/")).text]
+            http = EngineHTTP(url, name="service", timeout_s=10, keepalive_s=RemoteOptions().keepalive_s)
+            # POST, as sampling does (aiohttp sends a GET again by itself on a connection found closed)
+            seen = [(await http.request("POST", "/", json={})).text]
             await asyncio.sleep(5.5)
-            seen.append((await http.request("GET", "/")).text)
+            seen.append((await http.request("POST", "/", json={})).text)
             await http.aclose()
             return seen
 

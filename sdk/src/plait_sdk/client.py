@@ -12,8 +12,10 @@ that honour `Retry-After` (429, 502, 503 — also the 503 "starting" answer whil
 and connection errors), and fall-backs for older servers (`/task_tools` -> `/tools`,
 `/messages` -> `/prompt`, secrets in the body for servers without `/version`). It also enforces
 the finished latch itself, because ors-sdk servers do not. Session ids are made here (the
-protocol leaves them to the client), so an episode costs five requests: /create, /messages,
-/task_tools, /call, /delete.
+protocol leaves them to the client), and plait's servers answer `/create` with the session's
+messages and tools (`X-Plait-Include`, which other servers ignore), so a one-turn episode costs
+three requests there (/create, /call, /delete) and five elsewhere (/messages and /task_tools too).
+A 409 answering a retried /create means the first attempt made the session.
 
 The HTTP client is aiohttp rather than httpx: measured against plait's own server, httpx spent
 13 ms of CPU per episode, aiohttp 2.5 ms.
@@ -186,8 +188,10 @@ class ORSEnvironment:
         await asyncio.sleep(max(delay, retry_after or 0.0))
 
     async def request(self, method: str, path: str, *, sid: str | None = None, body: Any = None,
-                      extra_headers: Mapping[str, str] | None = None) -> Any:
-        """One JSON request with retries; raises ServerError with the server's own message."""
+                      extra_headers: Mapping[str, str] | None = None, conflict_after_retry: Any = None) -> Any:
+        """One JSON request with retries; raises ServerError with the server's own message.
+        A 409 answering a retry returns `conflict_after_retry` when given: an earlier attempt,
+        whose answer was lost, did what was asked."""
         attempt = 0
         started = time.monotonic()
         while True:
@@ -201,6 +205,8 @@ class ORSEnvironment:
             else:
                 if answer.status < 400:
                     return answer.json()
+                if answer.status == 409 and attempt and conflict_after_retry is not None:
+                    return conflict_after_retry
                 failure = f"HTTP {answer.status}: {answer.detail()}"
                 retry_after, starting = self._retryable(method, path, answer, started)
                 if starting:
@@ -351,14 +357,10 @@ class ORSEnvironment:
         extra["X-Plait-Include"] = "messages,task_tools"
         session = ORSSession(self, sid)
         try:
-            try:
-                created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra)
-            except ServerError as exc:
-                if exc.status != 409:
-                    raise
-                # the id is this call's own (a fresh uuid4): an earlier attempt, whose answer was
-                # lost (e.g. timed out waiting for a slow setup), made the session
-                created = None
+            # the id is this call's own (a fresh uuid4): a 409 answering a retry means an earlier
+            # attempt made the session, its answer lost (e.g. timed out waiting for a slow setup)
+            created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra,
+                                         conflict_after_retry={"sid": sid})
             if isinstance(created, Mapping):
                 session.take_included(created)
         except BaseException:
@@ -504,6 +506,7 @@ class ORSSession:
             return ToolError(f"{name!r} was not run: the server lost the session ({self.lost})", "exception")
         if not isinstance(input, Mapping):
             return ToolError(f"tool input must be a JSON object, got {type(input).__name__}", "input_validation")
+        self._first_messages = None  # a call may change what the session's messages are
         try:
             text = await self._stream("call", {"name": name, "input": dict(input)})
             result = run_tool_result_from_wire(json.loads(text))

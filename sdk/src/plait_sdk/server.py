@@ -89,7 +89,8 @@ class ServerOptions:
     """A session without any request (pings included) for this long is deleted."""
     reaper_interval_s: float = 5.0
     setup_wait_s: float = 25.0
-    """How long /prompt, /messages, /task_tools and /call wait for setup before answering 503."""
+    """How long /prompt, /messages, /task_tools and /call wait for setup before answering 503 (and
+    /create with X-Plait-Include before answering without the includes)."""
     retry_after_s: int = 2
     ping_interval_s: float = 10.0
     """SSE keep-alive comment interval while a tool runs."""
@@ -705,7 +706,8 @@ class Server:
         if not names:
             return {}
         await asyncio.wait((session.opening,), timeout=self.options.setup_wait_s)
-        if not session.opening.done() or session.opening.cancelled() or session.opening.exception():
+        if (session.deleted or not session.opening.done() or session.opening.cancelled()
+                or session.opening.exception()):
             return {}
         env_session = session.opening.result()
         answers = {"messages": self._messages_wire, "task_tools": self._tools_wire}

@@ -501,6 +501,10 @@ class ServerOptions:
     """Deadline of one sampling request."""
     control_timeout_s: float = attrs.field(default=120.0, validator=positive)
     """Deadline of pause, resume, weight loading and other control calls."""
+    keepalive_s: float = attrs.field(default=1.0, validator=positive)
+    """How long an idle connection to the server is kept for the next request; keep it under the
+    server's own idle limit (uvicorn's, vLLM's and SGLang's: 5 s), or a request sent as the
+    server closes the connection is lost."""
     pause_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
     """How long `sample` waits while the engine is paused (None = until resume)."""
     log_path: str | None = None
@@ -527,8 +531,6 @@ class ServerEngine:
     """
 
     server_name = "server"
-    keepalive_s = 1.0
-    """How long an idle connection to the server is kept for reuse (below the server's own limit)."""
 
     def __init__(self, model: ResolvedModel, options: ServerOptions, seed: int) -> None:
         self.model = model
@@ -563,7 +565,7 @@ class ServerEngine:
     def _client(self, base_url: str, server: LaunchedServer | None) -> EngineHTTP:
         headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
         return EngineHTTP(base_url, name=self.server_name, timeout_s=self.options.control_timeout_s,
-                          server=server, headers=headers, keepalive_s=self.keepalive_s)
+                          server=server, headers=headers, keepalive_s=self.options.keepalive_s)
 
     def _launch(self) -> None:
         self.server, base_url = self.start_server()

@@ -494,7 +494,8 @@ class DiskSync:
 
     def _prune(self, newest: int) -> None:
         versions = sorted(
-            int(p.name[1:]) for p in self.directory.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) != newest
+            # older ones only: a push that started meanwhile may be writing a newer one
+            int(p.name[1:]) for p in self.directory.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) < newest
         )
         for old in versions[: max(0, len(versions) - (self.options.keep - 1))]:
             shutil.rmtree(self.version_dir(old), ignore_errors=True)

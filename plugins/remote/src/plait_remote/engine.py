@@ -31,9 +31,6 @@ class RemoteEngine(ServerEngine):
     """`plait.protocols.InferenceEngine` (plus `DiskWeightLoader`) on a `plait serve inference` service."""
 
     server_name = "plait inference service"
-    # plait's services keep idle connections 60 s (plait_sdk.server.serving): a step's requests
-    # reuse the last step's connections rather than opening one each
-    keepalive_s = 30.0
     options: RemoteOptions
 
     def __init__(self, model: ResolvedModel, *, options: RemoteOptions | None = None, seed: int = 0) -> None:

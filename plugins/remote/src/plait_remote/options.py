@@ -38,6 +38,10 @@ class RemoteOptions(ServerOptions):
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     """That engine's options (its `inference.options`)."""
     ray: RayPlacement | None = None
+    keepalive_s: float = attrs.field(default=30.0, validator=positive)
+    """How long an idle connection to the service is kept: plait's services keep theirs 60 s, so
+    a step's requests reuse the last step's connections (with 1 s, every step opened one per
+    request). Behind anything that drops idle connections sooner (uvicorn's default: 5 s), set it below that."""
 
 
 @attrs.frozen
