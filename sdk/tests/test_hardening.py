@@ -25,6 +25,7 @@ from plait.plugins import get_registry
 from plait_sdk import Environment, Server, Split, TextBlock, ToolOutput, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions
 from plait_sdk.server import _send_json as send_json
+from plait_sdk.types import INCLUDE_HEADER
 
 
 class Counted(Environment):
@@ -283,7 +284,7 @@ def test_the_client_remembers_that_a_server_has_no_messages_route() -> None:
     async def without_messages(scope: Any, receive: Any, send: Any) -> None:  # like an ors-sdk server
         if scope["type"] == "http":
             # nor the X-Plait-Include extension, which would answer these on /create
-            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"x-plait-include"]}
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()]}
             requests[scope["path"].rsplit("/", 1)[-1]] += 1
             if scope["path"].endswith(("/messages", "/task_tools")):
                 await send_json(send, 404, b'{"detail":"Not Found"}')

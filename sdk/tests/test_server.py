@@ -25,6 +25,7 @@ from plait.types import ToolError, ToolOutput
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions, ServerError, retry_after_seconds
 from plait_sdk.server import _send_json as send_json
+from plait_sdk.types import INCLUDE_HEADER
 
 CALLS: list[str] = []
 TEARDOWNS: list[int] = []
@@ -278,7 +279,7 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
 
     async def older(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":  # nor does it know the X-Plait-Include extension
-            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"x-plait-include"]}
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()]}
         if scope["type"] == "http" and scope["path"].endswith(("/task_tools", "/messages")):
             await send_json(send, 404, b'{"detail":"Not Found"}')
             return

@@ -45,6 +45,8 @@ from plait.errors import EnvironmentError_
 from plait.types import Block, Message, Split, ToolError, ToolOutput, ToolSpec
 from plait_sdk import sse
 from plait_sdk.types import (
+    INCLUDABLE,
+    INCLUDE_HEADER,
     TerminalToolSpec,
     block_from_wire,
     message_from_wire,
@@ -354,7 +356,7 @@ class ORSEnvironment:
             else:  # ors-sdk's server reads secrets from the body only
                 body["secrets"] = dict(secrets)
         # plait's servers answer with the session's messages and tools too (others ignore the header)
-        extra["X-Plait-Include"] = "messages,task_tools"
+        extra[INCLUDE_HEADER] = ",".join(INCLUDABLE)
         session = ORSSession(self, sid)
         try:
             # the id is this call's own (a fresh uuid4): a 409 answering a retry means an earlier

@@ -59,6 +59,8 @@ from plait_sdk import sse
 from plait_sdk.environment import Environment
 from plait_sdk.local import LocalEnvironment
 from plait_sdk.types import (
+    INCLUDABLE,
+    INCLUDE_HEADER,
     block_to_wire,
     dumps,
     list_tools_to_wire,
@@ -72,8 +74,6 @@ log = structlog.get_logger("plait_sdk.server")
 KEEP_ALIVE_S = 60
 """How long plait's servers keep an idle connection: longer than a training step, so that the
 next step's requests reuse it."""
-INCLUDE_HEADER = "x-plait-include"
-INCLUDABLE = ("messages", "task_tools")
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 ENDPOINTS = ("/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
              "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)")
@@ -697,7 +697,7 @@ class Server:
         opening = asyncio.ensure_future(served.env.open(task, secrets))
         opening.add_done_callback(_consume_exception)
         session = self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
-        wanted = [name.strip() for name in request.headers.get(INCLUDE_HEADER, "").split(",")]
+        wanted = [name.strip() for name in request.headers.get(INCLUDE_HEADER.lower(), "").split(",")]
         return {"sid": sid, **await self._included(session, [name for name in INCLUDABLE if name in wanted])}
 
     async def _included(self, session: _Session, names: list[str]) -> dict[str, Any]:

@@ -35,6 +35,9 @@ Blocks = Sequence[Block]
 SPLIT_TYPES: tuple[Literal["train", "validation", "test"], ...] = ("train", "validation", "test")
 # Block types this SDK accepts in messages (advertised as ListToolsOutput.message_block_types).
 MESSAGE_BLOCK_TYPES = ("text", "image")
+# plait's extension of /create: the routes whose answers it adds for a new session (plait_sdk.server).
+INCLUDE_HEADER = "X-Plait-Include"
+INCLUDABLE = ("messages", "task_tools")
 
 
 @attrs.frozen
