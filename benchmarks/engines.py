@@ -33,7 +33,7 @@ from pathlib import Path
 import engine_bench as common
 import numpy as np
 
-OFFLINE = '''
+OFFLINE = """
 import json, sys, time
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
@@ -56,13 +56,15 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def vllm_python(args: argparse.Namespace) -> str:
     python = args.vllm_python or str(common.vllm_venv() / "bin" / "python")
     if not Path(python).is_file():
-        raise SystemExit(f"no vLLM interpreter at {python}: run scripts/ci/vllm.sh or pass --vllm-python")
+        raise SystemExit(
+            f"no vLLM interpreter at {python}: run scripts/ci/vllm.sh or pass --vllm-python"
+        )
     return python
 
 
@@ -71,18 +73,27 @@ def run_offline(python: str, spec: dict) -> dict:
         (Path(tmp) / "offline.py").write_text(OFFLINE)
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(spec["kv_cache_gib"]), "PYTHONPATH": ""}
-        done = subprocess.run([python, str(Path(tmp) / "offline.py"), str(Path(tmp) / "spec.json")],
-                              capture_output=True, text=True, env=env, timeout=3600)
+        done = subprocess.run(
+            [python, str(Path(tmp) / "offline.py"), str(Path(tmp) / "spec.json")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=3600,
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"vLLM offline run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def summarize(seconds: list[float], tokens: list[int]) -> dict:
     rates = [t / s for t, s in zip(tokens, seconds, strict=True)]
-    return {"tokens_per_s_median": common.median(rates), "tokens_per_s": rates, "seconds": seconds,
-            "tokens_per_run": tokens[0]}
+    return {
+        "tokens_per_s_median": common.median(rates),
+        "tokens_per_s": rates,
+        "seconds": seconds,
+        "tokens_per_run": tokens[0],
+    }
 
 
 def main() -> None:
@@ -95,7 +106,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--kv-cache-gib", type=int, default=1)
-    parser.add_argument("--vllm-python", default=None, help="python of the vLLM venv (default $PLAIT_VLLM_VENV)")
+    parser.add_argument(
+        "--vllm-python", default=None, help="python of the vLLM venv (default $PLAIT_VLLM_VENV)"
+    )
     args = parser.parse_args()
 
     from plait.types import ModelInput, SamplingParams
@@ -107,19 +120,29 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, vocab, size=args.prompt_len).tolist() for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.new_tokens, stop=[], temperature=1.0, seed=0)
-    spec = {"model": str(model.path), "prompts": prompts, "samples": args.samples, "new_tokens": args.new_tokens,
-            "repeats": args.repeats, "max_model_len": args.max_model_len, "kv_cache_gib": args.kv_cache_gib}
+    spec = {
+        "model": str(model.path),
+        "prompts": prompts,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "max_model_len": args.max_model_len,
+        "kv_cache_gib": args.kv_cache_gib,
+    }
 
     print("vllm offline ...", flush=True)
     offline = summarize(**run_offline(python, spec))
 
     async def through(engine) -> tuple[list[float], list[int]]:
         async def once() -> int:
-            responses = await asyncio.gather(*[engine.sample(ModelInput.from_ints(p), args.samples, params)
-                                               for p in prompts])
+            responses = await asyncio.gather(
+                *[engine.sample(ModelInput.from_ints(p), args.samples, params) for p in prompts]
+            )
             return sum(len(s.tokens) for r in responses for s in r.sequences)
 
-        await engine.sample(ModelInput.from_ints(prompts[0]), 1, params)  # warm-up (and server start)
+        await engine.sample(
+            ModelInput.from_ints(prompts[0]), 1, params
+        )  # warm-up (and server start)
         seconds, tokens = [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
@@ -132,8 +155,16 @@ def main() -> None:
     from plait_vllm.options import VLLMOptions
 
     async def plait_vllm() -> tuple[list[float], list[int]]:
-        engine = VLLMEngine(model, options=VLLMOptions(python=python, dtype="float32", max_model_len=args.max_model_len,
-                                                       kv_cache_gib=args.kv_cache_gib), seed=0)
+        engine = VLLMEngine(
+            model,
+            options=VLLMOptions(
+                python=python,
+                dtype="float32",
+                max_model_len=args.max_model_len,
+                kv_cache_gib=args.kv_cache_gib,
+            ),
+            seed=0,
+        )
         try:
             return await through(engine)
         finally:
@@ -146,8 +177,13 @@ def main() -> None:
     from plait_torch.options import TorchInferenceOptions
 
     async def plait_torch() -> tuple[list[float], list[int]]:
-        engine = TorchInferenceEngine(model, options=TorchInferenceOptions(
-            threads=args.threads, max_batch_size=args.prompts * args.samples), seed=0)
+        engine = TorchInferenceEngine(
+            model,
+            options=TorchInferenceOptions(
+                threads=args.threads, max_batch_size=args.prompts * args.samples
+            ),
+            seed=0,
+        )
         try:
             return await through(engine)
         finally:
@@ -156,13 +192,26 @@ def main() -> None:
     torch_side = summarize(*asyncio.run(plait_torch()))
 
     result = {
-        "benchmark": "engines", "model": model.name, "machine": common.machine(),
-        "workload": {"prompts": args.prompts, "samples_per_prompt": args.samples, "prompt_len": args.prompt_len,
-                     "new_tokens": args.new_tokens, "temperature": 1.0, "logprobs": "sampled token",
-                     "dtype": "float32", "repeats": args.repeats},
-        "vllm_offline": offline, "plait_vllm": served, "plait_torch": torch_side,
-        "ratio_plait_vllm_over_vllm_offline": served["tokens_per_s_median"] / offline["tokens_per_s_median"],
-        "ratio_plait_vllm_over_plait_torch": served["tokens_per_s_median"] / torch_side["tokens_per_s_median"],
+        "benchmark": "engines",
+        "model": model.name,
+        "machine": common.machine(),
+        "workload": {
+            "prompts": args.prompts,
+            "samples_per_prompt": args.samples,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "temperature": 1.0,
+            "logprobs": "sampled token",
+            "dtype": "float32",
+            "repeats": args.repeats,
+        },
+        "vllm_offline": offline,
+        "plait_vllm": served,
+        "plait_torch": torch_side,
+        "ratio_plait_vllm_over_vllm_offline": served["tokens_per_s_median"]
+        / offline["tokens_per_s_median"],
+        "ratio_plait_vllm_over_plait_torch": served["tokens_per_s_median"]
+        / torch_side["tokens_per_s_median"],
     }
     path = common.write("engines", args, result)
     print(json.dumps({k: v for k, v in result.items() if k.startswith("ratio")}, indent=2))

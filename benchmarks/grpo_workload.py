@@ -55,8 +55,12 @@ def write_tasks(path: Path, count: int, split: str = "train") -> Path:
             session = await env.open(task)
             messages = await session.messages()
             await session.close()
-            rows.append({"messages": [{"role": m.role, "content": m.content} for m in messages],
-                         "answer": task["answer"]})
+            rows.append(
+                {
+                    "messages": [{"role": m.role, "content": m.content} for m in messages],
+                    "answer": task["answer"],
+                }
+            )
         return rows
 
     path.write_text("".join(json.dumps(row) + "\n" for row in asyncio.run(tasks())))
@@ -84,7 +88,7 @@ engine = "torch"
 
 [env]
 name = "math.arith"
-options = {{ preset = "{ENV_OPTIONS['preset']}", seed = {SEED} }}
+options = {{ preset = "{ENV_OPTIONS["preset"]}", seed = {SEED} }}
 
 [rl]
 steps = {steps}
@@ -113,7 +117,12 @@ def plait_command(config: Path, threads: int | None, overrides: Sequence[str] = 
     threads when given, and `overrides` (KEY=VALUE) applied."""
     command = [str(Path(sys.executable).parent / "plait"), "run", str(config), "--no-resume"]
     if threads:
-        command += ["-s", f"trainer.options.threads={threads}", "-s", f"inference.options.threads={threads}"]
+        command += [
+            "-s",
+            f"trainer.options.threads={threads}",
+            "-s",
+            f"inference.options.threads={threads}",
+        ]
     for override in overrides:
         command += ["-s", override]
     return command
@@ -125,5 +134,7 @@ def plait_steps(run_dir: Path, steps: int) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trained = sorted((r for r in rows if "time/total" in r), key=lambda r: r["step"])
     if len(trained) != steps:
-        raise SystemExit(f"plait logged {len(trained)} training steps in {run_dir}, expected {steps}")
+        raise SystemExit(
+            f"plait logged {len(trained)} training steps in {run_dir}, expected {steps}"
+        )
     return trained

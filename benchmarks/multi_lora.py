@@ -41,8 +41,13 @@ API_KEY = "tml-bench"
 
 
 def serve(storage: Path, model: str) -> tuple[str, TinkerApp, threading.Event]:
-    config = structure(TinkerServerConfig, {"models": {BASE: {"model": model}},
-                                            "tenants": [{"name": "bench", "api_key": API_KEY, "max_training_runs": 64}]})
+    config = structure(
+        TinkerServerConfig,
+        {
+            "models": {BASE: {"model": model}},
+            "tenants": [{"name": "bench", "api_key": API_KEY, "max_training_runs": 64}],
+        },
+    )
     app = build_app(config, storage)
     started, stop, url = threading.Event(), threading.Event(), []
 
@@ -63,13 +68,21 @@ def run_data(seed: int, batch: int, lengths: tuple[int, int]) -> list[tinker.typ
     rng = np.random.default_rng(seed)
     data = []
     for _ in range(batch):
-        tokens = rng.integers(100, 20000, size=int(rng.integers(lengths[0], lengths[1] + 1))).tolist()
-        data.append(tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-                                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}))
+        tokens = rng.integers(
+            100, 20000, size=int(rng.integers(lengths[0], lengths[1] + 1))
+        ).tolist()
+        data.append(
+            tinker.types.Datum(
+                model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+            )
+        )
     return data
 
 
-def client(url: str, seed: int, steps: int, batch: int, lengths: tuple[int, int], start: Any, results: Any) -> None:
+def client(
+    url: str, seed: int, steps: int, batch: int, lengths: tuple[int, int], start: Any, results: Any
+) -> None:
     """One user's training program, in a process of its own: returns (seed, losses, start and end
     time of its training) through `results`; creating the run happens before `start`."""
     data = run_data(seed, batch, lengths)
@@ -84,24 +97,38 @@ def client(url: str, seed: int, steps: int, batch: int, lengths: tuple[int, int]
         results.put((seed, losses, began, time.time(), time.process_time() - cpu))
 
 
-def measure(url: str, runs: int, steps: int, batch: int, lengths: tuple[int, int], together: bool) -> dict[str, Any]:
+def measure(
+    url: str, runs: int, steps: int, batch: int, lengths: tuple[int, int], together: bool
+) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     groups = [list(range(runs))] if together else [[seed] for seed in range(runs)]
     finished = []
     for group in groups:
         start = context.Barrier(len(group))
-        processes = [context.Process(target=client, args=(url, seed, steps, batch, lengths, start, results)) for seed in group]
+        processes = [
+            context.Process(target=client, args=(url, seed, steps, batch, lengths, start, results))
+            for seed in group
+        ]
         for process in processes:
             process.start()
         finished.append([results.get(timeout=1800) for _ in group])
         for process in processes:
             process.join()
-    seconds = sum(max(item[3] for item in done) - min(item[2] for item in done) for done in finished)
+    seconds = sum(
+        max(item[3] for item in done) - min(item[2] for item in done) for done in finished
+    )
     curves = [item[1] for item in sorted(item for done in finished for item in done)]
-    tokens = runs * steps * sum(len(d.model_input.to_ints()) for d in run_data(0, batch, lengths))  # about: run 0's size
+    tokens = (
+        runs * steps * sum(len(d.model_input.to_ints()) for d in run_data(0, batch, lengths))
+    )  # about: run 0's size
     client_cpu = sum(item[4] for done in finished for item in done)
-    return {"seconds": seconds, "curves": curves, "tokens_per_s": tokens / seconds, "client_cpu_seconds": client_cpu}
+    return {
+        "seconds": seconds,
+        "curves": curves,
+        "tokens_per_s": tokens / seconds,
+        "client_cpu_seconds": client_cpu,
+    }
 
 
 def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> dict[str, Any]:
@@ -111,22 +138,37 @@ def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> d
             batcher = app.service.batchers[BASE]
             passes, calls = batcher.passes, batcher.calls
             result = measure(url, args.runs, args.steps, batch, tuple(args.tokens), together)
-            result.update(mode="at once" if together else "one after another",
-                          passes=batcher.passes - passes, calls=batcher.calls - calls)
-            print(f"batch {batch:>2} {result['mode']:>18}: {result['seconds']:6.1f} s  {result['tokens_per_s']:7.0f} "
-                  f"tokens/s  {result['calls']} forward_backward calls in {result['passes']} passes; the clients "
-                  f"used {result['client_cpu_seconds']:.1f} CPU s", flush=True)
+            result.update(
+                mode="at once" if together else "one after another",
+                passes=batcher.passes - passes,
+                calls=batcher.calls - calls,
+            )
+            print(
+                f"batch {batch:>2} {result['mode']:>18}: {result['seconds']:6.1f} s  {result['tokens_per_s']:7.0f} "
+                f"tokens/s  {result['calls']} forward_backward calls in {result['passes']} passes; the clients "
+                f"used {result['client_cpu_seconds']:.1f} CPU s",
+                flush=True,
+            )
             rounds.append(result)
     serial = [r for r in rounds if r["mode"] == "one after another"]
     concurrent = [r for r in rounds if r["mode"] == "at once"]
-    gaps = [abs(a - b) / abs(b) for c, s in zip(concurrent, serial, strict=True)
-            for run_c, run_s in zip(c["curves"], s["curves"], strict=True) for a, b in zip(run_c, run_s, strict=True)]
+    gaps = [
+        abs(a - b) / abs(b)
+        for c, s in zip(concurrent, serial, strict=True)
+        for run_c, run_s in zip(c["curves"], s["curves"], strict=True)
+        for a, b in zip(run_c, run_s, strict=True)
+    ]
     return {
         "datums_per_call": batch,
-        "throughput_ratio_at_once_vs_one_after_another":
-            sum(r["seconds"] for r in serial) / sum(r["seconds"] for r in concurrent),
-        "per_repeat_ratio": [s["seconds"] / c["seconds"] for s, c in zip(serial, concurrent, strict=True)],
-        "seconds": {"one_after_another": [r["seconds"] for r in serial], "at_once": [r["seconds"] for r in concurrent]},
+        "throughput_ratio_at_once_vs_one_after_another": sum(r["seconds"] for r in serial)
+        / sum(r["seconds"] for r in concurrent),
+        "per_repeat_ratio": [
+            s["seconds"] / c["seconds"] for s, c in zip(serial, concurrent, strict=True)
+        ],
+        "seconds": {
+            "one_after_another": [r["seconds"] for r in serial],
+            "at_once": [r["seconds"] for r in concurrent],
+        },
         "runs_per_pass_at_once": statistics.fmean(r["calls"] / r["passes"] for r in concurrent),
         "loss_curves_max_relative_gap": max(gaps),
         "rounds": [{k: v for k, v in r.items() if k != "curves"} for r in rounds],
@@ -138,10 +180,18 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-qwen3", help="a plait model name (plait models)")
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="datums per forward_backward call")
+    parser.add_argument(
+        "--batch", type=int, nargs="+", default=[1, 8], help="datums per forward_backward call"
+    )
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--tokens", type=int, nargs=2, default=[32, 63], metavar=("MIN", "MAX"),
-                        help="tokens per datum (short ones leave more of a pass to share)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs=2,
+        default=[32, 63],
+        metavar=("MIN", "MAX"),
+        help="tokens per datum (short ones leave more of a pass to share)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as storage:
         url, app, stop = serve(Path(storage), args.model)
@@ -152,15 +202,21 @@ def main() -> None:
         "what": __doc__.split("\n\n")[0],
         "settings": vars(args) | {"lora_rank": 8, "loss": "cross_entropy"},
         "by_datums_per_call": by_batch,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+        },
     }
     suffix = "" if args.tokens == [32, 63] else f"_tokens{args.tokens[0]}-{args.tokens[1]}"
     (RESULTS / f"multi_lora_{args.model}{suffix}.json").write_text(json.dumps(summary, indent=1))
     for result in by_batch:
-        print(f"{result['datums_per_call']} datums per call: at once / one after another "
-              f"{result['throughput_ratio_at_once_vs_one_after_another']:.2f}x throughput, "
-              f"{result['runs_per_pass_at_once']:.1f} runs per pass; loss curves differ by at most "
-              f"{result['loss_curves_max_relative_gap']:.1e} (relative)")
+        print(
+            f"{result['datums_per_call']} datums per call: at once / one after another "
+            f"{result['throughput_ratio_at_once_vs_one_after_another']:.2f}x throughput, "
+            f"{result['runs_per_pass_at_once']:.1f} runs per pass; loss curves differ by at most "
+            f"{result['loss_curves_max_relative_gap']:.1e} (relative)"
+        )
 
 
 if __name__ == "__main__":

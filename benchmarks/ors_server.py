@@ -53,10 +53,18 @@ def free_port() -> int:
 
 def start(python: str, sdk: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1", "ORS_USE_STRUCTURED_LOGS": "0",
-           "NO_PROXY": "127.0.0.1"}
-    process = subprocess.Popen([python, str(SERVE), sdk, str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=env)
+    env = {
+        **os.environ,
+        "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+        "ORS_USE_STRUCTURED_LOGS": "0",
+        "NO_PROXY": "127.0.0.1",
+    }
+    process = subprocess.Popen(
+        [python, str(SERVE), sdk, str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -85,7 +93,9 @@ def episode_task(n: int) -> dict[str, str]:
 TOOL_CALLS = (("hint", {}), ("note", {"text": "x"}), ("answer", None))  # None: the task's answer
 
 
-async def plait_episodes(env: ORSEnvironment, count: int, offset: int, latencies: list[float]) -> None:
+async def plait_episodes(
+    env: ORSEnvironment, count: int, offset: int, latencies: list[float]
+) -> None:
     for i in range(count):
         task = episode_task(offset + i)
         session = await env.open(task)
@@ -93,7 +103,9 @@ async def plait_episodes(env: ORSEnvironment, count: int, offset: int, latencies
             await session.prompt()
             for name, args in TOOL_CALLS:
                 started = time.perf_counter()
-                result = await session.call(name, args if args is not None else {"answer": task["answer"]})
+                result = await session.call(
+                    name, args if args is not None else {"answer": task["answer"]}
+                )
                 latencies.append(time.perf_counter() - started)
                 if not hasattr(result, "blocks"):
                     raise RuntimeError(f"{name} failed: {result}")
@@ -110,17 +122,28 @@ class RawConnection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, *, sid: str | None = None, body: Any = None) -> bytes:
+    async def request(
+        self, method: str, path: str, *, sid: str | None = None, body: Any = None
+    ) -> bytes:
         if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-            self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.writer.get_extra_info("socket").setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+            )
         payload = b"" if body is None else json.dumps(body).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n" + (f"X-Session-ID: {sid}\r\n" if sid else "") + "\r\n")
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n"
+            + (f"X-Session-ID: {sid}\r\n" if sid else "")
+            + "\r\n"
+        )
         self.writer.write(head.encode() + payload)
         lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        headers = {
+            k.strip().lower(): v.strip()
+            for k, _, v in (line.partition(":") for line in lines[1:] if line)
+        }
         if "content-length" in headers:
             data = await self.reader.readexactly(int(headers["content-length"]))
         else:  # chunked (the SSE answers)
@@ -152,20 +175,30 @@ def sse_result(stream: bytes) -> Any:
     return json.loads("".join(pieces))
 
 
-async def raw_episodes(connection: RawConnection, env_name: str, count: int, offset: int,
-                       latencies: list[float]) -> None:
+async def raw_episodes(
+    connection: RawConnection, env_name: str, count: int, offset: int, latencies: list[float]
+) -> None:
     """The requests plait's client sends for an episode, over one connection."""
     for i in range(count):
         task = episode_task(offset + i)
         opened = await connection.request("POST", "/create_session", body={})
         sid = opened.split(b"data:", 1)[1].split(b"\n", 1)[0].strip().decode()
-        await connection.request("POST", "/create", sid=sid, body={"env_name": env_name, "task_spec": task})
+        await connection.request(
+            "POST", "/create", sid=sid, body={"env_name": env_name, "task_spec": task}
+        )
         try:
             json.loads(await connection.request("GET", f"/{env_name}/prompt", sid=sid))
             for name, args in TOOL_CALLS:
                 started = time.perf_counter()
-                answer = await connection.request("POST", f"/{env_name}/call", sid=sid, body={
-                    "name": name, "input": args if args is not None else {"answer": task["answer"]}})
+                answer = await connection.request(
+                    "POST",
+                    f"/{env_name}/call",
+                    sid=sid,
+                    body={
+                        "name": name,
+                        "input": args if args is not None else {"answer": task["answer"]},
+                    },
+                )
                 latencies.append(time.perf_counter() - started)
                 if not sse_result(answer).get("ok"):
                     raise RuntimeError(f"{name} failed: {answer[:300]!r}")
@@ -174,11 +207,15 @@ async def raw_episodes(connection: RawConnection, env_name: str, count: int, off
             await connection.request("POST", "/delete_session", sid=sid)
 
 
-async def measure(url: str, sessions: int, per_session: int, client: str, server_pid: int) -> dict[str, Any]:
+async def measure(
+    url: str, sessions: int, per_session: int, client: str, server_pid: int
+) -> dict[str, Any]:
     env_name = "arithenv"
     host, port = url.removeprefix("http://").split(":")
     connections = [RawConnection(host, int(port)) for _ in range(sessions)]
-    env = ORSEnvironment(ORSOptions(url=url, env_name=env_name, request_timeout_s=120, heartbeat_timeout_s=120))
+    env = ORSEnvironment(
+        ORSOptions(url=url, env_name=env_name, request_timeout_s=120, heartbeat_timeout_s=120)
+    )
 
     def play(k: int, count: int, latencies: list[float]) -> Any:
         if client == "raw":
@@ -191,7 +228,10 @@ async def measure(url: str, sessions: int, per_session: int, client: str, server
     started = time.perf_counter()
     await asyncio.gather(*(play(k, per_session, latencies) for k in range(sessions)))
     elapsed = time.perf_counter() - started
-    server_cpu, client_cpu = process_cpu_s(server_pid) - server_cpu, time.process_time() - client_cpu
+    server_cpu, client_cpu = (
+        process_cpu_s(server_pid) - server_cpu,
+        time.process_time() - client_cpu,
+    )
     await env.close()
     for connection in connections:
         connection.close()
@@ -203,7 +243,9 @@ async def measure(url: str, sessions: int, per_session: int, client: str, server
         "seconds": round(elapsed, 3),
         "episodes_per_s": round(episodes / elapsed, 2),
         "tool_call_p50_ms": round(1000 * statistics.median(latencies), 2),
-        "tool_call_p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+        "tool_call_p99_ms": round(
+            1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2
+        ),
         "tool_calls": len(latencies),
         "server_cpu_ms_per_episode": round(1000 * server_cpu / episodes, 2),
         "client_cpu_ms_per_episode": round(1000 * client_cpu / episodes, 2),
@@ -217,7 +259,9 @@ def main() -> None:
     parser.add_argument("--sequential-episodes", type=int, default=100)
     parser.add_argument("--episodes-per-session", type=int, default=10)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ors_server.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "ors_server.json"
+    )
     args = parser.parse_args()
     openreward_python = VENVS / "openreward" / "bin" / "python"
     if not openreward_python.exists():
@@ -232,14 +276,21 @@ def main() -> None:
             for name, python in servers.items():  # alternating, each in its own process
                 process, url = start(python, name)
                 try:
-                    runs[name].append(asyncio.run(measure(url, concurrency, per_session, args.client, process.pid)))
+                    runs[name].append(
+                        asyncio.run(
+                            measure(url, concurrency, per_session, args.client, process.pid)
+                        )
+                    )
                 finally:
                     process.terminate()
                     process.wait(timeout=30)
                 print(name, concurrency, runs[name][-1], flush=True)
         for name, measured in runs.items():
             best = max(measured, key=lambda run: run["episodes_per_s"])
-            results[name][str(concurrency)] = {**best, "episodes_per_s_of_each_run": [r["episodes_per_s"] for r in measured]}
+            results[name][str(concurrency)] = {
+                **best,
+                "episodes_per_s_of_each_run": [r["episodes_per_s"] for r in measured],
+            }
 
     def ratio(c: str, key: str, plait_over_openreward: bool) -> float:
         mine, theirs = results["plait"][c][key], results["openreward"][c][key]
@@ -250,7 +301,9 @@ def main() -> None:
             "episodes_per_s (plait / openreward)": ratio(c, "episodes_per_s", True),
             "tool_call_p50 (openreward / plait)": ratio(c, "tool_call_p50_ms", False),
             "tool_call_p99 (openreward / plait)": ratio(c, "tool_call_p99_ms", False),
-            "server_cpu_per_episode (openreward / plait)": ratio(c, "server_cpu_ms_per_episode", False),
+            "server_cpu_per_episode (openreward / plait)": ratio(
+                c, "server_cpu_ms_per_episode", False
+            ),
         }
         for c in results["plait"]
     }
@@ -259,8 +312,11 @@ def main() -> None:
         "what": "episodes (create, prompt, 3 tool calls, delete) over loopback HTTP, one client process",
         "client": args.client,
         "repeats": args.repeats,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_end": os.getloadavg(),
+        },
         "results": results,
         "ratios": ratios,
     }

@@ -34,14 +34,20 @@ from plait_proxy.proxy import Proxy
 from plait_proxy.store import RolloutStore
 from plait_testing.models import materialize_model
 
-MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 7*6? Answer with a number."}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 7*6? Answer with a number."},
+]
 RESULTS = Path(__file__).parent / "results" / "proxy_latency.json"
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"p50_ms": statistics.median(ordered) * 1e3, "p90_ms": ordered[int(0.9 * (len(ordered) - 1))] * 1e3,
-            "mean_ms": statistics.fmean(ordered) * 1e3}
+    return {
+        "p50_ms": statistics.median(ordered) * 1e3,
+        "p90_ms": ordered[int(0.9 * (len(ordered) - 1))] * 1e3,
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+    }
 
 
 async def measure(requests: int) -> dict[str, Any]:
@@ -60,10 +66,17 @@ async def measure(requests: int) -> dict[str, Any]:
     prompt = renderer.build_generation_prompt([Message(m["role"], m["content"]) for m in MESSAGES])
     params = SamplingParams(max_tokens=1, temperature=0.0)
     body = {"model": "tiny-qwen3", "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
-    times: dict[str, list[float]] = {"engine": [], "proxy": [], "proxy_httpx": [], "proxy_openai_sdk": []}
-    async with app.serving() as url, httpx.AsyncClient(base_url=url) as http, \
-            openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="bench") as sdk:
-
+    times: dict[str, list[float]] = {
+        "engine": [],
+        "proxy": [],
+        "proxy_httpx": [],
+        "proxy_openai_sdk": [],
+    }
+    async with (
+        app.serving() as url,
+        httpx.AsyncClient(base_url=url) as http,
+        openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="bench") as sdk,
+    ):
         host, port = url.removeprefix("http://").split(":")
         raw = RawConnection(host, int(port))
 
@@ -74,20 +87,34 @@ async def measure(requests: int) -> dict[str, Any]:
             await raw.request("POST", "/s/bench-raw/v1/chat/completions", body=body)
 
         async def via_http() -> None:
-            response = await http.post("/v1/chat/completions", json=body, headers={"x-plait-session": "bench-http"})
+            response = await http.post(
+                "/v1/chat/completions", json=body, headers={"x-plait-session": "bench-http"}
+            )
             response.raise_for_status()
 
         async def via_sdk() -> None:
-            await sdk.chat.completions.create(model="tiny-qwen3", messages=MESSAGES, max_tokens=1, temperature=0,  # type: ignore[arg-type]
-                                              extra_headers={"x-plait-session": "bench-sdk"})
+            await sdk.chat.completions.create(
+                model="tiny-qwen3",
+                messages=MESSAGES,
+                max_tokens=1,
+                temperature=0,  # type: ignore[arg-type]
+                extra_headers={"x-plait-session": "bench-sdk"},
+            )
 
-        paths = {"engine": direct, "proxy": via_raw, "proxy_httpx": via_http, "proxy_openai_sdk": via_sdk}
+        paths = {
+            "engine": direct,
+            "proxy": via_raw,
+            "proxy_httpx": via_http,
+            "proxy_openai_sdk": via_sdk,
+        }
         for _ in range(10):  # warm up every path
             for run in paths.values():
                 await run()
         for i in range(requests):
             order = list(paths.items())
-            order = order[i % len(order):] + order[:i % len(order)]  # no path always runs right after another
+            order = (
+                order[i % len(order) :] + order[: i % len(order)]
+            )  # no path always runs right after another
             for name, run in order:
                 start = time.perf_counter()
                 await run()
@@ -98,11 +125,16 @@ async def measure(requests: int) -> dict[str, Any]:
     await engine.close()
     stats = {name: percentiles(samples) for name, samples in times.items()}
     return {
-        "benchmark": "proxy_latency", "requests": requests, "model": "tiny-qwen3 (plait-torch, CPU)",
-        "completion_tokens": 1, "machine": platform.platform(), "results": stats,
+        "benchmark": "proxy_latency",
+        "requests": requests,
+        "model": "tiny-qwen3 (plait-torch, CPU)",
+        "completion_tokens": 1,
+        "machine": platform.platform(),
+        "results": stats,
         "added_p50_ms": stats["proxy"]["p50_ms"] - stats["engine"]["p50_ms"],
         "added_p50_ms_with_httpx": stats["proxy_httpx"]["p50_ms"] - stats["engine"]["p50_ms"],
-        "added_p50_ms_with_openai_sdk": stats["proxy_openai_sdk"]["p50_ms"] - stats["engine"]["p50_ms"],
+        "added_p50_ms_with_openai_sdk": stats["proxy_openai_sdk"]["p50_ms"]
+        - stats["engine"]["p50_ms"],
         "goal_added_p50_ms": 5.0,
     }
 

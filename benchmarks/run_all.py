@@ -22,11 +22,16 @@ from engine_bench import vllm_venv
 ROOT = Path(__file__).resolve().parents[1]
 # where scripts/ci/sdk.sh puts the openreward venv (benchmarks/ors_server.py reads the same)
 OPENREWARD_VENV = Path(os.environ.get("ORS_VENVS") or ROOT / ".venvs") / "openreward"
-TRL_VENV = Path(os.environ.get("PLAIT_TRL_VENV") or ROOT / ".venvs" / "trl")  # as benchmarks/vs_trl.py reads it
+TRL_VENV = Path(
+    os.environ.get("PLAIT_TRL_VENV") or ROOT / ".venvs" / "trl"
+)  # as benchmarks/vs_trl.py reads it
 
 
 def docker_engine() -> str | None:
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True).returncode
+    ):
         return "no Docker engine: bash scripts/ci/docker.sh"
     return None
 
@@ -34,6 +39,7 @@ def docker_engine() -> str | None:
 def venv(path: Path, setup: str) -> Callable[[], str | None]:
     def check() -> str | None:
         return None if (path / "bin" / "python").exists() else f"no {path}: bash {setup}"
+
     return check
 
 
@@ -75,8 +81,12 @@ def main() -> int:
             continue
         print(f"== {name}", flush=True)
         started = time.monotonic()
-        code = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script[0]), *script[1:]], cwd=ROOT).returncode
-        outcomes[name] = f"{'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - started:.0f} s"
+        code = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / script[0]), *script[1:]], cwd=ROOT
+        ).returncode
+        outcomes[name] = (
+            f"{'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - started:.0f} s"
+        )
     print("\n".join(f"{name:22s} {outcome}" for name, outcome in outcomes.items()))
     return int(any(o.startswith("FAILED") for o in outcomes.values()))
 

@@ -44,9 +44,15 @@ def main() -> None:
     from plait_torch.options import TorchInferenceOptions
 
     model = common.resolve(args)
-    engine = TorchInferenceEngine(model, options=TorchInferenceOptions(
-        threads=args.threads, max_batch_size=args.prompts * args.samples))
-    hf = AutoModelForCausalLM.from_pretrained(str(model.path), local_files_only=True, dtype=torch.float32).eval()
+    engine = TorchInferenceEngine(
+        model,
+        options=TorchInferenceOptions(
+            threads=args.threads, max_batch_size=args.prompts * args.samples
+        ),
+    )
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(model.path), local_files_only=True, dtype=torch.float32
+    ).eval()
     vocab = min(engine.vocab_rows, len(engine.tokenizer))
     rng = np.random.default_rng(0)
     rows = args.prompts * args.samples
@@ -56,7 +62,9 @@ def main() -> None:
     expected_tokens = rows * args.new_tokens
 
     async def plait_requests(requests: list[tuple[list[int], int]]) -> int:
-        responses = await asyncio.gather(*[engine.sample(ModelInput.from_ints(p), n, params) for p, n in requests])
+        responses = await asyncio.gather(
+            *[engine.sample(ModelInput.from_ints(p), n, params) for p, n in requests]
+        )
         return sum(len(s.tokens) for r in responses for s in r.sequences)
 
     eos = hf.generation_config.eos_token_id
@@ -71,14 +79,28 @@ def main() -> None:
     def hf_generate_here(batch: list[list[int]], n: int) -> int:
         input_ids = torch.tensor(batch)  # same length: no padding needed
         with torch.inference_mode():
-            out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
-                              top_k=0, top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                              num_return_sequences=n, pad_token_id=eos if isinstance(eos, int) else 0, use_cache=True)
-        return int(out[:, input_ids.shape[1]:].numel())
+            out = hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                num_return_sequences=n,
+                pad_token_id=eos if isinstance(eos, int) else 0,
+                use_cache=True,
+            )
+        return int(out[:, input_ids.shape[1] :].numel())
 
     sides = {
-        "groups/plait_grouped": lambda: asyncio.run(plait_requests([(p, args.samples) for p in prompts])),
-        "groups/plait_separate": lambda: asyncio.run(plait_requests([(p, 1) for p in prompts for _ in range(args.samples)])),
+        "groups/plait_grouped": lambda: asyncio.run(
+            plait_requests([(p, args.samples) for p in prompts])
+        ),
+        "groups/plait_separate": lambda: asyncio.run(
+            plait_requests([(p, 1) for p in prompts for _ in range(args.samples)])
+        ),
         "groups/hf_generate": lambda: hf_generate(prompts, args.samples),
         "distinct/plait": lambda: asyncio.run(plait_requests([(p, 1) for p in distinct])),
         "distinct/hf_generate": lambda: hf_generate(distinct, 1),
@@ -93,18 +115,30 @@ def main() -> None:
             seconds[name].append(elapsed)
 
     tokens_per_s = {name: expected_tokens / common.median(s) for name, s in seconds.items()}
-    ratios = {name: value / tokens_per_s[name.split("/")[0] + "/hf_generate"]
-              for name, value in tokens_per_s.items() if not name.endswith("hf_generate")}
+    ratios = {
+        name: value / tokens_per_s[name.split("/")[0] + "/hf_generate"]
+        for name, value in tokens_per_s.items()
+        if not name.endswith("hf_generate")
+    }
     result = {
-        "benchmark": "sampling_throughput", "model": model.name,
-        "prompts": args.prompts, "samples_per_prompt": args.samples, "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens, "tokens_per_run": expected_tokens, "repeats": args.repeats,
-        "seconds": seconds, "tokens_per_s": tokens_per_s, "ratio_vs_hf_generate": ratios,
+        "benchmark": "sampling_throughput",
+        "model": model.name,
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "tokens_per_run": expected_tokens,
+        "repeats": args.repeats,
+        "seconds": seconds,
+        "tokens_per_s": tokens_per_s,
+        "ratio_vs_hf_generate": ratios,
         "machine": common.machine(),
     }
     path = common.write("sampling_throughput", args, result)
-    print(f"{model.name}: {rows} sequences x {args.new_tokens} new tokens after {args.prompt_len}-token prompts "
-          f"(medians of {args.repeats}):")
+    print(
+        f"{model.name}: {rows} sequences x {args.new_tokens} new tokens after {args.prompt_len}-token prompts "
+        f"(medians of {args.repeats}):"
+    )
     for name, value in tokens_per_s.items():
         ratio = f"  {ratios[name]:.2f}x HF generate" if name in ratios else ""
         print(f"  {name:22s} {value:8.1f} tokens/s{ratio}")

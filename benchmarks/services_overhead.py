@@ -73,15 +73,26 @@ def ors_server(env: str, options: list[str], log: Path) -> Iterator[str]:
 
 def run(config: Path, name: str, overrides: list[str], out_dir: Path, steps: int) -> dict[str, Any]:
     args = [sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume"]
-    for item in [f"run.out_dir={out_dir}", f"run.name={name}", f"rl.steps={steps}", "eval.every=0",
-                 "run.log_level=warning", *overrides]:
+    for item in [
+        f"run.out_dir={out_dir}",
+        f"run.name={name}",
+        f"rl.steps={steps}",
+        "eval.every=0",
+        "run.log_level=warning",
+        *overrides,
+    ]:
         args += ["-s", item]
     started = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{name} failed: {done.stderr[-3000:]}")
-    metrics = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
-    return {"process_seconds": time.perf_counter() - started, "steps": [m for m in metrics if m["step"] > 0]}
+    metrics = [
+        json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()
+    ]
+    return {
+        "process_seconds": time.perf_counter() - started,
+        "steps": [m for m in metrics if m["step"] > 0],
+    }
 
 
 def main() -> None:
@@ -90,7 +101,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "services_overhead.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "services_overhead.json"
+    )
     args = parser.parse_args()
 
     import tomllib
@@ -103,42 +116,71 @@ def main() -> None:
         with ors_server(env["name"], env_options, out_dir / "ors.log") as ors_url:
             overrides = {
                 "in_process": [],
-                "services": ["trainer.engine=remote", 'trainer.options={engine="torch"}',
-                             "inference.engine=remote", f"inference.options={SERVICE_ENGINE}",
-                             "env.name=ors", f'env.options={{url="{ors_url}"}}', "sync.method=disk"],
+                "services": [
+                    "trainer.engine=remote",
+                    'trainer.options={engine="torch"}',
+                    "inference.engine=remote",
+                    f"inference.options={SERVICE_ENGINE}",
+                    "env.name=ors",
+                    f'env.options={{url="{ors_url}"}}',
+                    "sync.method=disk",
+                ],
             }
             for repeat in range(args.repeats):
                 for placement, extra in overrides.items():
                     result = run(args.config, f"{placement}-{repeat}", extra, out_dir, args.steps)
-                    warm = result["steps"][args.warmup:]
-                    medians = {part: statistics.median(m[part] for m in warm if part in m) for part in PARTS
-                               if any(part in m for m in warm)}
-                    placements[placement].append({"process_seconds": result["process_seconds"], "median": medians,
-                                                  "step_s": [m["time/total"] for m in warm]})
-                    print(f"{placement} #{repeat}: median step {medians['time/total']:.2f} s "
-                          f"({', '.join(f'{k[5:]} {v:.2f}' for k, v in medians.items() if k != 'time/total')})",
-                          flush=True)
+                    warm = result["steps"][args.warmup :]
+                    medians = {
+                        part: statistics.median(m[part] for m in warm if part in m)
+                        for part in PARTS
+                        if any(part in m for m in warm)
+                    }
+                    placements[placement].append(
+                        {
+                            "process_seconds": result["process_seconds"],
+                            "median": medians,
+                            "step_s": [m["time/total"] for m in warm],
+                        }
+                    )
+                    print(
+                        f"{placement} #{repeat}: median step {medians['time/total']:.2f} s "
+                        f"({', '.join(f'{k[5:]} {v:.2f}' for k, v in medians.items() if k != 'time/total')})",
+                        flush=True,
+                    )
 
     def pooled(placement: str, part: str) -> float:
-        return statistics.median(r["median"][part] for r in placements[placement] if part in r["median"])
+        return statistics.median(
+            r["median"][part] for r in placements[placement] if part in r["median"]
+        )
 
     ratio = pooled("services", "time/total") / pooled("in_process", "time/total")
     # Both placements train identically (same seeds, same tokens: the runs' rewards match step for
     # step), so step k of one run is the same work as step k of the other: the ratios of paired
     # steps, from runs made one after the other, cancel the work's own variation across steps.
-    paired = statistics.median(s / i for a, b in zip(placements["services"], placements["in_process"], strict=True)
-                               for s, i in zip(a["step_s"], b["step_s"], strict=True))
+    paired = statistics.median(
+        s / i
+        for a, b in zip(placements["services"], placements["in_process"], strict=True)
+        for s, i in zip(a["step_s"], b["step_s"], strict=True)
+    )
     result = {
-        "benchmark": "services_overhead", "config": str(args.config.relative_to(ROOT)), "steps": args.steps,
-        "warmup_steps": args.warmup, "repeats": args.repeats, "machine": platform.platform(),
+        "benchmark": "services_overhead",
+        "config": str(args.config.relative_to(ROOT)),
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "repeats": args.repeats,
+        "machine": platform.platform(),
         "runs": placements,
         "median_step_s": {p: {part: pooled(p, part) for part in PARTS} for p in placements},
-        "step_time_ratio_services_over_in_process": ratio, "median_paired_step_ratio": paired, "goal": 1.2,
+        "step_time_ratio_services_over_in_process": ratio,
+        "median_paired_step_ratio": paired,
+        "goal": 1.2,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"step time, services / in-process: {ratio:.2f}x (goal <= 1.2x); median of paired steps "
-          f"{paired:.2f}x -> {args.out}")
+    print(
+        f"step time, services / in-process: {ratio:.2f}x (goal <= 1.2x); median of paired steps "
+        f"{paired:.2f}x -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

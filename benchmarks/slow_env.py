@@ -49,7 +49,9 @@ class SlowEnvironment:
     def name(self) -> str:
         return f"slow({self.inner.name})"
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> SlowSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> SlowSession:
         return SlowSession(await self.inner.open(task, secrets), self.delay_s)
 
     def __getattr__(self, attr: str) -> Any:  # splits, num_tasks, get_task, close
@@ -57,10 +59,16 @@ class SlowEnvironment:
 
 
 def make_env(*, options: SlowEnvOptions) -> SlowEnvironment:
-    return SlowEnvironment(build("env", options.inner, options=options.inner_options), options.delay_s)
+    return SlowEnvironment(
+        build("env", options.inner, options=options.inner_options), options.delay_s
+    )
 
 
 @hookimpl
 def plait_register_envs(register: Any) -> None:
-    register("bench.slow", f"{__name__}:make_env", options=f"{__name__}:SlowEnvOptions",
-             description="a registered environment with slow tool calls (benchmarks)")
+    register(
+        "bench.slow",
+        f"{__name__}:make_env",
+        options=f"{__name__}:SlowEnvOptions",
+        description="a registered environment with slow tool calls (benchmarks)",
+    )

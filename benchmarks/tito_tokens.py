@@ -35,8 +35,10 @@ from plait_hf.chat_template import load_tokenizer
 from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOL_CALL = ('<think>\n\n</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
-             "</tool_call><|im_end|>")
+TOOL_CALL = (
+    '<think>\n\n</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
+    "</tool_call><|im_end|>"
+)
 NEWLINE = 198  # the last token of every Qwen generation prompt
 RENDERERS = {"merged": "qwen3_keep_reasoning", "split": "qwen3"}
 
@@ -58,19 +60,26 @@ async def episode(model: ResolvedModel, engine: Any, renderer_name: str, turns: 
     config = EpisodeConfig(SamplingParams(max_tokens=48, temperature=0.0), max_turns=turns)
     trajectory = await run_episode(env, await env.get_task("train", 0), engine, renderer, config)
     if trajectory.error is not None or trajectory.num_turns != turns:
-        raise RuntimeError(f"the episode did not run {turns} turns: {trajectory.error or trajectory.num_turns}")
+        raise RuntimeError(
+            f"the episode did not run {turns} turns: {trajectory.error or trajectory.num_turns}"
+        )
     return trajectory
 
 
 def counts(datums: list[Datum]) -> dict[str, int]:
-    return {"datums": len(datums), "trained_tokens": sum(d.model_input.length for d in datums),
-            "action_tokens": int(sum(d.loss_fn_inputs["mask"].to_numpy().sum() for d in datums))}
+    return {
+        "datums": len(datums),
+        "trained_tokens": sum(d.model_input.length for d in datums),
+        "action_tokens": int(sum(d.loss_fn_inputs["mask"].to_numpy().sum() for d in datums)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tito_tokens.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "tito_tokens.json"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -85,7 +94,8 @@ def main() -> None:
                 datums = trajectory_to_datums(trajectory, advantage=1.0)
                 row[label] = {**counts(datums), "bridged_turns": trajectory.bridged_turns}
             row["trained_tokens_ratio_split_over_merged"] = round(
-                row["split"]["trained_tokens"] / row["merged"]["trained_tokens"], 3)
+                row["split"]["trained_tokens"] / row["merged"]["trained_tokens"], 3
+            )
             by_turns[str(turns)] = row
             print(turns, row, flush=True)
         asyncio.run(engine.close())
@@ -93,12 +103,16 @@ def main() -> None:
     result = {
         "benchmark": "tito_tokens",
         "what": "trained tokens of one calculator episode of T turns: merged (bridged, one datum) vs "
-                "split (official Qwen3 template re-rendered, one datum per turn)",
+        "split (official Qwen3 template re-rendered, one datum per turn)",
         "model": "tiny-qwen3 scripted to call the calculator every turn (plait_testing.scripted)",
         "renderers": RENDERERS,
         "by_turns": by_turns,
         "four_turn_episode": by_turns.get("4"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,16 +33,23 @@ def main() -> None:
     from plait_train.perf import measure_matmul_flops
 
     model = common.resolve(args)
-    trainer = TorchTrainer(model, options=TorchTrainerOptions(
-        micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
-        threads=args.threads))
+    trainer = TorchTrainer(
+        model,
+        options=TorchTrainerOptions(
+            micro_batch_tokens=args.micro_batch_tokens,
+            activation_checkpointing=args.activation_checkpointing,
+            threads=args.threads,
+        ),
+    )
     peak_source = trainer.peak_flops.source
     compute_dtype = next(t for _, t in trainer.export_weights()).dtype
     peaks = [trainer.peak_flops_per_s]
 
     rng = np.random.default_rng(0)
     vocab = trainer.vocab_rows
-    data = [sft_datum(rng.integers(0, vocab, size=args.seq_len + 1).tolist()) for _ in range(args.batch)]
+    data = [
+        sft_datum(rng.integers(0, vocab, size=args.seq_len + 1).tolist()) for _ in range(args.batch)
+    ]
     adam = AdamParams(learning_rate=1e-5)
 
     def step() -> dict[str, float]:
@@ -63,20 +70,31 @@ def main() -> None:
     step_s = common.median(seconds)
     result = {
         "benchmark": "trainer_throughput",
-        "model": model.name, "batch": args.batch, "seq_len": args.seq_len,
-        "micro_batch_tokens": args.micro_batch_tokens, "activation_checkpointing": args.activation_checkpointing,
-        "repeats": args.repeats, "step_seconds": seconds, "step_seconds_median": step_s,
-        "train_tokens_per_step": tokens, "model_flops_per_step": flops,
+        "model": model.name,
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "activation_checkpointing": args.activation_checkpointing,
+        "repeats": args.repeats,
+        "step_seconds": seconds,
+        "step_seconds_median": step_s,
+        "train_tokens_per_step": tokens,
+        "model_flops_per_step": flops,
         "flops_per_token": trainer.flops_per_token(args.seq_len),
-        "tokens_per_s": tokens / step_s, "model_flops_per_s": flops / step_s,
-        "peak_flops_per_s": peak, "peak_flops_measurements": peaks, "peak_source": peak_source,
+        "tokens_per_s": tokens / step_s,
+        "model_flops_per_s": flops / step_s,
+        "peak_flops_per_s": peak,
+        "peak_flops_measurements": peaks,
+        "peak_source": peak_source,
         "mfu": flops / step_s / peak,
         "machine": common.machine(),
     }
     path = common.write("trainer_throughput", args, result)
-    print(f"{model.name}: {tokens / step_s:,.0f} train tokens/s (median step {step_s:.2f} s over {args.repeats}), "
-          f"model {flops / step_s / 1e9:.1f} GFLOP/s vs peak {peak / 1e9:.1f} GFLOP/s ({peak_source}) "
-          f"-> MFU {result['mfu']:.1%}\nwrote {path}")
+    print(
+        f"{model.name}: {tokens / step_s:,.0f} train tokens/s (median step {step_s:.2f} s over {args.repeats}), "
+        f"model {flops / step_s / 1e9:.1f} GFLOP/s vs peak {peak / 1e9:.1f} GFLOP/s ({peak_source}) "
+        f"-> MFU {result['mfu']:.1%}\nwrote {path}"
+    )
 
 
 if __name__ == "__main__":

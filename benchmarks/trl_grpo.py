@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import Any
 
 
-def strict_reward(completions: list[list[dict[str, str]]], answer: list[str], **_: Any) -> list[float]:
+def strict_reward(
+    completions: list[list[dict[str, str]]], answer: list[str], **_: Any
+) -> list[float]:
     """grpo_workload.reward: the reply, stripped, is the number and nothing else."""
     return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer, strict=True)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint directory")
     parser.add_argument("--tasks", type=Path, required=True, help="JSON lines {messages, answer}")
     parser.add_argument("--out", type=Path, required=True, help="where the JSON result goes")
@@ -46,10 +50,16 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--grad-clip", type=float, default=1.0)
     parser.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2 (plait's default)")
-    parser.add_argument("--micro-batch", type=int, default=16,
-                        help="completions per forward/backward (64 = no gradient accumulation)")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=16,
+        help="completions per forward/backward (64 = no gradient accumulation)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -62,11 +72,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in args.tasks.read_text().splitlines() if line.strip()]
-    dataset = datasets.Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in rows])
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": r["messages"], "answer": r["answer"]} for r in rows]
+    )
 
     batch = args.groups * args.group_size
     if batch % args.micro_batch:
-        raise SystemExit(f"--micro-batch {args.micro_batch} does not divide the {batch} completions of a step")
+        raise SystemExit(
+            f"--micro-batch {args.micro_batch} does not divide the {batch} completions of a step"
+        )
     accumulation = batch // args.micro_batch
     config = trl.GRPOConfig(
         output_dir=str(args.out.parent / "trl-output"),
@@ -126,14 +140,25 @@ def main() -> None:
             self.seconds.append(time.perf_counter() - self.begun)
             self.cpu_seconds.append(time.process_time() - self.begun_cpu)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
+        ) -> None:
             if logs and "reward" in logs:
-                self.logs.append({"step": state.global_step, **{k: v for k, v in logs.items()
-                                                                 if isinstance(v, int | float)}})
+                self.logs.append(
+                    {
+                        "step": state.global_step,
+                        **{k: v for k, v in logs.items() if isinstance(v, int | float)},
+                    }
+                )
 
     timer = StepTimer()
-    trainer = trl.GRPOTrainer(model=str(args.model), reward_funcs=strict_reward, args=config,
-                              train_dataset=dataset, callbacks=[timer])
+    trainer = trl.GRPOTrainer(
+        model=str(args.model),
+        reward_funcs=strict_reward,
+        args=config,
+        train_dataset=dataset,
+        callbacks=[timer],
+    )
     # The rollout part of a step: generation, rewards and advantages (once per optimizer step here).
     rollout_seconds: list[float] = []
     generate_and_score = trainer._generate_and_score_completions
@@ -149,19 +174,37 @@ def main() -> None:
     trainer.train()
     model = trainer.model
     result = {
-        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-                     "datasets": datasets.__version__, "python": platform.python_version()},
+        "versions": {
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "datasets": datasets.__version__,
+            "python": platform.python_version(),
+        },
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "model_dtype": str(next(model.parameters()).dtype),
         "device": str(next(model.parameters()).device),
         "activation_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
-        "generation_config": {k: getattr(trainer.generation_config, k, None) for k in (
-            "max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "eos_token_id")},
-        "batch": {"generation_batch_size": config.generation_batch_size,
-                  "per_device_train_batch_size": config.per_device_train_batch_size,
-                  "gradient_accumulation_steps": config.gradient_accumulation_steps,
-                  "steps_per_generation": config.steps_per_generation, "num_generations": config.num_generations},
+        "generation_config": {
+            k: getattr(trainer.generation_config, k, None)
+            for k in (
+                "max_new_tokens",
+                "do_sample",
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "eos_token_id",
+            )
+        },
+        "batch": {
+            "generation_batch_size": config.generation_batch_size,
+            "per_device_train_batch_size": config.per_device_train_batch_size,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "steps_per_generation": config.steps_per_generation,
+            "num_generations": config.num_generations,
+        },
         "setup_seconds": setup_seconds,
         "total_seconds": time.perf_counter() - start,
         "step_seconds": timer.seconds,

@@ -67,15 +67,21 @@ def write_tasks_in_plait_order(path: Path, steps: int) -> list[int]:
     env = make_env(options=ArithOptions(**workload.ENV_OPTIONS))
 
     async def rows() -> tuple[list[int], list[dict[str, Any]]]:
-        indices = TaskSampler(await env.num_tasks("train"), workload.SEED).batch(0, steps * workload.GROUPS)
+        indices = TaskSampler(await env.num_tasks("train"), workload.SEED).batch(
+            0, steps * workload.GROUPS
+        )
         out = []
         for index in indices:
             task = await env.get_task("train", index)
             session = await env.open(task)
             messages = await session.messages()
             await session.close()
-            out.append({"messages": [{"role": m.role, "content": m.content} for m in messages],
-                        "answer": task["answer"]})
+            out.append(
+                {
+                    "messages": [{"role": m.role, "content": m.content} for m in messages],
+                    "answer": task["answer"],
+                }
+            )
         return indices, out
 
     indices, tasks = asyncio.run(rows())
@@ -92,19 +98,40 @@ def child_env(threads: int | None) -> dict[str, str]:
 
 def run_minimal(work: Path, tasks: Path, args: argparse.Namespace) -> dict[str, Any]:
     out = work / "minimal.json"
-    command = [str(VENV_BIN / "python"), str(HERE / "minimal_grpo.py"), "--model-dir", str(workload.model_dir()),
-               "--tasks", str(tasks), "--steps", str(args.steps), "--seed", str(workload.SEED),
-               "--train", args.train, "--json", str(out)]
+    command = [
+        str(VENV_BIN / "python"),
+        str(HERE / "minimal_grpo.py"),
+        "--model-dir",
+        str(workload.model_dir()),
+        "--tasks",
+        str(tasks),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(workload.SEED),
+        "--train",
+        args.train,
+        "--json",
+        str(out),
+    ]
     if args.threads:
         command += ["--threads", str(args.threads)]
     start = time.perf_counter()
     subprocess.run(command, check=True, env=child_env(args.threads))
     result = json.loads(out.read_text())
     steps = len(result["step_s"])
-    return {"process_s": time.perf_counter() - start, "threads": result["threads"], "train_layout": result["train"],
-            "step_s": result["step_s"], "sample_s": result["sample_s"], "train_s": result["train_s"],
-            "other_s": [0.0] * steps, "reward": result["reward"], "groups_kept": result["groups_kept"],
-            "logprob_mismatch_max": result["mismatch_max"]}
+    return {
+        "process_s": time.perf_counter() - start,
+        "threads": result["threads"],
+        "train_layout": result["train"],
+        "step_s": result["step_s"],
+        "sample_s": result["sample_s"],
+        "train_s": result["train_s"],
+        "other_s": [0.0] * steps,
+        "reward": result["reward"],
+        "groups_kept": result["groups_kept"],
+        "logprob_mismatch_max": result["mismatch_max"],
+    }
 
 
 def run_plait(work: Path, indices: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -112,24 +139,46 @@ def run_plait(work: Path, indices: list[int], args: argparse.Namespace) -> dict[
     config = work / "plait.toml"
     config.write_text(workload.plait_config(work / "plait", name, args.steps))
     start = time.perf_counter()
-    subprocess.run(workload.plait_command(config, args.threads, args.plait_set), check=True, env=child_env(args.threads))
+    subprocess.run(
+        workload.plait_command(config, args.threads, args.plait_set),
+        check=True,
+        env=child_env(args.threads),
+    )
     process_s = time.perf_counter() - start
     run_dir = work / "plait" / name
     rows = workload.plait_steps(run_dir, args.steps)
     ledger = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     trained = sorted({(s[0], s[2]) for entry in ledger for s in entry["samples"]})
     if [task for _, task in trained] != indices:
-        raise SystemExit(f"plait trained on other tasks than the minimal loop: {trained[:4]}... vs {indices[:4]}...")
-    times = {key: [r.get(f"time/{key}", 0.0) for r in rows] for key in ("total", "rollout", "train", "sync")}
+        raise SystemExit(
+            f"plait trained on other tasks than the minimal loop: {trained[:4]}... vs {indices[:4]}..."
+        )
+    times = {
+        key: [r.get(f"time/{key}", 0.0) for r in rows]
+        for key in ("total", "rollout", "train", "sync")
+    }
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"process_s": process_s, "step_s": times["total"], "sample_s": times["rollout"], "train_s": times["train"],
-            "sync_s": times["sync"],
-            "other_s": [t - r - tr - s for t, r, tr, s in zip(times["total"], times["rollout"], times["train"],
-                                                              times["sync"], strict=True)],
-            "reward": [r["reward/mean"] for r in rows], "groups_kept": [r.get("data/groups_kept", 0.0) for r in rows],
-            "eval_accuracy_start_end": [summary["eval_accuracy_start"], summary["eval_accuracy_end"]],
-            "time_keys": {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r})
-                          if k.startswith(("time/", "sync/seconds", "data/", "perf/"))}}
+    return {
+        "process_s": process_s,
+        "step_s": times["total"],
+        "sample_s": times["rollout"],
+        "train_s": times["train"],
+        "sync_s": times["sync"],
+        "other_s": [
+            t - r - tr - s
+            for t, r, tr, s in zip(
+                times["total"], times["rollout"], times["train"], times["sync"], strict=True
+            )
+        ],
+        "reward": [r["reward/mean"] for r in rows],
+        "groups_kept": [r.get("data/groups_kept", 0.0) for r in rows],
+        "eval_accuracy_start_end": [summary["eval_accuracy_start"], summary["eval_accuracy_end"]],
+        "time_keys": {
+            k: [r.get(k) for r in rows]
+            for k in sorted({k for r in rows for k in r})
+            if k.startswith(("time/", "sync/seconds", "data/", "perf/"))
+        },
+    }
 
 
 def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,7 +186,11 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     end to end; the learning curve of the first run (each side is seeded: its runs learn alike)."""
     keys = ("step_s", "sample_s", "train_s", "sync_s", "other_s", "groups_kept")
     merged = {key: [v for run in runs for v in run[key][1:]] for key in keys if key in runs[0]}
-    return {**merged, "reward": runs[0]["reward"], "groups_kept_all": [k for run in runs for k in run["groups_kept"]]}
+    return {
+        **merged,
+        "reward": runs[0]["reward"],
+        "groups_kept_all": [k for run in runs for k in run["groups_kept"]],
+    }
 
 
 def summarize(side: dict[str, Any]) -> dict[str, Any]:
@@ -151,27 +204,56 @@ def summarize(side: dict[str, Any]) -> dict[str, Any]:
         per_group, fixed = fit.slope, fit.intercept
     except statistics.StatisticsError:  # fewer than two distinct counts
         per_group = fixed = float("nan")
-    return {key.replace("_s", "_median_s"): median(side[key])
-            for key in ("step_s", "sample_s", "train_s", "sync_s", "other_s") if key in side} | {
-        "train_fit_fixed_s": fixed, "train_fit_per_group_s": per_group,
+    return {
+        key.replace("_s", "_median_s"): median(side[key])
+        for key in ("step_s", "sample_s", "train_s", "sync_s", "other_s")
+        if key in side
+    } | {
+        "train_fit_fixed_s": fixed,
+        "train_fit_per_group_s": per_group,
         "groups_kept_mean": statistics.fmean(side["groups_kept_all"]),
-        "reward_first5": sum(rewards[:5]) / len(rewards[:5]), "reward_last5": sum(rewards[-5:]) / len(rewards[-5:])}
+        "reward_first5": sum(rewards[:5]) / len(rewards[:5]),
+        "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
-    parser.add_argument("--order", default="minimal,plait", choices=("minimal,plait", "plait,minimal"),
-                        help="which side runs first in the first repeat (the order alternates)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of each side, alternating which goes first: this machine's speed drifts by "
-                             "tens of percent over minutes, and pairs run back to back see the same drift")
-    parser.add_argument("--train", choices=("tree", "padded"), default="tree",
-                        help="the minimal loop's training layout (see minimal_grpo.py)")
-    parser.add_argument("--plait-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override of plait's run config (plait run -s), e.g. rl.micro_batch_size=64")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (plait's run dir)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads on both sides (default: torch's)"
+    )
+    parser.add_argument(
+        "--order",
+        default="minimal,plait",
+        choices=("minimal,plait", "plait,minimal"),
+        help="which side runs first in the first repeat (the order alternates)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each side, alternating which goes first: this machine's speed drifts by "
+        "tens of percent over minutes, and pairs run back to back see the same drift",
+    )
+    parser.add_argument(
+        "--train",
+        choices=("tree", "padded"),
+        default="tree",
+        help="the minimal loop's training layout (see minimal_grpo.py)",
+    )
+    parser.add_argument(
+        "--plait-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of plait's run config (plait run -s), e.g. rl.micro_batch_size=64",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (plait's run dir)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="plait-vs-minimal-"))
     tasks = work / "tasks.jsonl"
@@ -181,46 +263,92 @@ def main() -> None:
     for repeat in range(args.repeats):
         for side in order if repeat % 2 == 0 else order[::-1]:
             print(f"== {side} (repeat {repeat + 1} of {args.repeats})", flush=True)
-            runs[side].append(run_minimal(work, tasks, args) if side == "minimal" else run_plait(work, indices, args))
+            runs[side].append(
+                run_minimal(work, tasks, args)
+                if side == "minimal"
+                else run_plait(work, indices, args)
+            )
     # Each repeat's step-time ratio: the spread of these is the benchmark's own noise.
-    pair_ratios = [median(p["step_s"][1:]) / median(m["step_s"][1:])
-                   for m, p in zip(runs["minimal"], runs["plait"], strict=True)]
+    pair_ratios = [
+        median(p["step_s"][1:]) / median(m["step_s"][1:])
+        for m, p in zip(runs["minimal"], runs["plait"], strict=True)
+    ]
     sides = {side: runs[side][0] for side in runs}  # the per-step record of the first repeat
     summary = {side: summarize(pooled(runs[side])) for side in ("minimal", "plait")}
     kept = (summary["minimal"]["groups_kept_mean"] + summary["plait"]["groups_kept_mean"]) / 2
     for side in summary.values():  # the fitted train time at the same number of kept groups
-        side["train_fit_at_equal_kept_s"] = side["train_fit_fixed_s"] + side["train_fit_per_group_s"] * kept
-    ratios = {key.removesuffix("_s").removesuffix("_median"): summary["plait"][key] / summary["minimal"][key]
-              for key in ("step_median_s", "sample_median_s", "train_median_s", "train_fit_at_equal_kept_s")
-              if summary["minimal"][key]}
+        side["train_fit_at_equal_kept_s"] = (
+            side["train_fit_fixed_s"] + side["train_fit_per_group_s"] * kept
+        )
+    ratios = {
+        key.removesuffix("_s").removesuffix("_median"): summary["plait"][key]
+        / summary["minimal"][key]
+        for key in (
+            "step_median_s",
+            "sample_median_s",
+            "train_median_s",
+            "train_fit_at_equal_kept_s",
+        )
+        if summary["minimal"][key]
+    }
 
-    print(f"\n{args.repeats} x {args.steps} steps per side; medians over steps 2..{args.steps} of every run (seconds)")
-    print(f"{'':10}{'step':>7}{'sampling':>10}{'train':>7}{'sync':>6}{'other':>7}{'kept':>6}{'train fit':>16}"
-          f"{'reward 1-5':>12}{'last 5':>8}")
+    print(
+        f"\n{args.repeats} x {args.steps} steps per side; medians over steps 2..{args.steps} of every run (seconds)"
+    )
+    print(
+        f"{'':10}{'step':>7}{'sampling':>10}{'train':>7}{'sync':>6}{'other':>7}{'kept':>6}{'train fit':>16}"
+        f"{'reward 1-5':>12}{'last 5':>8}"
+    )
     for side in ("minimal", "plait"):
         s = summary[side]
         fit = f"{s['train_fit_fixed_s']:.2f}+{s['train_fit_per_group_s']:.2f}k"
-        print(f"{side:10}{s['step_median_s']:7.2f}{s['sample_median_s']:10.2f}{s['train_median_s']:7.2f}"
-              f"{s.get('sync_median_s', 0.0):6.2f}{s['other_median_s']:7.2f}{s['groups_kept_mean']:6.1f}{fit:>16}"
-              f"{s['reward_first5']:12.3f}{s['reward_last5']:8.3f}")
-    print(f"(kept: mean groups with unequal rewards, which train; train fit: seconds = fixed + per group x k; "
-          f"at equal kept = {kept:.1f}: minimal {summary['minimal']['train_fit_at_equal_kept_s']:.2f}s, "
-          f"plait {summary['plait']['train_fit_at_equal_kept_s']:.2f}s)")
+        print(
+            f"{side:10}{s['step_median_s']:7.2f}{s['sample_median_s']:10.2f}{s['train_median_s']:7.2f}"
+            f"{s.get('sync_median_s', 0.0):6.2f}{s['other_median_s']:7.2f}{s['groups_kept_mean']:6.1f}{fit:>16}"
+            f"{s['reward_first5']:12.3f}{s['reward_last5']:8.3f}"
+        )
+    print(
+        f"(kept: mean groups with unequal rewards, which train; train fit: seconds = fixed + per group x k; "
+        f"at equal kept = {kept:.1f}: minimal {summary['minimal']['train_fit_at_equal_kept_s']:.2f}s, "
+        f"plait {summary['plait']['train_fit_at_equal_kept_s']:.2f}s)"
+    )
     print("plait / minimal: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     print("step ratio of each repeat: " + ", ".join(f"{r:.2f}x" for r in pair_ratios))
     for side in ("minimal", "plait"):
-        print(f"reward/mean per step, {side}: " + " ".join(f"{r:.2f}" for r in sides[side]["reward"]))
+        print(
+            f"reward/mean per step, {side}: " + " ".join(f"{r:.2f}" for r in sides[side]["reward"])
+        )
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "vs_minimal.json"
-    settings = {"steps": args.steps, "repeats": args.repeats, "threads": args.threads, "order": args.order,
-                "minimal_train": args.train,
-                "plait_overrides": args.plait_set,
-                "groups": workload.GROUPS, "group_size": workload.GROUP_SIZE, "max_tokens": workload.MAX_TOKENS,
-                "learning_rate": workload.LEARNING_RATE, "model": workload.MODEL}
-    path.write_text(json.dumps({"machine": machine(), "settings": settings, "summary": summary, "ratios": ratios,
-                                "step_ratio_per_repeat": pair_ratios, "per_step": sides,
-                                "step_s_per_repeat": {side: [run["step_s"] for run in runs[side]] for side in runs}}, indent=2) + "\n")
+    settings = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "order": args.order,
+        "minimal_train": args.train,
+        "plait_overrides": args.plait_set,
+        "groups": workload.GROUPS,
+        "group_size": workload.GROUP_SIZE,
+        "max_tokens": workload.MAX_TOKENS,
+        "learning_rate": workload.LEARNING_RATE,
+        "model": workload.MODEL,
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "settings": settings,
+                "summary": summary,
+                "ratios": ratios,
+                "step_ratio_per_repeat": pair_ratios,
+                "per_step": sides,
+                "step_s_per_repeat": {side: [run["step_s"] for run in runs[side]] for side in runs},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {path}")
     if not args.keep:
         import shutil

@@ -71,8 +71,12 @@ import grpo_workload as workload
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def trl_venv() -> Path:
@@ -94,43 +98,75 @@ def run_child(cmd: list[str], log: Path, threads: int | None) -> dict[str, float
     if proc.returncode:
         tail = "\n".join(log.read_text().splitlines()[-40:])
         raise SystemExit(f"{' '.join(cmd[:3])} ... exited {proc.returncode}:\n{tail}")
-    return {"process_seconds": wall, "process_cpu_seconds": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {
+        "process_seconds": wall,
+        "process_cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+    }
 
 
 def run_trl(args: argparse.Namespace, tmp: Path, tasks: Path, model: Path) -> dict[str, Any]:
     out = tmp / "trl.json"
-    cmd = [str(trl_venv() / "bin" / "python"), str(HERE / "trl_grpo.py"), "--model", str(model),
-           "--tasks", str(tasks), "--out", str(out), "--steps", str(args.steps),
-           "--groups", str(workload.GROUPS), "--group-size", str(workload.GROUP_SIZE),
-           "--max-tokens", str(workload.MAX_TOKENS), "--temperature", str(workload.TEMPERATURE),
-           "--learning-rate", str(workload.LEARNING_RATE), "--grad-clip", str(workload.GRAD_CLIP),
-           "--seed", str(workload.SEED), "--micro-batch", str(args.trl_micro_batch)]
+    cmd = [
+        str(trl_venv() / "bin" / "python"),
+        str(HERE / "trl_grpo.py"),
+        "--model",
+        str(model),
+        "--tasks",
+        str(tasks),
+        "--out",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--groups",
+        str(workload.GROUPS),
+        "--group-size",
+        str(workload.GROUP_SIZE),
+        "--max-tokens",
+        str(workload.MAX_TOKENS),
+        "--temperature",
+        str(workload.TEMPERATURE),
+        "--learning-rate",
+        str(workload.LEARNING_RATE),
+        "--grad-clip",
+        str(workload.GRAD_CLIP),
+        "--seed",
+        str(workload.SEED),
+        "--micro-batch",
+        str(args.trl_micro_batch),
+    ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     process = run_child(cmd, tmp / "trl.log", args.threads)
     result = json.loads(out.read_text())
     steps, rollout = result["step_seconds"], result["rollout_seconds"]
-    return {**result, **process,
-            "train_seconds": [s - r for s, r in zip(steps, rollout, strict=True)],
-            "frac_reward_zero_std_by_step": [log.get("frac_reward_zero_std") for log in result["logs"]],
-            "completion_length_by_step": [log.get("completions/mean_length") for log in result["logs"]]}
+    return {
+        **result,
+        **process,
+        "train_seconds": [s - r for s, r in zip(steps, rollout, strict=True)],
+        "frac_reward_zero_std_by_step": [log.get("frac_reward_zero_std") for log in result["logs"]],
+        "completion_length_by_step": [log.get("completions/mean_length") for log in result["logs"]],
+    }
 
 
 def run_plait(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     name = "vs-trl-plait"
     config = tmp / "plait.toml"
     config.write_text(workload.plait_config(tmp / "runs", name, args.steps))
-    process = run_child(workload.plait_command(config, args.threads), tmp / "plait.log", args.threads)
+    process = run_child(
+        workload.plait_command(config, args.threads), tmp / "plait.log", args.threads
+    )
     steps = workload.plait_steps(tmp / "runs" / name, args.steps)
-    return {**process,
-            "time_keys": sorted(k for k in steps[0] if k.startswith("time/")),
-            "step_seconds": [r["time/total"] for r in steps],
-            "rollout_seconds": [r["time/rollout"] for r in steps],
-            "train_seconds": [r["time/train"] for r in steps],
-            "reward_by_step": [r["reward/mean"] for r in steps],
-            "groups_constant_by_step": [r.get("data/groups_constant") for r in steps],
-            "action_tokens_by_step": [r.get("data/action_tokens") for r in steps]}
+    return {
+        **process,
+        "time_keys": sorted(k for k in steps[0] if k.startswith("time/")),
+        "step_seconds": [r["time/total"] for r in steps],
+        "rollout_seconds": [r["time/rollout"] for r in steps],
+        "train_seconds": [r["time/train"] for r in steps],
+        "reward_by_step": [r["reward/mean"] for r in steps],
+        "groups_constant_by_step": [r.get("data/groups_constant") for r in steps],
+        "action_tokens_by_step": [r.get("data/action_tokens") for r in steps],
+    }
 
 
 def summarize(side: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -141,7 +177,9 @@ def summarize(side: dict[str, Any], warmup: int) -> dict[str, Any]:
         "median_rollout_seconds": common.median(side["rollout_seconds"][timed]),
         "median_train_seconds": common.median(side["train_seconds"][timed]),
         "mean_step_seconds": statistics.fmean(side["step_seconds"][timed]),
-        "min_step_seconds": min(side["step_seconds"][timed]),  # the least disturbed by a busy neighbour
+        "min_step_seconds": min(
+            side["step_seconds"][timed]
+        ),  # the least disturbed by a busy neighbour
         "reward_mean": statistics.fmean(rewards),
         "reward_mean_timed_steps": statistics.fmean(rewards[timed]),
         "reward_first_3": statistics.fmean(rewards[:3]),
@@ -153,20 +191,32 @@ def summarize(side: dict[str, Any], warmup: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps on each side")
-    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the step-time medians")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="first steps left out of the step-time medians"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads on both sides (default: torch's)"
+    )
     parser.add_argument("--order", choices=("trl-first", "plait-first"), default="trl-first")
-    parser.add_argument("--trl-micro-batch", type=int, default=16,
-                        help="TRL's completions per forward/backward (64 = no gradient accumulation)")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=16,
+        help="TRL's completions per forward/backward (64 = no gradient accumulation)",
+    )
     parser.add_argument("--out", type=Path, default=common.RESULTS / "vs_trl.json")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error("--steps must be more than --warmup")
     python = trl_venv() / "bin" / "python"
     if not python.exists():
-        raise SystemExit(f"no TRL venv at {trl_venv()}: build it with `bash scripts/bench/trl_venv.sh`")
+        raise SystemExit(
+            f"no TRL venv at {trl_venv()}: build it with `bash scripts/bench/trl_venv.sh`"
+        )
     if args.threads:
         import torch
 
@@ -180,52 +230,79 @@ def main() -> None:
         order = ("trl", "plait") if args.order == "trl-first" else ("plait", "trl")
         for side in order:
             print(f"vs_trl: running {side} ({args.steps} steps)", flush=True)
-            results[side] = run_trl(args, tmp, tasks, model) if side == "trl" else run_plait(args, tmp)
+            results[side] = (
+                run_trl(args, tmp, tasks, model) if side == "trl" else run_plait(args, tmp)
+            )
 
     summary = {side: summarize(results[side], args.warmup) for side in ("plait", "trl")}
     ratio = summary["trl"]["median_step_seconds"] / summary["plait"]["median_step_seconds"]
-    print(f"\n{args.steps} steps each ({args.order}); step-time medians leave out the first {args.warmup} "
-          f"step(s) as warm-up; rewards are means of the per-step mean reward")
-    print(f"{'side':<6} {'step s':>8} {'rollout s':>10} {'train s':>8} {'reward':>7} {'first 3':>8} "
-          f"{'last 3':>7} {'peak MB':>8} {'proc s':>7} {'proc cpu s':>10}")
+    print(
+        f"\n{args.steps} steps each ({args.order}); step-time medians leave out the first {args.warmup} "
+        f"step(s) as warm-up; rewards are means of the per-step mean reward"
+    )
+    print(
+        f"{'side':<6} {'step s':>8} {'rollout s':>10} {'train s':>8} {'reward':>7} {'first 3':>8} "
+        f"{'last 3':>7} {'peak MB':>8} {'proc s':>7} {'proc cpu s':>10}"
+    )
     for side in ("plait", "trl"):
         s = summary[side]
-        print(f"{side:<6} {s['median_step_seconds']:>8.2f} {s['median_rollout_seconds']:>10.2f} "
-              f"{s['median_train_seconds']:>8.2f} {s['reward_mean']:>7.3f} {s['reward_first_3']:>8.3f} "
-              f"{s['reward_last_3']:>7.3f} {s['peak_rss_mb']:>8.0f} {s['process_seconds']:>7.0f} "
-              f"{s['process_cpu_seconds']:>10.0f}")
+        print(
+            f"{side:<6} {s['median_step_seconds']:>8.2f} {s['median_rollout_seconds']:>10.2f} "
+            f"{s['median_train_seconds']:>8.2f} {s['reward_mean']:>7.3f} {s['reward_first_3']:>8.3f} "
+            f"{s['reward_last_3']:>7.3f} {s['peak_rss_mb']:>8.0f} {s['process_seconds']:>7.0f} "
+            f"{s['process_cpu_seconds']:>10.0f}"
+        )
     fastest = summary["trl"]["min_step_seconds"] / summary["plait"]["min_step_seconds"]
     print(f"TRL / plait median step time: {ratio:.2f}x (fastest steps: {fastest:.2f}x)")
 
     trl = results["trl"]
     result = {
         "machine": common.machine(),
-        "trl_side": {"versions": trl["versions"], "torch_threads": trl["torch_threads"],
-                     "model_dtype": trl["model_dtype"], "device": trl["device"],
-                     "activation_checkpointing": trl["activation_checkpointing"],
-                     "generation_config": trl["generation_config"], "batch": trl["batch"]},
+        "trl_side": {
+            "versions": trl["versions"],
+            "torch_threads": trl["torch_threads"],
+            "model_dtype": trl["model_dtype"],
+            "device": trl["device"],
+            "activation_checkpointing": trl["activation_checkpointing"],
+            "generation_config": trl["generation_config"],
+            "batch": trl["batch"],
+        },
         "settings": {
-            "model": workload.MODEL, "env": "math.arith", "env_options": workload.ENV_OPTIONS,
-            "groups": workload.GROUPS, "group_size": workload.GROUP_SIZE, "max_tokens": workload.MAX_TOKENS,
-            "temperature": workload.TEMPERATURE, "top_p": 1.0, "top_k": "off",
-            "learning_rate": workload.LEARNING_RATE, "grad_clip": workload.GRAD_CLIP, "seed": workload.SEED,
-            "steps": args.steps, "warmup_steps_dropped": args.warmup, "threads": args.threads,
-            "order": args.order, "trl_micro_batch": args.trl_micro_batch,
+            "model": workload.MODEL,
+            "env": "math.arith",
+            "env_options": workload.ENV_OPTIONS,
+            "groups": workload.GROUPS,
+            "group_size": workload.GROUP_SIZE,
+            "max_tokens": workload.MAX_TOKENS,
+            "temperature": workload.TEMPERATURE,
+            "top_p": 1.0,
+            "top_k": "off",
+            "learning_rate": workload.LEARNING_RATE,
+            "grad_clip": workload.GRAD_CLIP,
+            "seed": workload.SEED,
+            "steps": args.steps,
+            "warmup_steps_dropped": args.warmup,
+            "threads": args.threads,
+            "order": args.order,
+            "trl_micro_batch": args.trl_micro_batch,
             "plait_step_time": "metrics.jsonl time/total (rollout + prepare + train + sync; no eval)",
             "trl_step_time": "TrainerCallback on_step_begin -> on_step_end (generation + rewards + "
-                             "forward/backward + clip + AdamW)",
+            "forward/backward + clip + AdamW)",
         },
         "summary": summary,
         "ratio_trl_over_plait": {
             "median_step_seconds": ratio,
-            "min_step_seconds": summary["trl"]["min_step_seconds"] / summary["plait"]["min_step_seconds"],
+            "min_step_seconds": summary["trl"]["min_step_seconds"]
+            / summary["plait"]["min_step_seconds"],
             "median_rollout_seconds": summary["trl"]["median_rollout_seconds"]
             / summary["plait"]["median_rollout_seconds"],
             "median_train_seconds": summary["trl"]["median_train_seconds"]
             / summary["plait"]["median_train_seconds"],
         },
-        "per_step": {side: {k: v for k, v in results[side].items() if isinstance(v, list) and k != "logs"}
-                     for side in ("plait", "trl")},
+        "per_step": {
+            side: {k: v for k, v in results[side].items() if isinstance(v, list) and k != "logs"}
+            for side in ("plait", "trl")
+        },
         "plait_time_keys": results["plait"]["time_keys"],
         "trl_logs": trl["logs"],
     }

@@ -24,8 +24,14 @@ mean reward within 20 / 25 / 30 steps (torch, proxy, vLLM): 0.85 / 0.93 / 0.95, 
 ASYNC_STEPS = 30
 
 
-ASYNC_OVERRIDES = ("rl.schedule=async", "off_policy.max_staleness=2", "off_policy.correction=token",
-                   "off_policy.truncate=2.0", "off_policy.mask_above=10.0", "trainer.learning_rate=1e-3")
+ASYNC_OVERRIDES = (
+    "rl.schedule=async",
+    "off_policy.max_staleness=2",
+    "off_policy.correction=token",
+    "off_policy.truncate=2.0",
+    "off_policy.mask_above=10.0",
+    "trainer.learning_rate=1e-3",
+)
 """The test-sized examples run async. At their learning rate (1.5e-3) the async runs' sums drift as
 they learn the format (measured on tiny-qwen3-arith, four runs of 30 steps: best 10-step reward
 0.76-0.80, held-out greedy accuracy peaking at 0.52-0.75, three under 0.6; the MoE needed 45 steps
@@ -50,11 +56,17 @@ class ArithTinyRun:
         `min_reward` over 10 consecutive steps, and held-out accuracy of `min_accuracy`."""
         rewards = self.rewards
         assert len(rewards) == self.steps, f"{len(rewards)} steps ran"
-        assert rewards[0] < 0.1, f"the task must start hard for the model: first-step reward {rewards[0]}"
-        best = max(sum(rewards[i:i + 10]) / 10 for i in range(len(rewards) - 9))
-        assert best >= min_reward, f"best 10-step mean reward {best:.3f} < {min_reward}; rewards: {rewards}"
+        assert rewards[0] < 0.1, (
+            f"the task must start hard for the model: first-step reward {rewards[0]}"
+        )
+        best = max(sum(rewards[i : i + 10]) / 10 for i in range(len(rewards) - 9))
+        assert best >= min_reward, (
+            f"best 10-step mean reward {best:.3f} < {min_reward}; rewards: {rewards}"
+        )
         accuracy = [m["eval/accuracy"] for m in self.metrics if "eval/accuracy" in m]
-        assert accuracy[0] < 0.1 and max(accuracy[1:]) >= min_accuracy, f"held-out accuracy {accuracy}"
+        assert accuracy[0] < 0.1 and max(accuracy[1:]) >= min_accuracy, (
+            f"held-out accuracy {accuracy}"
+        )
 
 
 @pytest.fixture
@@ -64,14 +76,28 @@ def run_arith_tiny(tmp_path: Path) -> Callable[..., ArithTinyRun]:
     for module in ("plait_torch", "plait_math"):
         pytest.importorskip(module)
 
-    def run(*overrides: str, steps: int = LEARNING_STEPS, timeout_s: float = 2400,
-            config: Path = ARITH_TINY) -> ArithTinyRun:
-        args = [arg for item in [f"run.out_dir={tmp_path}", f"rl.steps={steps}", *overrides] for arg in ("-s", item)]
-        done = subprocess.run([sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume", *args],
-                              capture_output=True, text=True, timeout=timeout_s)
+    def run(
+        *overrides: str,
+        steps: int = LEARNING_STEPS,
+        timeout_s: float = 2400,
+        config: Path = ARITH_TINY,
+    ) -> ArithTinyRun:
+        args = [
+            arg
+            for item in [f"run.out_dir={tmp_path}", f"rl.steps={steps}", *overrides]
+            for arg in ("-s", item)
+        ]
+        done = subprocess.run(
+            [sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         run_dir = next(tmp_path.glob("*/metrics.jsonl")).parent
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
         summary = json.loads((run_dir / "summary.json").read_text())
         return ArithTinyRun(run_dir, steps, done.stdout + done.stderr, metrics, summary)
 
@@ -79,6 +105,8 @@ def run_arith_tiny(tmp_path: Path) -> Callable[..., ArithTinyRun]:
 
 
 @pytest.fixture
-def run_arith_tiny_async(run_arith_tiny: Callable[..., ArithTinyRun]) -> Callable[..., ArithTinyRun]:
+def run_arith_tiny_async(
+    run_arith_tiny: Callable[..., ArithTinyRun],
+) -> Callable[..., ArithTinyRun]:
     """`run_arith_tiny` with the async schedule (ASYNC_OVERRIDES) for ASYNC_STEPS steps."""
     return functools.partial(run_arith_tiny, *ASYNC_OVERRIDES, steps=ASYNC_STEPS)

@@ -28,17 +28,40 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def metrics_of(run_dir: Path) -> list[dict[str, float]]:
-    return [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m["step"] > 0]
+    return [
+        m
+        for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if m["step"] > 0
+    ]
 
 
-@pytest.mark.parametrize(("max_staleness", "pause"), [(0, "keep"), (2, "keep"), (1, "abort"), (1, "wait")])
+@pytest.mark.parametrize(
+    ("max_staleness", "pause"), [(0, "keep"), (2, "keep"), (1, "abort"), (1, "wait")]
+)
 def test_staleness_stays_within_its_bound(max_staleness, pause, tiny_qwen3, tmp_path):
-    config = load_config(None, [
-        f"run.out_dir={tmp_path}", "run.name=async", "run.log_level=warning", f"model.name={tiny_qwen3}",
-        "trainer.engine=torch", "inference.engine=torch", "env.name=math.arith", "rl.schedule=async",
-        f"rl.steps={STEPS}", f"rl.groups_per_batch={GROUPS}", f"rl.group_size={GROUP_SIZE}", "rl.max_tokens=12",
-        f"off_policy.max_staleness={max_staleness}", f"off_policy.update_pause={pause}",
-        "eval.every=0", "eval.tasks=1", "eval.samples_per_task=1", "metrics.sinks=[\"jsonl\"]"])
+    config = load_config(
+        None,
+        [
+            f"run.out_dir={tmp_path}",
+            "run.name=async",
+            "run.log_level=warning",
+            f"model.name={tiny_qwen3}",
+            "trainer.engine=torch",
+            "inference.engine=torch",
+            "env.name=math.arith",
+            "rl.schedule=async",
+            f"rl.steps={STEPS}",
+            f"rl.groups_per_batch={GROUPS}",
+            f"rl.group_size={GROUP_SIZE}",
+            "rl.max_tokens=12",
+            f"off_policy.max_staleness={max_staleness}",
+            f"off_policy.update_pause={pause}",
+            "eval.every=0",
+            "eval.tasks=1",
+            "eval.samples_per_task=1",
+            'metrics.sinks=["jsonl"]',
+        ],
+    )
     run_training(config, resume=False)
     run_dir = tmp_path / "async"
     steps = metrics_of(run_dir)
@@ -49,9 +72,14 @@ def test_staleness_stays_within_its_bound(max_staleness, pause, tiny_qwen3, tmp_
     if max_staleness == 2:  # batches 0-2 start together at version 0: batch 2 trains at version 2
         assert max(m["async/staleness_max"] for m in steps) > 0
     ledger = [json.loads(line) for line in (run_dir / LEDGER_FILE).read_text().splitlines()]
-    for record in ledger:  # step s trains the prompts at positions [(s-1)*GROUPS, s*GROUPS), whole groups
+    for (
+        record
+    ) in ledger:  # step s trains the prompts at positions [(s-1)*GROUPS, s*GROUPS), whole groups
         assert sorted((p, i) for p, i, *_ in record["samples"]) == [
-            (p, i) for p in range((record["step"] - 1) * GROUPS, record["step"] * GROUPS) for i in range(GROUP_SIZE)]
+            (p, i)
+            for p in range((record["step"] - 1) * GROUPS, record["step"] * GROUPS)
+            for i in range(GROUP_SIZE)
+        ]
         assert record["weight_version"] == ledger[0]["weight_version"] + record["step"] - 1
 
 

@@ -21,8 +21,15 @@ from plait_docker.engine import LABEL_OWNER_PID, LABEL_SANDBOX, connect
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "code_python_smollm2.toml"
-SMALL_RUN = ["rl.steps=1", "rl.groups_per_batch=2", "rl.group_size=4", "rl.max_tokens=96",
-             "eval.every=0", "eval.tasks=1", "eval.samples_per_task=1"]
+SMALL_RUN = [
+    "rl.steps=1",
+    "rl.groups_per_batch=2",
+    "rl.group_size=4",
+    "rl.max_tokens=96",
+    "eval.every=0",
+    "eval.tasks=1",
+    "eval.samples_per_task=1",
+]
 
 
 async def regrade(samples: list[dict]) -> list[float]:
@@ -32,7 +39,9 @@ async def regrade(samples: list[dict]) -> list[float]:
     try:
         for sample in samples:
             session = await env.open(sample["task"])
-            answer = sample["completion"][-1].removesuffix("<|im_end|>")  # the renderer strips the end token
+            answer = sample["completion"][-1].removesuffix(
+                "<|im_end|>"
+            )  # the renderer strips the end token
             output = await session.call("submit", {"answer": answer})
             await session.close()
             rewards.append(output.reward)
@@ -43,8 +52,12 @@ async def regrade(samples: list[dict]) -> list[float]:
 
 def test_grpo_on_code_python_end_to_end(tmp_path):
     overrides = [arg for item in [*SMALL_RUN, f"run.out_dir={tmp_path}"] for arg in ("-s", item)]
-    with subprocess.Popen([sys.executable, "-m", "plait.cli", "run", str(EXAMPLE), *overrides, "--no-resume"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as run:
+    with subprocess.Popen(
+        [sys.executable, "-m", "plait.cli", "run", str(EXAMPLE), *overrides, "--no-resume"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as run:
         _, stderr = run.communicate(timeout=2400)
     assert run.returncode == 0, stderr[-3000:]
     run_dir = tmp_path / "code-python-smollm2"

@@ -22,22 +22,31 @@ def vllm_overrides() -> list[str]:
     pytest.importorskip("plait_vllm")
     python = venv_python("PLAIT_VLLM_VENV", REPO / ".venvs" / "vllm", "scripts/ci/vllm.sh")
     # float32 like the trainer, so that the sampler's logprobs are the trainer's
-    return ["inference.engine=vllm", f"inference.options.python={python}", "inference.options.dtype=float32",
-            "inference.options.max_model_len=512"]
+    return [
+        "inference.engine=vllm",
+        f"inference.options.python={python}",
+        "inference.options.dtype=float32",
+        "inference.options.max_model_len=512",
+    ]
 
 
 def proxy_overrides() -> list[str]:
     pytest.importorskip("plait_proxy")
     pytest.importorskip("openai")
-    return ["env.name=proxy.harness", 'env.options={tasks="math.arith", task_options={preset="tiny"}, '
-            'function="plait_proxy.agents:openai_chat"}']
+    return [
+        "env.name=proxy.harness",
+        'env.options={tasks="math.arith", task_options={preset="tiny"}, '
+        'function="plait_proxy.agents:openai_chat"}',
+    ]
 
 
 OVERRIDES = {"torch": list, "vllm": vllm_overrides, "proxy": proxy_overrides}
 
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
-@pytest.mark.parametrize("variant", ["torch", pytest.param("vllm", marks=pytest.mark.vllm), "proxy"])
+@pytest.mark.parametrize(
+    "variant", ["torch", pytest.param("vllm", marks=pytest.mark.vllm), "proxy"]
+)
 def test_tiny_model_learns_arith(run_arith_tiny, variant: str) -> None:
     run = run_arith_tiny(*OVERRIDES[variant]())
     run.assert_learned()

@@ -13,6 +13,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 def test_tiny_model_learns_arith_on_two_fsdp2_ranks(run_arith_tiny) -> None:
     pytest.importorskip("plait_fsdp2")
-    run = run_arith_tiny("trainer.engine=fsdp2", "trainer.options.world_size=2", "trainer.options.device=cpu")
+    run = run_arith_tiny(
+        "trainer.engine=fsdp2", "trainer.options.world_size=2", "trainer.options.device=cpu"
+    )
     assert "fsdp2 trainer ready" in run.output, "the run must train on the fsdp2 engine"
     run.assert_learned()

@@ -17,8 +17,12 @@ ARITH_TINY_MOE = Path(__file__).resolve().parents[1] / "examples" / "arith_tiny_
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 @pytest.mark.parametrize("schedule", ["sync", "async"])
-def test_moe_learns_arith_with_routing_replay(run_arith_tiny, run_arith_tiny_async, schedule: str) -> None:
-    if schedule == "async":  # the async bar of the dense example (tests/test_async_rl.py): async runs learn slower
+def test_moe_learns_arith_with_routing_replay(
+    run_arith_tiny, run_arith_tiny_async, schedule: str
+) -> None:
+    if (
+        schedule == "async"
+    ):  # the async bar of the dense example (tests/test_async_rl.py): async runs learn slower
         run = run_arith_tiny_async(config=ARITH_TINY_MOE)
         run.assert_learned(min_reward=0.65, min_accuracy=0.6)
     else:
@@ -26,6 +30,12 @@ def test_moe_learns_arith_with_routing_replay(run_arith_tiny, run_arith_tiny_asy
         run.assert_learned()
     trained = [m for m in run.metrics if "policy/routing_agreement" in m]  # steps that trained
     assert len(trained) >= run.steps // 2
-    assert all(m["policy/routing_agreement"] == 1.0 for m in trained)  # measured on what the experts got
-    assert min(m["policy/routing_natural_agreement"] for m in trained) < 1.0  # replay had work to do
-    assert all(m["data/routing_bytes_per_token"] == 2 * 2 for m in trained)  # 2 layers x top-2, uint8
+    assert all(
+        m["policy/routing_agreement"] == 1.0 for m in trained
+    )  # measured on what the experts got
+    assert (
+        min(m["policy/routing_natural_agreement"] for m in trained) < 1.0
+    )  # replay had work to do
+    assert all(
+        m["data/routing_bytes_per_token"] == 2 * 2 for m in trained
+    )  # 2 layers x top-2, uint8

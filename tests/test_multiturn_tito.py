@@ -39,18 +39,24 @@ from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
 pytestmark = pytest.mark.slow
 
-TOOL_CALL = ('<think>\n\n</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
-             "</tool_call><|im_end|>")
+TOOL_CALL = (
+    '<think>\n\n</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
+    "</tool_call><|im_end|>"
+)
 NEWLINE = 198  # the last token of every Qwen generation prompt ("<|im_start|>assistant\n")
 TURNS = 4
 
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3").path
+    return materialize_model(
+        "tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3"
+    ).path
 
 
-def scripted(base: Path, text: str, split: dict[str, list[str]] | None = None) -> tuple[ResolvedModel, list[int]]:
+def scripted(
+    base: Path, text: str, split: dict[str, list[str]] | None = None
+) -> tuple[ResolvedModel, list[int]]:
     tokenizer = load_tokenizer(base)
     script = script_tokens(tokenizer, text, avoid=[NEWLINE], split=split)
     dest = base.parent / f"scripted-{abs(hash(text))}"
@@ -66,17 +72,27 @@ def scripted_model(tiny_qwen3: Path) -> tuple[ResolvedModel, list[int]]:
     return model, script
 
 
-def run(model: ResolvedModel, renderer_name: str, episodes: int = 2, **limits: Any) -> list[Trajectory]:
+def run(
+    model: ResolvedModel, renderer_name: str, episodes: int = 2, **limits: Any
+) -> list[Trajectory]:
     registry = get_registry()
     engine = registry.get("inference_engine", "torch").load()(model, options=None, seed=0)
     renderer = registry.get("renderer", renderer_name).load()(model, options=None)
-    env = registry.get("env", "math.calculator").load()(options=registry.get("env", "math.calculator").options_class()())
-    config = EpisodeConfig(SamplingParams(max_tokens=48, temperature=0.0), **{"max_turns": TURNS, **limits})
+    env = registry.get("env", "math.calculator").load()(
+        options=registry.get("env", "math.calculator").options_class()()
+    )
+    config = EpisodeConfig(
+        SamplingParams(max_tokens=48, temperature=0.0), **{"max_turns": TURNS, **limits}
+    )
 
     async def episodes_() -> list[Trajectory]:
         tasks = [await env.get_task("train", i) for i in range(episodes)]
         try:
-            return list(await asyncio.gather(*(run_episode(env, t, engine, renderer, config) for t in tasks)))
+            return list(
+                await asyncio.gather(
+                    *(run_episode(env, t, engine, renderer, config) for t in tasks)
+                )
+            )
         finally:
             await engine.close()
 
@@ -102,25 +118,37 @@ def check_episode(trajectory: Trajectory, script: list[int]) -> list[Datum]:
     ids, logprobs = action_ids(datums)
     # End to end: every sampled id, and its logprob, reaches the trainer unchanged and in order.
     assert ids == [t for turn in trajectory.turns for t in turn.completion.tokens]
-    assert np.allclose(logprobs, [lp for turn in trajectory.turns for lp in turn.completion.logprobs])
+    assert np.allclose(
+        logprobs, [lp for turn in trajectory.turns for lp in turn.completion.logprobs]
+    )
     return datums
 
 
-def test_a_renderer_with_the_extension_property_trains_one_datum_per_episode(scripted_model: Any) -> None:
+def test_a_renderer_with_the_extension_property_trains_one_datum_per_episode(
+    scripted_model: Any,
+) -> None:
     model, script = scripted_model
     for trajectory in run(model, "qwen3_keep_reasoning"):
         datums = check_episode(trajectory, script)
         assert len(datums) == 1 and trajectory.bridged_turns == TURNS - 1
         last = trajectory.turns[-1]
         (datum,) = datums
-        sequence = [*datum.model_input.to_ints(), int(datum.loss_fn_inputs["target_tokens"].to_numpy()[-1])]
+        sequence = [
+            *datum.model_input.to_ints(),
+            int(datum.loss_fn_inputs["target_tokens"].to_numpy()[-1]),
+        ]
         assert sequence == [*last.prompt, *last.completion.tokens]
         for before, after in zip(trajectory.turns, trajectory.turns[1:], strict=False):
-            assert list(after.prompt[: len(before.prompt) + len(script)]) == [*before.prompt, *script]
+            assert list(after.prompt[: len(before.prompt) + len(script)]) == [
+                *before.prompt,
+                *script,
+            ]
 
 
 @pytest.mark.parametrize("renderer_name", ["qwen3", "chat_template"])
-def test_a_template_that_rewrites_history_splits_every_turn(scripted_model: Any, renderer_name: str) -> None:
+def test_a_template_that_rewrites_history_splits_every_turn(
+    scripted_model: Any, renderer_name: str
+) -> None:
     model, script = scripted_model
     for trajectory in run(model, renderer_name):
         datums = check_episode(trajectory, script)
@@ -173,7 +201,9 @@ class FaultyGrader(Environment):
         raise RuntimeError("the grading sandbox died")
 
 
-def test_an_answer_whose_grading_fails_costs_its_episode_not_a_zero_reward(tiny_qwen3: Path) -> None:
+def test_an_answer_whose_grading_fails_costs_its_episode_not_a_zero_reward(
+    tiny_qwen3: Path,
+) -> None:
     model = ResolvedModel("tiny-qwen3", tiny_qwen3, tiny_qwen3)
     registry = get_registry()
     engine = registry.get("inference_engine", "torch").load()(model, options=None, seed=0)
@@ -190,4 +220,6 @@ def test_an_answer_whose_grading_fails_costs_its_episode_not_a_zero_reward(tiny_
     trajectory = asyncio.run(episode())
     assert trajectory.error is not None and "the grading sandbox died" in trajectory.error
     metrics = rollout_metrics([[trajectory]])
-    assert metrics["env/errors"] == 1.0 and metrics["reward/mean"] == 0.0  # counted, and no reward recorded
+    assert (
+        metrics["env/errors"] == 1.0 and metrics["reward/mean"] == 0.0
+    )  # counted, and no reward recorded

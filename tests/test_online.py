@@ -64,21 +64,45 @@ def test_served_reward_rises_and_the_gate_rolls_a_regression_back(tmp_path: Path
     tasks, regression = arith_tasks(), {}
     load = Load(users=12, seconds=400, feedback_late=0.2, feedback_missing=0.1, late_s=(1.0, 6.0))
 
-    def learned(requests: Sequence[Request]) -> bool:  # ~75 s on an idle machine, longer beside other tests
+    def learned(
+        requests: Sequence[Request],
+    ) -> bool:  # ~75 s on an idle machine, longer beside other tests
         return "caught" in regression and recent_reward(requests) >= 0.7
 
-    with online_process(CONFIG, tmp_path / "server.log", f"run.out_dir={tmp_path}", GREEDY_GATE, fresh=True) as (url, _):
-        requests = asyncio.run(simulate_users(url, tasks, load, until=learned, during=lambda client: inject_regression(
-            client, after_s=25, destructive_lr=0.5, report=regression, min_score=0.3, timeout_s=300)))
+    with online_process(
+        CONFIG, tmp_path / "server.log", f"run.out_dir={tmp_path}", GREEDY_GATE, fresh=True
+    ) as (url, _):
+        requests = asyncio.run(
+            simulate_users(
+                url,
+                tasks,
+                load,
+                until=learned,
+                during=lambda client: inject_regression(
+                    client,
+                    after_s=25,
+                    destructive_lr=0.5,
+                    report=regression,
+                    min_score=0.3,
+                    timeout_s=300,
+                ),
+            )
+        )
         status = httpx.get(f"{url}/v1/online/status", headers=AUTH).json()
     summary = summarize(requests, status["events"])
     print(json.dumps({**summary, "regression": regression}, indent=1))
     assert summary["failed"] == 0, summary["errors"]
-    assert summary["reward_by_window"][0] < 0.2 and recent_reward(requests) >= 0.7, summary["reward_by_window"]
+    assert summary["reward_by_window"][0] < 0.2 and recent_reward(requests) >= 0.7, summary[
+        "reward_by_window"
+    ]
     assert len(summary["versions_served"]) >= 5 and summary["latency_during_updates_s"]["count"] > 0
     (verdict,) = regression["gated"]
-    assert regression["caught"] and verdict["serving_version"] < verdict["version"], regression  # it never served
-    assert verdict["score"] < verdict["best_score"] - 0.05 and verdict["best_score"] >= 0.3, regression
+    assert regression["caught"] and verdict["serving_version"] < verdict["version"], (
+        regression
+    )  # it never served
+    assert verdict["score"] < verdict["best_score"] - 0.05 and verdict["best_score"] >= 0.3, (
+        regression
+    )
     assert summary["feedback_refused"] == 0
 
 
@@ -104,16 +128,30 @@ def test_a_killed_server_loses_no_acknowledged_answer_or_reward(tmp_path: Path) 
     def killed_a_while_ago(requests: Sequence[Request]) -> bool:
         return bool(killed_at) and time.monotonic() - killed_at[0] > 5
 
-    with online_process(CONFIG, log_path, f"run.out_dir={tmp_path}", GREEDY_GATE, fresh=True) as (url, server):
-        requests = asyncio.run(simulate_users(url, tasks, load, until=killed_a_while_ago,
-                                              during=lambda client: kill_when_busy(client, server)))
+    with online_process(CONFIG, log_path, f"run.out_dir={tmp_path}", GREEDY_GATE, fresh=True) as (
+        url,
+        server,
+    ):
+        requests = asyncio.run(
+            simulate_users(
+                url,
+                tasks,
+                load,
+                until=killed_a_while_ago,
+                during=lambda client: kill_when_busy(client, server),
+            )
+        )
         assert server.wait(10) == -signal.SIGKILL
     served = [r for r in requests if r.ok]
     acknowledged = [r for r in served if r.feedback == "acknowledged"]
-    assert len(served) >= 100 and len(acknowledged) >= 40 and any(not r.ok for r in requests)  # it died mid-traffic
+    assert (
+        len(served) >= 100 and len(acknowledged) >= 40 and any(not r.ok for r in requests)
+    )  # it died mid-traffic
 
     online_dir = tmp_path / "online-arith-tiny" / "online"
-    on_disk = {json.loads(line)["id"] for line in (online_dir / "answers.jsonl").read_text().splitlines()}
+    on_disk = {
+        json.loads(line)["id"] for line in (online_dir / "answers.jsonl").read_text().splitlines()
+    }
     rewards = {}
     for line in (online_dir / "feedback.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -124,13 +162,23 @@ def test_a_killed_server_loses_no_acknowledged_answer_or_reward(tmp_path: Path) 
     with online_process(CONFIG, log_path, f"run.out_dir={tmp_path}", GREEDY_GATE) as (url, _):
         status = httpx.get(f"{url}/v1/online/status", headers=AUTH).json()
         assert status["serving_version"] >= before_kill["serving_version"]
-        assert status["updates"] >= before_kill["updates"] - 1  # the update in flight when killed may be lost
+        assert (
+            status["updates"] >= before_kill["updates"] - 1
+        )  # the update in flight when killed may be lost
         never_rewarded = [r for r in served if r.feedback == "missing"]
-        late = httpx.post(f"{url}/v1/feedback", json={"response_id": never_rewarded[0].response_id, "reward": 1.0},
-                          headers=AUTH)
-        assert late.status_code == 200, late.text  # an answer from before the kill still takes its reward
-        again = httpx.post(f"{url}/v1/feedback", json={"response_id": acknowledged[0].response_id, "reward": 0.0},
-                           headers=AUTH)
+        late = httpx.post(
+            f"{url}/v1/feedback",
+            json={"response_id": never_rewarded[0].response_id, "reward": 1.0},
+            headers=AUTH,
+        )
+        assert late.status_code == 200, (
+            late.text
+        )  # an answer from before the kill still takes its reward
+        again = httpx.post(
+            f"{url}/v1/feedback",
+            json={"response_id": acknowledged[0].response_id, "reward": 0.0},
+            headers=AUTH,
+        )
         assert again.status_code == 409, again.text
     assert "restored the online record" in log_path.read_text()
 

@@ -23,15 +23,31 @@ def test_arith_tiny_learns_with_its_trainer_and_inference_on_two_ray_nodes(run_a
     with local_cluster([{"trainer_pool": 1}, {"inference_pool": 1}]) as cluster:
         import ray
 
-        node_of = {resource: node["NodeID"][:12] for node in ray.nodes() for resource in node["Resources"]
-                   if resource.endswith("_pool")}
+        node_of = {
+            resource: node["NodeID"][:12]
+            for node in ray.nodes()
+            for resource in node["Resources"]
+            if resource.endswith("_pool")
+        }
 
         def on_ray(pool: str) -> str:
-            return f'{{engine="torch", ray={{address="{cluster.address}", resources={{{pool}=1}}}}}}'
+            return (
+                f'{{engine="torch", ray={{address="{cluster.address}", resources={{{pool}=1}}}}}}'
+            )
 
-        run = run_arith_tiny("trainer.engine=remote", f"trainer.options={on_ray('trainer_pool')}",
-                             "inference.engine=remote", f"inference.options={on_ray('inference_pool')}")
+        run = run_arith_tiny(
+            "trainer.engine=remote",
+            f"trainer.options={on_ray('trainer_pool')}",
+            "inference.engine=remote",
+            f"inference.options={on_ray('inference_pool')}",
+        )
     run.assert_learned()
-    placed = dict((service, node) for node, service in
-                  re.findall(r"service started on Ray.*? node=(\w+) server='plait (\w+) service'", run.output))
-    assert placed == {"trainer": node_of["trainer_pool"], "inference": node_of["inference_pool"]}, run.output[-3000:]
+    placed = dict(
+        (service, node)
+        for node, service in re.findall(
+            r"service started on Ray.*? node=(\w+) server='plait (\w+) service'", run.output
+        )
+    )
+    assert placed == {"trainer": node_of["trainer_pool"], "inference": node_of["inference_pool"]}, (
+        run.output[-3000:]
+    )

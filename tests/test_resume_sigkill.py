@@ -44,7 +44,9 @@ STEPS, GROUPS, GROUP_SIZE = 8, 2, 2
 
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_model("tiny-qwen3-moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe").path
+    return materialize_model(
+        "tiny-qwen3-moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe"
+    ).path
 
 
 def write_config(path: Path, model: Path, out_dir: Path, schedule: str) -> Path:
@@ -90,8 +92,13 @@ def attempt(config: Path, crash_at: str | None, cache: Path) -> subprocess.Compl
     env.pop(CRASH_ENV, None)
     if crash_at:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-c", "from plait.cli import cli; cli()", "run", str(config)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", "from plait.cli import cli; cli()", "run", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 CRASHES = {
@@ -107,7 +114,11 @@ def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_moe, t
     run_dir = tmp_path / "runs" / f"resume-{schedule}"
     for crash_at in CRASHES[schedule]:
         result = attempt(config, crash_at, tmp_path / "cache")
-        assert result.returncode == -signal.SIGKILL, (crash_at, result.returncode, result.stderr[-3000:])
+        assert result.returncode == -signal.SIGKILL, (
+            crash_at,
+            result.returncode,
+            result.stderr[-3000:],
+        )
     result = attempt(config, None, tmp_path / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -122,19 +133,30 @@ def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_moe, t
         for position, _index, task_index, _attempt, _digest in r["samples"]:
             assert position // GROUPS == r["step"] - 1
             assert task_index == sampler.index(position)
-    assert max(r["attempt"] for r in records) >= 2  # the final attempt resumed twice: step_2, step_6
+    assert (
+        max(r["attempt"] for r in records) >= 2
+    )  # the final attempt resumed twice: step_2, step_6
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == [f"step_{s:06d}" for s in range(2, STEPS + 1, 2)]  # no torn .tmp left
     if schedule == "async":
         # The samples a checkpoint held (sampled, not yet trained) were trained as sampled, not
         # sampled again, by the process that wrote it or by one resumed from it. How many there
         # are depends on timing; where they are, this holds.
-        trained_attempts = {(position, index): (sample_attempt, r["attempt"])
-                            for r in records for position, index, _task, sample_attempt, _ in r["samples"]}
-        digests = {(position, index): digest for r in records for position, index, *_, digest in r["samples"]}
+        trained_attempts = {
+            (position, index): (sample_attempt, r["attempt"])
+            for r in records
+            for position, index, _task, sample_attempt, _ in r["samples"]
+        }
+        digests = {
+            (position, index): digest
+            for r in records
+            for position, index, *_, digest in r["samples"]
+        }
         held_routing = 0
         for checkpoint in checkpoints:
-            state = json.loads((run_dir / "checkpoints" / checkpoint / "controller.json").read_text())
+            state = json.loads(
+                (run_dir / "checkpoints" / checkpoint / "controller.json").read_text()
+            )
             for held in state["completed"]:
                 sampled_by, trained_by = trained_attempts[held["position"], held["index"]]
                 assert sampled_by == held["attempt"] <= trained_by, (checkpoint, held)
@@ -142,13 +164,23 @@ def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_moe, t
                 for turn in trajectory.turns:
                     routing = turn.completion.routed_experts
                     assert routing.dtype == "uint8"
-                    assert routing.shape == (len(turn.prompt) + len(turn.completion.tokens) - 1, 2, 2)
+                    assert routing.shape == (
+                        len(turn.prompt) + len(turn.completion.tokens) - 1,
+                        2,
+                        2,
+                    )
                     held_routing += 1
-                sample = TrainedSample(held["position"], held["index"], held["task_index"], held["attempt"], trajectory)
-                assert sample.ledger_entry()[-1] == digests[held["position"], held["index"]]  # routing as sampled
+                sample = TrainedSample(
+                    held["position"], held["index"], held["task_index"], held["attempt"], trajectory
+                )
+                assert (
+                    sample.ledger_entry()[-1] == digests[held["position"], held["index"]]
+                )  # routing as sampled
         print(f"held samples with routing across checkpoints: {held_routing}")
 
-    metric_steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metric_steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert metric_steps == list(range(STEPS + 1))  # step 0: the evaluation before training
 
 

@@ -37,8 +37,22 @@ def arith_ors_url(tmp_path: Path) -> Iterator[str]:
 
     port = free_port()
     log = (tmp_path / "ors.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "plait.cli", "env", "serve", "math.arith", "-o", "preset=tiny",
-                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "env",
+            "serve",
+            "math.arith",
+            "-o",
+            "preset=tiny",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -80,12 +94,17 @@ def steps_done(out_dir: Path) -> int:
     metrics = next(out_dir.glob("*/metrics.jsonl"), None)
     if metrics is None:
         return 0
-    return sum(1 for line in metrics.read_text().splitlines() if line.strip() and json.loads(line)["step"] > 0)
+    return sum(
+        1
+        for line in metrics.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] > 0
+    )
 
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
 def test_arith_tiny_learns_with_every_component_a_service_through_a_sigkill(
-        run_arith_tiny, arith_ors_url: str, tmp_path: Path) -> None:
+    run_arith_tiny, arith_ors_url: str, tmp_path: Path
+) -> None:
     killed: list[int] = []
 
     def kill_the_inference_service_mid_run() -> None:
@@ -99,15 +118,23 @@ def test_arith_tiny_learns_with_every_component_a_service_through_a_sigkill(
 
     killer = threading.Thread(target=kill_the_inference_service_mid_run, daemon=True)
     killer.start()
-    run = run_arith_tiny("trainer.engine=remote", 'trainer.options={engine="torch"}',
-                         "inference.engine=remote", 'inference.options={engine="torch"}',
-                         "env.name=ors", f'env.options={{url="{arith_ors_url}"}}', "sync.method=disk")
+    run = run_arith_tiny(
+        "trainer.engine=remote",
+        'trainer.options={engine="torch"}',
+        "inference.engine=remote",
+        'inference.options={engine="torch"}',
+        "env.name=ors",
+        f'env.options={{url="{arith_ors_url}"}}',
+        "sync.method=disk",
+    )
     killer.join(timeout=5)
 
     assert len(killed) == 1, f"one inference service to kill, found {killed}"
     assert "restarting it and re-issuing its running requests" in run.output
     run.assert_learned()
-    records = [json.loads(line) for line in (run.run_dir / "trained.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (run.run_dir / "trained.jsonl").read_text().splitlines()
+    ]
     groups, group_size = 16, 8  # examples/arith_tiny.toml
     trained = Counter((position, index) for r in records for position, index, *_ in r["samples"])
     assert set(trained) == {(p, i) for p in range(run.steps * groups) for i in range(group_size)}

@@ -28,19 +28,24 @@ def test_unknown_key_names_path_allowed_keys_and_suggestion(tmp_path):
 
 
 def test_unknown_section():
-    with pytest.raises(ConfigError, match=r"config trainr: unknown key \(did you mean \"trainer\"\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"config trainr: unknown key \(did you mean \"trainer\"\?\)"
+    ):
         structure(RunConfig, {"trainr": {}})
 
 
-@pytest.mark.parametrize("data, path, problem", [
-    ({"rl": {"steps": "ten"}}, "rl.steps", "expected an integer"),
-    ({"rl": {"steps": 1.5}}, "rl.steps", "expected an integer"),
-    ({"rl": {"steps": True}}, "rl.steps", "expected an integer"),
-    ({"trainer": {"learning_rate": "x"}}, "trainer.learning_rate", "expected a number"),
-    ({"rl": {"advantage": "ppo"}}, "rl.advantage", "is not one of"),
-    ({"metrics": {"sinks": "jsonl"}}, "metrics.sinks", "expected a list"),
-    ({"model": "smollm2"}, "model", "expected a table"),
-])
+@pytest.mark.parametrize(
+    "data, path, problem",
+    [
+        ({"rl": {"steps": "ten"}}, "rl.steps", "expected an integer"),
+        ({"rl": {"steps": 1.5}}, "rl.steps", "expected an integer"),
+        ({"rl": {"steps": True}}, "rl.steps", "expected an integer"),
+        ({"trainer": {"learning_rate": "x"}}, "trainer.learning_rate", "expected a number"),
+        ({"rl": {"advantage": "ppo"}}, "rl.advantage", "is not one of"),
+        ({"metrics": {"sinks": "jsonl"}}, "metrics.sinks", "expected a list"),
+        ({"model": "smollm2"}, "model", "expected a table"),
+    ],
+)
 def test_type_errors_name_the_key(data, path, problem):
     with pytest.raises(ConfigError) as info:
         structure(RunConfig, data)
@@ -58,10 +63,21 @@ def test_int_accepted_for_float():
 
 
 def test_overrides_parse_toml_values():
-    data = apply_overrides({}, ["rl.steps=5", "trainer.learning_rate=1e-5", "env.name=math.arith",
-                                "metrics.sinks=['jsonl']"])
-    assert data == {"rl": {"steps": 5}, "trainer": {"learning_rate": 1e-5}, "env": {"name": "math.arith"},
-                    "metrics": {"sinks": ["jsonl"]}}
+    data = apply_overrides(
+        {},
+        [
+            "rl.steps=5",
+            "trainer.learning_rate=1e-5",
+            "env.name=math.arith",
+            "metrics.sinks=['jsonl']",
+        ],
+    )
+    assert data == {
+        "rl": {"steps": 5},
+        "trainer": {"learning_rate": 1e-5},
+        "env": {"name": "math.arith"},
+        "metrics": {"sinks": ["jsonl"]},
+    }
 
 
 def test_bad_override_and_missing_file(tmp_path):
@@ -78,13 +94,20 @@ def test_bad_override_and_missing_file(tmp_path):
 def test_validate_components_names_unknown_engine_and_provider():
     """With no plugin installed (only the core's own), the default config's trainer engine is
     unknown: the error names the key and the distribution to install."""
-    code = ("from plait.components import validate_components\n"
-            "from plait.config import load_config\n"
-            "from plait.errors import ConfigError\n"
-            "try:\n    validate_components(load_config())\n"
-            "except ConfigError as exc:\n    print(exc.path, '|', exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PLAIT_PLUGINS": "none"})
+    code = (
+        "from plait.components import validate_components\n"
+        "from plait.config import load_config\n"
+        "from plait.errors import ConfigError\n"
+        "try:\n    validate_components(load_config())\n"
+        "except ConfigError as exc:\n    print(exc.path, '|', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PLAIT_PLUGINS": "none"},
+    )
     assert out.returncode == 0, out.stderr
     path, message = out.stdout.split(" | ", 1)
     assert path == "trainer.engine"
@@ -107,8 +130,16 @@ def test_component_options_are_checked_with_their_class():
 
 
 def test_each_policy_starts_from_the_top_level_tables_and_overrides_its_own_keys():
-    cfg = load_config(None, ["trainer.learning_rate=0.01", 'policies.a.roles=["x"]', 'policies.b.roles=["y"]',
-                             "policies.b.trainer.learning_rate=0.5", "policies.b.model.name=other"])
+    cfg = load_config(
+        None,
+        [
+            "trainer.learning_rate=0.01",
+            'policies.a.roles=["x"]',
+            'policies.b.roles=["y"]',
+            "policies.b.trainer.learning_rate=0.5",
+            "policies.b.model.name=other",
+        ],
+    )
     a, b = cfg.policies["a"], cfg.policies["b"]
     assert (a.trainer.learning_rate, b.trainer.learning_rate) == (0.01, 0.5)
     assert (a.model.name, b.model.name) == (cfg.model.name, "other")

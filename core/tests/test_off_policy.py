@@ -34,11 +34,14 @@ def field(d, key: str) -> np.ndarray:
 
 def test_token_level_truncates_weights_and_rebases_the_ratio():
     deltas = [0.0, math.log(3.0), math.log(0.5), math.log(1.5)]
-    (out,), metrics = importance_correction([datum(2.0)], [train_lp(deltas)],
-                                            OffPolicySection(correction="token", truncate=2.0))
+    (out,), metrics = importance_correction(
+        [datum(2.0)], [train_lp(deltas)], OffPolicySection(correction="token", truncate=2.0)
+    )
     np.testing.assert_allclose(field(out, "advantages")[2:], [2.0, 4.0, 1.0, 3.0])  # 2 * min(w, 2)
     np.testing.assert_allclose(field(out, "advantages")[:2], 0.0)
-    np.testing.assert_allclose(field(out, "logprobs")[2:], train_lp(deltas)[2:])  # ratio against pi_train
+    np.testing.assert_allclose(
+        field(out, "logprobs")[2:], train_lp(deltas)[2:]
+    )  # ratio against pi_train
     np.testing.assert_array_equal(field(out, "mask"), [0, 0, 1, 1, 1, 1])
     assert metrics["policy/importance_weight_max"] == pytest.approx(3.0)
     assert metrics["policy/importance_weight_mean"] == pytest.approx((1 + 3 + 0.5 + 1.5) / 4)
@@ -51,8 +54,10 @@ def test_token_level_truncates_weights_and_rebases_the_ratio():
 def test_token_level_masks_extreme_ratios_in_both_directions():
     deltas = [0.0, math.log(10.0), math.log(0.01), 0.0]
     (out,), metrics = importance_correction(
-        [datum()], [train_lp(deltas)],
-        OffPolicySection(correction="token", truncate=2.0, mask_below=0.1, mask_above=5.0))
+        [datum()],
+        [train_lp(deltas)],
+        OffPolicySection(correction="token", truncate=2.0, mask_below=0.1, mask_above=5.0),
+    )
     np.testing.assert_array_equal(field(out, "mask"), [0, 0, 1, 0, 0, 1])
     np.testing.assert_allclose(field(out, "advantages")[2:], [1.0, 0.0, 0.0, 1.0])
     assert metrics["policy/is_masked_fraction"] == pytest.approx(0.5)
@@ -61,8 +66,10 @@ def test_token_level_masks_extreme_ratios_in_both_directions():
 def test_sequence_level_uses_one_weight_per_sequence():
     deltas = [math.log(2.0), math.log(2.0), 0.0, math.log(0.5)]  # product 2
     near, far = importance_correction(
-        [datum(), datum()], [train_lp(deltas), train_lp([math.log(3.0)] * 4)],  # product 81
-        OffPolicySection(correction="sequence", truncate=1.5, mask_above=50.0))[0]
+        [datum(), datum()],
+        [train_lp(deltas), train_lp([math.log(3.0)] * 4)],  # product 81
+        OffPolicySection(correction="sequence", truncate=1.5, mask_above=50.0),
+    )[0]
     np.testing.assert_allclose(field(near, "advantages")[2:], [1.5] * 4)
     np.testing.assert_array_equal(field(far, "mask")[2:], [0, 0, 0, 0])
 
@@ -72,13 +79,16 @@ def test_no_signal_tokens_give_no_metrics():
     assert out == [] and metrics == {}
 
 
-@pytest.mark.parametrize(("options", "key"), [
-    ({"truncate": 0.5}, "truncate"),
-    ({"mask_below": 1.5}, "mask_below"),
-    ({"truncate": 4.0, "mask_above": 3.0}, "mask_above"),
-    ({"correction": "tokens"}, "correction"),
-    ({"max_staleness": -1}, "max_staleness"),
-])
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"truncate": 0.5}, "truncate"),
+        ({"mask_below": 1.5}, "mask_below"),
+        ({"truncate": 4.0, "mask_above": 3.0}, "mask_above"),
+        ({"correction": "tokens"}, "correction"),
+        ({"max_staleness": -1}, "max_staleness"),
+    ],
+)
 def test_bad_options_name_their_key(options, key):
     with pytest.raises(ConfigError, match=f"off_policy.*{key}"):
         structure(OffPolicySection, options, "off_policy")

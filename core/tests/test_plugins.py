@@ -18,8 +18,13 @@ from plait.plugins import Factory, Registry, get_plugin_manager, get_registry
 def run_python(code: str, tmp_path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def make_distribution(root, name: str, module_source: str) -> None:
@@ -57,7 +62,9 @@ def test_unknown_name_lists_registered_and_says_what_to_install():
     assert "pip install plait-math" in info.value.fix
     with pytest.raises(UnknownComponentError, match='did you mean "ppo"'):
         registry.get(kinds.LOSS, "ppoo")
-    with pytest.raises(PluginError, match=r'no component kind .trainer. \(did you mean "trainer_engine"'):
+    with pytest.raises(
+        PluginError, match=r'no component kind .trainer. \(did you mean "trainer_engine"'
+    ):
         registry.get("trainer", "torch")
 
 
@@ -78,8 +85,9 @@ def test_catalogue_matches_what_installed_distributions_register():
             exact = {n for n in names if not n.endswith(".")}
             prefixes = [n for n in names if n.endswith(".")]
             assert exact <= registered[kind], (info.distribution, kind)
-            assert all(n in exact or any(n.startswith(p) for p in prefixes) for n in registered[kind]), \
-                (info.distribution, kind, registered[kind])
+            assert all(
+                n in exact or any(n.startswith(p) for p in prefixes) for n in registered[kind]
+            ), (info.distribution, kind, registered[kind])
         checked += 1
     assert checked >= 1  # the core's own entry at least
 
@@ -93,63 +101,84 @@ def test_duplicate_registration_by_two_plugins_fails():
 
 def test_entry_point_plugin_is_discovered_with_version(tmp_path):
     make_distribution(tmp_path, "plaitdemo", GOOD_PLUGIN)
-    out = run_python("""
+    out = run_python(
+        """
         import json
         from plait.plugins import get_plugin_manager
         pm = get_plugin_manager()
         info = pm.plugins["plaitdemo"]
         print(json.dumps([info.distribution, info.version, pm.registry.get("env", "demo.env").plugin]))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == ["plaitdemo", "0.3", "plaitdemo"]
 
 
-@pytest.mark.parametrize("env_extra, expected", [
-    ({"PLAIT_BLOCK_PLUGINS": "plaitdemo"}, False),
-    ({"PLAIT_PLUGINS": "none"}, False),
-    ({"PLAIT_PLUGINS": "plaitdemo"}, True),
-])
+@pytest.mark.parametrize(
+    "env_extra, expected",
+    [
+        ({"PLAIT_BLOCK_PLUGINS": "plaitdemo"}, False),
+        ({"PLAIT_PLUGINS": "none"}, False),
+        ({"PLAIT_PLUGINS": "plaitdemo"}, True),
+    ],
+)
 def test_allow_and_block_lists(tmp_path, env_extra, expected):
     make_distribution(tmp_path, "plaitdemo", GOOD_PLUGIN)
-    out = run_python("""
+    out = run_python(
+        """
         from plait.plugins import get_plugin_manager
         print("plaitdemo" in get_plugin_manager().plugins)
-    """, tmp_path, env_extra)
+    """,
+        tmp_path,
+        env_extra,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(expected)
 
 
 def test_hookimpl_without_spec_fails_at_startup_naming_the_plugin(tmp_path):
-    (tmp_path / "typo_plugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "typo_plugin.py").write_text(
+        textwrap.dedent("""
         from plait.hookspecs import hookimpl
 
         @hookimpl
         def plait_register_trainer_engine(register):  # missing the final "s"
             pass
-    """))
-    out = run_python("from plait.plugins import get_plugin_manager; get_plugin_manager()", tmp_path,
-                     {"PLAIT_PLUGIN_MODULES": "typo_plugin"})
+    """)
+    )
+    out = run_python(
+        "from plait.plugins import get_plugin_manager; get_plugin_manager()",
+        tmp_path,
+        {"PLAIT_PLUGIN_MODULES": "typo_plugin"},
+    )
     assert out.returncode != 0
     assert "typo_plugin" in out.stderr and "does not define" in out.stderr
 
 
 def test_cli_reports_plugin_errors_without_traceback(tmp_path):
     (tmp_path / "typo_plugin.py").write_text(
-        "from plait.hookspecs import hookimpl\n@hookimpl\ndef plait_nope(register):\n    pass\n")
-    out = run_python("from plait.cli import main; main()", tmp_path, {"PLAIT_PLUGIN_MODULES": "typo_plugin"})
+        "from plait.hookspecs import hookimpl\n@hookimpl\ndef plait_nope(register):\n    pass\n"
+    )
+    out = run_python(
+        "from plait.cli import main; main()", tmp_path, {"PLAIT_PLUGIN_MODULES": "typo_plugin"}
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("error: plugin 'typo_plugin'")
     assert "Traceback" not in out.stderr
 
 
 def test_loading_all_plugins_imports_no_torch(tmp_path):
-    out = run_python("""
+    out = run_python(
+        """
         import sys
         from plait.plugins import get_plugin_manager
         pm = get_plugin_manager()
         heavy = sorted(m for m in ("torch", "transformers", "vllm", "megatron", "docker") if m in sys.modules)
         print(len(pm.plugins), heavy)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     count, heavy = out.stdout.split(" ", 1)
     assert int(count) >= 1
@@ -158,8 +187,10 @@ def test_loading_all_plugins_imports_no_torch(tmp_path):
 
 def test_plugins_command_lists_what_each_plugin_registers(tmp_path):
     make_distribution(tmp_path, "plaitdemo", GOOD_PLUGIN)
-    out = run_python("import sys; sys.argv = ['plait', 'plugins', '--json']; from plait.cli import main; main()",
-                     tmp_path)
+    out = run_python(
+        "import sys; sys.argv = ['plait', 'plugins', '--json']; from plait.cli import main; main()",
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     rows = {row["plugin"]: row for row in json.loads(out.stdout)}
     assert rows["plaitdemo"]["registers"] == {"env": ["demo.env"]}

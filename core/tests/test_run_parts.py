@@ -59,8 +59,14 @@ def test_sample_seeds_are_those_recorded_runs_used_and_distinct():
     for step, group, index in [(0, 0, 0), (3, 5, 7), (59, 15, 7)]:
         recorded = (seed * 1_000_003 + step) * 100_003 + group * group_size + index
         assert sample_seed(seed, step, group * group_size + index) == recorded
-    training = {sample_seed(seed, step, slot) for step in range(60) for slot in range(groups * group_size)}
+    training = {
+        sample_seed(seed, step, slot) for step in range(60) for slot in range(groups * group_size)
+    }
     assert len(training) == 60 * groups * group_size
-    evaluation = {sample_seed(seed, stream, slot) for stream in (EVAL_GREEDY, EVAL_SAMPLED) for slot in range(256)}
+    evaluation = {
+        sample_seed(seed, stream, slot)
+        for stream in (EVAL_GREEDY, EVAL_SAMPLED)
+        for slot in range(256)
+    }
     assert len(evaluation) == 512 and not evaluation & training
     assert all(0 <= s < 1 << 62 for s in evaluation)

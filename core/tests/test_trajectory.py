@@ -7,7 +7,9 @@ from plait.types import SampledSequence, TensorData
 
 
 def seq(tokens, version=0):
-    return SampledSequence(tokens, [-0.5 - 0.1 * i for i in range(len(tokens))], "stop", weight_version=version)
+    return SampledSequence(
+        tokens, [-0.5 - 0.1 * i for i in range(len(tokens))], "stop", weight_version=version
+    )
 
 
 def test_single_turn_datum_alignment():
@@ -55,8 +57,14 @@ def test_routing_travels_into_the_datum_from_the_last_turn_of_a_segment():
     t2 = Turn([1, 2, 3, 4, 9, 9], attrs.evolve(seq([5]), routed_experts=routed(6, offset=100)))
     (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[t1, t2]), 1.0)
     routing = datum.loss_fn_inputs["routed_experts"]
-    assert routing.dtype == "uint8" and routing.shape == (6, 2, 2) == (datum.model_input.length, 2, 2)
-    assert routing.to_numpy()[:, 0, 0].tolist() == list(range(100, 106))  # the second turn's prefill
+    assert routing.dtype == "uint8" and routing.shape == (6, 2, 2) == (
+        datum.model_input.length,
+        2,
+        2,
+    )
+    assert routing.to_numpy()[:, 0, 0].tolist() == list(
+        range(100, 106)
+    )  # the second turn's prefill
     # A turn whose routing does not cover its sequence (or none) leaves the datum without routing.
     short = Turn([1, 2], attrs.evolve(seq([3, 4]), routed_experts=routed(2)))
     (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[short]), 1.0)
@@ -69,7 +77,11 @@ def test_routing_survives_json_and_the_ledger_digest_sees_it():
     sequence = attrs.evolve(seq([3, 4]), routed_experts=routed(3))
     trajectory = Trajectory(task={}, turns=[Turn([1, 2], sequence)])
     again = from_json(Trajectory, to_json(trajectory))
-    assert again.turns[0].completion.routed_experts == sequence.routed_experts  # dtype and shape kept
+    assert (
+        again.turns[0].completion.routed_experts == sequence.routed_experts
+    )  # dtype and shape kept
     entry = TrainedSample(0, 0, 0, 1, trajectory).ledger_entry()
-    other = attrs.evolve(trajectory, turns=[Turn([1, 2], attrs.evolve(sequence, routed_experts=routed(3, offset=1)))])
+    other = attrs.evolve(
+        trajectory, turns=[Turn([1, 2], attrs.evolve(sequence, routed_experts=routed(3, offset=1)))]
+    )
     assert TrainedSample(0, 0, 0, 1, other).ledger_entry()[-1] != entry[-1]

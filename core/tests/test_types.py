@@ -40,12 +40,15 @@ def test_datum_rejects_misaligned_inputs():
         Datum(ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7]})
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"temperature": -1}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_k": 0}, "top_k"),
-    ({"max_tokens": 0}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
 def test_sampling_params_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
@@ -61,8 +64,12 @@ def test_sampled_sequence_checks_lengths_and_versions():
 
 
 def test_tool_output_json_round_trip_with_block_union():
-    out = ToolOutput(blocks=[TextBlock("hi"), ImageBlock("aGk=", "image/png")], reward=0.5, finished=True,
-                     metadata={"k": 1})
+    out = ToolOutput(
+        blocks=[TextBlock("hi"), ImageBlock("aGk=", "image/png")],
+        reward=0.5,
+        finished=True,
+        metadata={"k": 1},
+    )
     data = to_json(out)
     assert data["blocks"][0] == {"text": "hi", "type": "text", "detail": None}
     assert from_json(ToolOutput, data) == out
@@ -75,5 +82,8 @@ def test_compact_ids_take_the_narrowest_dtype_and_round_trip():
         tensor = TensorData.compact(ids)
         assert (tensor.dtype, tensor.shape, tensor.data.dtype.name) == (dtype, (2, 2), dtype)
         assert from_json(TensorData, to_json(tensor)) == tensor
-    datum = Datum(ModelInput.from_ints([1, 2]), {"target_tokens": [2, 3], "routed_experts": np.ones((2, 3, 2))})
+    datum = Datum(
+        ModelInput.from_ints([1, 2]),
+        {"target_tokens": [2, 3], "routed_experts": np.ones((2, 3, 2))},
+    )
     assert datum.loss_fn_inputs["routed_experts"].dtype == "uint8"

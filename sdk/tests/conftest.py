@@ -13,8 +13,10 @@ INTEROP = Path(__file__).parent / "interop"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "interop: runs the official ORS SDKs (ors-sdk, openreward) from their own venvs; "
-                   "set them up with scripts/ci/sdk.sh")
+        "markers",
+        "interop: runs the official ORS SDKs (ors-sdk, openreward) from their own venvs; "
+        "set them up with scripts/ci/sdk.sh",
+    )
 
 
 def load_ors_style_env(import_line: str = "from plait_sdk import") -> types.ModuleType:

@@ -72,7 +72,11 @@ class Counter(Environment):
     async def submit(self, guess: Guess) -> ToolOutput:
         """Waits for every in-flight call; ends the episode."""
         await self._work("submit", 0.01)
-        return ToolOutput(blocks=[TextBlock("done")], reward=float(guess.number == self.task_spec["n"]), finished=True)
+        return ToolOutput(
+            blocks=[TextBlock("done")],
+            reward=float(guess.number == self.task_spec["n"]),
+            finished=True,
+        )
 
     @tool(shared=False)
     def secret(self) -> str:
@@ -88,7 +92,8 @@ def test_schemas_come_from_type_hints_and_pydantic_models() -> None:
     specs = {t.name: t for t in Counter.list_tools()}
     assert sorted(specs) == ["read", "slow", "submit"]  # "secret" is per task
     assert specs["slow"].input_schema == {
-        "additionalProperties": False, "type": "object",
+        "additionalProperties": False,
+        "type": "object",
         "properties": {"seconds": {"default": 0.05, "title": "Seconds", "type": "number"}},
     }
     assert specs["submit"].input_schema["required"] == ["number"]
@@ -128,7 +133,9 @@ def test_exclusive_tool_waits_for_in_flight_calls_and_latches_the_episode() -> N
         session = await LocalEnvironment(Counter).open({"n": 1})
         first = asyncio.ensure_future(session.call("read", {"seconds": 0.1}))
         await asyncio.sleep(0.02)
-        results = await asyncio.gather(session.call("submit", {"number": 1}), session.call("slow", {}), first)
+        results = await asyncio.gather(
+            session.call("submit", {"number": 1}), session.call("slow", {}), first
+        )
         after = await session.call("read", {})
         log = list(session.env.log)
         await session.close()
@@ -178,7 +185,9 @@ def test_user_code_runs_in_threads_and_the_sdks_defaults_inline() -> None:
 
     assert run(go(Watched)) == 2  # setup and teardown, the user's
     assert seen == {"setup in a thread": True, "teardown in a thread": True}
-    assert run(go(Counter)) == 1  # setup only: its constructor, teardown and task tools are the SDK's
+    assert (
+        run(go(Counter)) == 1
+    )  # setup only: its constructor, teardown and task tools are the SDK's
 
 
 def test_tool_failures_come_back_as_tool_errors() -> None:
@@ -189,8 +198,12 @@ def test_tool_failures_come_back_as_tool_errors() -> None:
 
     async def go() -> list:
         session = await LocalEnvironment(Broken).open({"n": 0})
-        results = [await session.call("boom", {}), await session.call("nope", {}),
-                   await session.call("submit", {"number": "x"}), await session.call("secret", {"x": 1})]
+        results = [
+            await session.call("boom", {}),
+            await session.call("nope", {}),
+            await session.call("submit", {"number": "x"}),
+            await session.call("secret", {"x": 1}),
+        ]
         await session.close()
         await session.close()
         results.append(await session.call("read", {}))
@@ -198,7 +211,12 @@ def test_tool_failures_come_back_as_tool_errors() -> None:
 
     boom, unknown, invalid, extra, closed = run(go())
     assert (boom.reason, unknown.reason, invalid.reason, extra.reason, closed.reason) == (
-        "exception", "not_found", "input_validation", "input_validation", "episode_finished")
+        "exception",
+        "not_found",
+        "input_validation",
+        "input_validation",
+        "episode_finished",
+    )
     assert "kaput" in boom.error and "number" in invalid.error
 
 
@@ -272,7 +290,9 @@ def test_custom_split_names_get_the_validation_type() -> None:
 
 
 def test_contract_kit_in_process_and_over_http() -> None:
-    report = check_sdk_environment(Counter, solve=lambda task: [("read", {}), ("submit", {"number": task["n"]})])
+    report = check_sdk_environment(
+        Counter, solve=lambda task: [("read", {}), ("submit", {"number": task["n"]})]
+    )
     assert report.in_process.episodes_finished == 3 and report.over_http.episodes_finished == 3
     assert report.setups == report.teardowns > 0
     assert report.in_process.rewards.count(1.0) == 3
@@ -311,8 +331,13 @@ def test_contract_kit_catches_a_missing_latch() -> None:
             inner = await LocalEnvironment(Counter).open({"n": 0})
 
             class Session:
-                prompt, messages, tools, terminal_tool, close = (inner.prompt, inner.messages, inner.tools,
-                                                                 inner.terminal_tool, inner.close)
+                prompt, messages, tools, terminal_tool, close = (
+                    inner.prompt,
+                    inner.messages,
+                    inner.tools,
+                    inner.terminal_tool,
+                    inner.close,
+                )
 
                 async def call(self, name, args):
                     inner.finished = False  # the bug: the latch is reset
@@ -330,7 +355,13 @@ def test_contract_kit_catches_a_missing_latch() -> None:
 def test_an_ors_environment_ports_by_changing_its_import(ported_env: type) -> None:
     answers = {"t0": "42", "t1": "72", "t2": "63", "t3": "12", "h0": "42"}
     report = check_sdk_environment(
-        ported_env, reward_range=(-1.0, 1.0),
-        solve=lambda task: [("hint", {}), ("note", {"text": "x"}), ("answer", {"answer": answers[task["id"]]})])
+        ported_env,
+        reward_range=(-1.0, 1.0),
+        solve=lambda task: [
+            ("hint", {}),
+            ("note", {"text": "x"}),
+            ("answer", {"answer": answers[task["id"]]}),
+        ],
+    )
     assert report.in_process.episodes_finished == 3 and report.over_http.episodes_finished == 3
     assert report.in_process.rewards[-3:] == [-0.1, 0.0, 1.0]

@@ -32,7 +32,9 @@ class Riddle(Environment):
     @terminal
     def answer(self, text: str) -> ToolOutput:
         right = self.task_spec["a"] in text.lower()
-        return ToolOutput(blocks=[TextBlock("right" if right else "wrong")], reward=float(right), finished=True)
+        return ToolOutput(
+            blocks=[TextBlock("right" if right else "wrong")], reward=float(right), finished=True
+        )
 
 
 def test_plait_environment_as_gymnasium_env() -> None:
@@ -40,14 +42,18 @@ def test_plait_environment_as_gymnasium_env() -> None:
     try:
         obs, info = env.reset(seed=0, options={"index": 0})
         assert obs == "What has keys but no locks?" and info["index"] == 0
-        assert [t.name for t in info["tools"]] == ["hint"] and info["terminal_tool"].name == "answer"
+        assert [t.name for t in info["tools"]] == ["hint"] and info[
+            "terminal_tool"
+        ].name == "answer"
         assert env.observation_space.contains(obs)
         obs, reward, terminated, truncated, _ = env.step({"name": "hint", "input": {}})
         assert (obs, reward, terminated, truncated) == ("starts with p", -0.1, False, False)
         assert env.render() == "starts with p"
         obs, reward, terminated, truncated, _ = env.step(json.dumps({"name": "nope", "input": {}}))
         assert obs.startswith("error:") and reward == 0.0 and not terminated
-        obs, reward, terminated, truncated, _ = env.step("A piano!")  # plain text goes to the terminal tool
+        obs, reward, terminated, truncated, _ = env.step(
+            "A piano!"
+        )  # plain text goes to the terminal tool
         assert (obs, reward, terminated, truncated) == ("right", 1.0, True, False)
 
         env.reset(options={"index": 1})
@@ -65,8 +71,11 @@ def test_plait_environment_as_gymnasium_env() -> None:
 
 def test_gymnasium_text_env_as_plait_environment() -> None:
     env = GymnasiumEnvironment(
-        lambda: gymnasium.make("FrozenLake-v1", is_slippery=False, render_mode="ansi"), name="frozenlake",
-        splits={"train": [0, 1, 2]}, instructions="Reach G. Actions: 0 left, 1 down, 2 right, 3 up.")
+        lambda: gymnasium.make("FrozenLake-v1", is_slippery=False, render_mode="ansi"),
+        name="frozenlake",
+        splits={"train": [0, 1, 2]},
+        instructions="Reach G. Actions: 0 left, 1 down, 2 right, 3 up.",
+    )
 
     async def solve_first_task() -> list:
         import asyncio
@@ -87,11 +96,16 @@ def test_gymnasium_text_env_as_plait_environment() -> None:
     assert all(isinstance(r, ToolOutput) for r in results[:6])
     assert [r.reward for r in results[:6]] == [0.0] * 5 + [1.0]
     assert results[5].text.endswith("  (Right)\nSFFF\nFHFH\nFFFH\nHFF[G]")
-    assert results[5].finished and results[5].metadata["terminated"] and not results[5].metadata["truncated"]
+    assert (
+        results[5].finished
+        and results[5].metadata["terminated"]
+        and not results[5].metadata["truncated"]
+    )
     assert isinstance(results[6], ToolError) and results[6].reason == "episode_finished"
     assert isinstance(bad, ToolError) and bad.reason == "episode_finished"
-    report = run_environment_contract(env, reward_range=(0.0, 1.0),
-                                      solve=lambda task: [("act", {"action": a}) for a in "112212"])
+    report = run_environment_contract(
+        env, reward_range=(0.0, 1.0), solve=lambda task: [("act", {"action": a}) for a in "112212"]
+    )
     assert report.episodes_finished == 3
 
 

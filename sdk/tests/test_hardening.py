@@ -86,22 +86,34 @@ def test_concurrent_creates_with_one_session_id_admit_exactly_one_and_leak_nothi
     server = Server([Counted])
     built_before, torn_before = Counted.built, Counted.torn_down
     with server.serve_in_thread() as url:
+
         async def race(client: httpx.AsyncClient, sid: str, body: dict[str, Any]) -> list[int]:
-            answers = await asyncio.gather(*(client.post("/create", json=body, headers={"X-Session-ID": sid})
-                                             for _ in range(4)))
+            answers = await asyncio.gather(
+                *(
+                    client.post("/create", json=body, headers={"X-Session-ID": sid})
+                    for _ in range(4)
+                )
+            )
             await client.post("/delete", headers={"X-Session-ID": sid})
             return sorted(a.status_code for a in answers)
 
         async def rounds() -> list[list[int]]:
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                return [await race(client, f"race-{r}", {"split": "train", "index": r % 3} if r % 2
-                                   else {"task_spec": {"n": r}}) for r in range(20)]
+                return [
+                    await race(
+                        client,
+                        f"race-{r}",
+                        {"split": "train", "index": r % 3} if r % 2 else {"task_spec": {"n": r}},
+                    )
+                    for r in range(20)
+                ]
 
         outcomes = asyncio.run(rounds())
         assert all(o == [200, 409, 409, 409] for o in outcomes), outcomes
         # every environment that was built is torn down once its session is deleted
-        assert wait_until(lambda: Counted.built - built_before == Counted.torn_down - torn_before), \
-            (Counted.built - built_before, Counted.torn_down - torn_before)
+        assert wait_until(
+            lambda: Counted.built - built_before == Counted.torn_down - torn_before
+        ), (Counted.built - built_before, Counted.torn_down - torn_before)
         assert not server.sessions
     assert Counted.built - built_before == 20
 
@@ -116,44 +128,92 @@ def body_endpoints(env: str) -> list[tuple[str, bool]]:
     """Every endpoint that reads a JSON body, and whether it needs an open session."""
     routes = [("/create", True)]
     for prefix in (f"/{env}", ""):
-        routes += [(f"{prefix}/tasks", False), (f"{prefix}/num_tasks", False), (f"{prefix}/task", False),
-                   (f"{prefix}/task_range", False), (f"{prefix}/call", True), (f"{prefix}/score_group", True)]
+        routes += [
+            (f"{prefix}/tasks", False),
+            (f"{prefix}/num_tasks", False),
+            (f"{prefix}/task", False),
+            (f"{prefix}/task_range", False),
+            (f"{prefix}/call", True),
+            (f"{prefix}/score_group", True),
+        ]
     return routes
 
 
-@pytest.mark.parametrize("body", [
-    b'{"split": "train", "index": ' + HUGE_INTEGER + b"}",
-    b'{"task_spec": {"n": ' + HUGE_INTEGER + b'}, "name": "done", "input": {"k": -' + HUGE_INTEGER + b"}}",
-    b'{"split": ' + DEEP_ARRAY + b"}",
-    b'{"task_spec": {"deep": ' + DEEP_ARRAY + b'}, "input": ' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"}",
-    b'{"task_spec": {"deep": ' + b"[" * 600 + b"]" * 600 + b"}}",  # parses, but nests beyond any sane task
-    b'{"task_spec": {"x": NaN, "y": -Infinity}}',  # not JSON, although Python's parser takes it
-    b'{"task_spec": {"x": 1e999}}',  # Python reads infinity
-], ids=["huge-integer", "huge-integers-in-objects", "deep-array", "deep-objects", "600-deep", "nan", "overflow"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"split": "train", "index": ' + HUGE_INTEGER + b"}",
+        b'{"task_spec": {"n": '
+        + HUGE_INTEGER
+        + b'}, "name": "done", "input": {"k": -'
+        + HUGE_INTEGER
+        + b"}}",
+        b'{"split": ' + DEEP_ARRAY + b"}",
+        b'{"task_spec": {"deep": '
+        + DEEP_ARRAY
+        + b'}, "input": '
+        + b'{"a":' * 50_000
+        + b"1"
+        + b"}" * 50_000
+        + b"}",
+        b'{"task_spec": {"deep": '
+        + b"[" * 600
+        + b"]" * 600
+        + b"}}",  # parses, but nests beyond any sane task
+        b'{"task_spec": {"x": NaN, "y": -Infinity}}',  # not JSON, although Python's parser takes it
+        b'{"task_spec": {"x": 1e999}}',  # Python reads infinity
+    ],
+    ids=[
+        "huge-integer",
+        "huge-integers-in-objects",
+        "deep-array",
+        "deep-objects",
+        "600-deep",
+        "nan",
+        "overflow",
+    ],
+)
 def test_malformed_json_bodies_are_client_errors_on_every_endpoint(body: bytes) -> None:
     server = Server([Counted])
     with server.serve_in_thread() as url, httpx.Client(base_url=url, timeout=30) as client:
         sid = sid_of(client)
-        assert client.post("/create", json={"task_spec": {"n": 0}}, headers={"X-Session-ID": sid}).status_code == 200
+        assert (
+            client.post(
+                "/create", json={"task_spec": {"n": 0}}, headers={"X-Session-ID": sid}
+            ).status_code
+            == 200
+        )
         for path, needs_session in body_endpoints("counted"):
-            headers = {"X-Session-ID": sid if path != "/create" else "fresh", "Content-Type": "application/json"}
+            headers = {
+                "X-Session-ID": sid if path != "/create" else "fresh",
+                "Content-Type": "application/json",
+            }
             answer = client.post(path, content=body, headers=headers if needs_session else {})
-            assert answer.status_code in (400, 413, 422), f"{path}: {answer.status_code} {answer.text[:300]}"
+            assert answer.status_code in (400, 413, 422), (
+                f"{path}: {answer.status_code} {answer.text[:300]}"
+            )
             assert len(answer.json()["detail"]) > 10, f"{path}: {answer.text[:300]}"
         client.post("/delete", headers={"X-Session-ID": sid})
     assert not server.sessions
 
 
-@pytest.mark.parametrize("secrets", [
-    b'{"KEY": {"value": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
-    b'{"KEY": ' + b"1" * 5000 + b"}",
-    b'{"KEY": {"value": "v", "allowed_domains": ' + b"[" * 600 + b"]" * 600 + b"}}",
-], ids=["deep", "huge-integer", "600-deep"])
+@pytest.mark.parametrize(
+    "secrets",
+    [
+        b'{"KEY": {"value": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+        b'{"KEY": ' + b"1" * 5000 + b"}",
+        b'{"KEY": {"value": "v", "allowed_domains": ' + b"[" * 600 + b"]" * 600 + b"}}",
+    ],
+    ids=["deep", "huge-integer", "600-deep"],
+)
 def test_an_x_secrets_header_with_malformed_json_is_a_400(secrets: bytes) -> None:
     server = Server([Counted])
     with server.serve_in_thread() as url, httpx.Client(base_url=url, timeout=30) as client:
-        answer = client.post("/create", json={"task_spec": {"n": 0}},
-                             headers={"X-Session-ID": "s", "X-Secrets": base64.b64encode(secrets).decode()})
+        answer = client.post(
+            "/create",
+            json={"task_spec": {"n": 0}},
+            headers={"X-Session-ID": "s", "X-Secrets": base64.b64encode(secrets).decode()},
+        )
     assert answer.status_code == 400, answer.text[:300]
     assert "X-Secrets" in answer.json()["detail"]
     assert not server.sessions
@@ -173,10 +233,14 @@ def test_the_connection_survives_a_500_from_the_environment() -> None:
         await inner(scope, receive, send)
 
     server.app = recording
-    with server.serve_in_thread() as url, httpx.Client(base_url=url, timeout=10,
-                                                       limits=httpx.Limits(max_connections=1)) as client:
+    with (
+        server.serve_in_thread() as url,
+        httpx.Client(base_url=url, timeout=10, limits=httpx.Limits(max_connections=1)) as client,
+    ):
         sid = sid_of(client)
-        client.post("/create", json={"task_spec": {"broken_prompt": True}}, headers={"X-Session-ID": sid})
+        client.post(
+            "/create", json={"task_spec": {"broken_prompt": True}}, headers={"X-Session-ID": sid}
+        )
         failed = client.get("/counted/prompt", headers={"X-Session-ID": sid})
         assert failed.status_code == 500 and "get_prompt is broken" in failed.json()["detail"]
         time.sleep(0.2)  # let a closing server's FIN arrive, as between a trainer's requests
@@ -193,11 +257,15 @@ def test_a_500_leaves_the_raw_connection_open_for_the_next_request() -> None:
     server = Server([Counted])
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
         sid = sid_of(client)
-        client.post("/create", json={"task_spec": {"broken_prompt": True}}, headers={"X-Session-ID": sid})
+        client.post(
+            "/create", json={"task_spec": {"broken_prompt": True}}, headers={"X-Session-ID": sid}
+        )
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            request = (f"GET /counted/prompt HTTP/1.1\r\nHost: x\r\nX-Session-ID: {sid}\r\n\r\n"
-                       "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+            request = (
+                f"GET /counted/prompt HTTP/1.1\r\nHost: x\r\nX-Session-ID: {sid}\r\n\r\n"
+                "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+            ).encode()
             sock.sendall(request)
             received = b""
             while b'{"status":"ok"}' not in received:
@@ -214,14 +282,29 @@ def test_a_500_leaves_the_raw_connection_open_for_the_next_request() -> None:
 
 def test_a_trailing_slash_is_served_not_redirected() -> None:
     server = Server([Counted])
-    with server.serve_in_thread() as url, httpx.Client(base_url=url, follow_redirects=False) as client:
+    with (
+        server.serve_in_thread() as url,
+        httpx.Client(base_url=url, follow_redirects=False) as client,
+    ):
         plain = client.get("/counted/splits")
-        for path in ("/counted/splits/", "/COUNTED/splits/", "/splits/", "/health/", "/list_environments/"):
+        for path in (
+            "/counted/splits/",
+            "/COUNTED/splits/",
+            "/splits/",
+            "/health/",
+            "/list_environments/",
+        ):
             answer = client.get(path)
-            assert answer.status_code == 200, (path, answer.status_code, answer.headers.get("location"))
+            assert answer.status_code == 200, (
+                path,
+                answer.status_code,
+                answer.headers.get("location"),
+            )
         assert client.get("/counted/splits/").json() == plain.json()
         sid = sid_of(client)
-        created = client.post("/create/", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": sid})
+        created = client.post(
+            "/create/", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": sid}
+        )
         prompt = client.get("/counted/prompt/", headers={"X-Session-ID": sid})
         client.post("/delete/", headers={"X-Session-ID": sid})
     assert created.status_code == 200 and prompt.json()[0]["text"] == "n=1"
@@ -241,15 +324,31 @@ def test_serving_a_class_by_module_path_rejects_options(tmp_path: Path) -> None:
         "    def list_tasks(cls, split): return [{'q': 'ping?'}]\n"
         "    def get_prompt(self): return [TextBlock(self.task_spec['q'])]\n"
         "    @tool\n"
-        "    def reply(self, text: str) -> str: return 'pong'\n")
+        "    def reply(self, text: str) -> str: return 'pong'\n"
+    )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     try:
         finished = subprocess.run(
-            [sys.executable, "-m", "plait.cli", "env", "serve", "served_env:Served", "-o", "bogus=1",
-             "--port", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+            [
+                sys.executable,
+                "-m",
+                "plait.cli",
+                "env",
+                "serve",
+                "served_env:Served",
+                "-o",
+                "bogus=1",
+                "--port",
+                str(port),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("plait env serve module:Class -o bogus=1 served instead of refusing the option")
     assert finished.returncode == 2, finished.stderr
@@ -260,10 +359,12 @@ def test_serving_a_class_by_module_path_rejects_options(tmp_path: Path) -> None:
 
 
 def test_client_requests_log_no_line_each_once_the_registry_configured_logging(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     get_registry()  # loads the plugins, which configures logging at INFO
     server = Server([Counted])
     with server.serve_in_thread() as url, caplog.at_level(logging.INFO):
+
         async def go() -> None:
             env = ORSEnvironment(ORSOptions(url=url))
             session = await env.open(await env.get_task("train", 0))
@@ -281,10 +382,17 @@ def test_the_client_remembers_that_a_server_has_no_messages_route() -> None:
     inner = server.app
     requests: Tally[str] = Tally()
 
-    async def without_messages(scope: Any, receive: Any, send: Any) -> None:  # like an ors-sdk server
+    async def without_messages(
+        scope: Any, receive: Any, send: Any
+    ) -> None:  # like an ors-sdk server
         if scope["type"] == "http":
             # nor the X-Plait-Include extension, which would answer these on /create
-            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()]}
+            scope = {
+                **scope,
+                "headers": [
+                    (k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()
+                ],
+            }
             requests[scope["path"].rsplit("/", 1)[-1]] += 1
             if scope["path"].endswith(("/messages", "/task_tools")):
                 await send_json(send, 404, b'{"detail":"Not Found"}')
@@ -293,6 +401,7 @@ def test_the_client_remembers_that_a_server_has_no_messages_route() -> None:
 
     server.app = without_messages
     with server.serve_in_thread() as url:
+
         async def go() -> list[str]:
             env = ORSEnvironment(ORSOptions(url=url))
             texts = []

@@ -39,14 +39,20 @@ ANSWERS = {"t0": "42", "t1": "72", "t2": "63", "t3": "12", "h0": "42"}
 def venv_python(sdk: str) -> str:
     python = VENVS / VENV_DIRS[sdk] / "bin" / "python"
     if not python.exists():
-        pytest.fail(f"{python} is missing: run scripts/ci/sdk.sh (ORS_VENVS={VENVS}) to build the official SDK venvs")
+        pytest.fail(
+            f"{python} is missing: run scripts/ci/sdk.sh (ORS_VENVS={VENVS}) to build the official SDK venvs"
+        )
     return str(python)
 
 
 def subprocess_env() -> dict[str, str]:
     # No PyPI version check from openreward, no proxies for loopback.
-    return {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1", "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost"}
+    return {
+        **os.environ,
+        "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
 
 
 class FinalAnswerEnv(Environment):
@@ -82,7 +88,9 @@ def test_official_client_plays_full_episodes_on_plait_server(sdk: str, ported_en
         args = [python, str(INTEROP / "official_client.py"), sdk, url]
         if sdk == "openreward":
             args.append("with-terminal-env")
-        done = subprocess.run(args, capture_output=True, text=True, timeout=240, env=subprocess_env())
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=240, env=subprocess_env()
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout.strip().splitlines()[-1])
         _wait_until_empty(server)
@@ -132,8 +140,12 @@ def _free_port() -> int:
 def official_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     sdk = request.param
     port = _free_port()
-    process = subprocess.Popen([venv_python(sdk), str(INTEROP / "serve_arith_env.py"), sdk, str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env())
+    process = subprocess.Popen(
+        [venv_python(sdk), str(INTEROP / "serve_arith_env.py"), sdk, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=subprocess_env(),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -162,7 +174,9 @@ def _solve(task: dict) -> list[tuple[str, dict]]:
     return [("hint", {}), ("note", {"text": "x"}), ("answer", {"answer": ANSWERS[task["id"]]})]
 
 
-def test_plait_client_passes_contract_kit_on_official_server(official_server: tuple[str, str]) -> None:
+def test_plait_client_passes_contract_kit_on_official_server(
+    official_server: tuple[str, str],
+) -> None:
     _sdk, url = official_server
 
     async def run() -> None:
@@ -177,7 +191,9 @@ def test_plait_client_passes_contract_kit_on_official_server(official_server: tu
     asyncio.run(run())
 
 
-def test_plait_client_plays_full_episodes_on_official_server(official_server: tuple[str, str]) -> None:
+def test_plait_client_plays_full_episodes_on_official_server(
+    official_server: tuple[str, str],
+) -> None:
     _sdk, url = official_server
 
     async def run() -> None:
@@ -190,10 +206,19 @@ def test_plait_client_plays_full_episodes_on_official_server(official_server: tu
                 session = await env.open(task, secrets={"TOKEN": "s3cret"})
                 try:
                     assert [b.text for b in await session.prompt()] == [task["question"]]
-                    assert (await session.messages())[0].content == task["question"]  # /messages or fallback
-                    assert sorted(t.name for t in await session.tools()) == ["answer", "hint", "note", "whoami"]
+                    assert (await session.messages())[0].content == task[
+                        "question"
+                    ]  # /messages or fallback
+                    assert sorted(t.name for t in await session.tools()) == [
+                        "answer",
+                        "hint",
+                        "note",
+                        "whoami",
+                    ]
                     who = await session.call("whoami", {})
-                    assert isinstance(who, ToolOutput) and who.text == "token=s3cret"  # header or body
+                    assert (
+                        isinstance(who, ToolOutput) and who.text == "token=s3cret"
+                    )  # header or body
                     hint = await session.call("hint", {})
                     assert isinstance(hint, ToolOutput) and hint.reward == pytest.approx(-0.1)
                     unknown = await session.call("no_such_tool", {})

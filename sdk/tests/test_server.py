@@ -58,7 +58,9 @@ class Slow(Environment):
         """Sleep, then answer with a long text (several SSE chunks)."""
         CALLS.append("work")
         await asyncio.sleep(seconds)
-        return ToolOutput(blocks=[TextBlock(" x" * 6000)], reward=0.5, metadata={"n": self.task_spec["n"]})
+        return ToolOutput(
+            blocks=[TextBlock(" x" * 6000)], reward=0.5, metadata={"n": self.task_spec["n"]}
+        )
 
     @tool
     def done(self) -> ToolOutput:
@@ -82,9 +84,11 @@ def test_long_results_arrive_in_chunks_that_never_start_with_whitespace() -> Non
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
         sid = sid_of(client)
         client.post("/create", json={"split": "train", "index": 0}, headers={"X-Session-ID": sid})
-        text = client.post("/slow/call", json={"name": "work", "input": {}}, headers={"X-Session-ID": sid}).text
+        text = client.post(
+            "/slow/call", json={"name": "work", "input": {}}, headers={"X-Session-ID": sid}
+        ).text
         client.post("/delete", headers={"X-Session-ID": sid})
-    pieces = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")][1:]
+    pieces = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")][1:]
     assert len(pieces) >= 3 and text.count("event: chunk") == len(pieces) - 1
     assert all(piece and not piece[0].isspace() for piece in pieces)
     assert json.loads("".join(pieces))["output"]["reward"] == 0.5
@@ -133,6 +137,7 @@ class DroppingProxy:
 def test_client_resumes_a_dropped_call_stream_without_running_the_tool_twice() -> None:
     server = Server([Slow])
     with server.serve_in_thread() as url:
+
         async def go() -> tuple[Any, int]:
             proxy = DroppingProxy(int(url.rsplit(":", 1)[1]))
             port = await proxy.start()
@@ -156,8 +161,11 @@ def test_unknown_task_id_is_a_404_for_that_session() -> None:
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
         sid = sid_of(client)
         client.post("/create", json={"split": "train", "index": 0}, headers={"X-Session-ID": sid})
-        answer = client.post("/call", json={"name": "work", "input": {}, "task_id": "abc"},
-                             headers={"X-Session-ID": sid})
+        answer = client.post(
+            "/call",
+            json={"name": "work", "input": {}, "task_id": "abc"},
+            headers={"X-Session-ID": sid},
+        )
         client.post("/delete", headers={"X-Session-ID": sid})
     assert answer.status_code == 404 and "unknown task_id 'abc'" in answer.json()["detail"]
 
@@ -184,7 +192,9 @@ def test_503_with_retry_after_while_setup_runs_and_the_client_waits_it_out() -> 
             early = client.get("/prompt", headers={"X-Session-ID": sid})
             client.post("/delete", headers={"X-Session-ID": sid})
         assert early.status_code == 503
-        assert early.headers["Retry-After"] == "1" and early.headers["X-Backend-State"] == "starting"
+        assert (
+            early.headers["Retry-After"] == "1" and early.headers["X-Backend-State"] == "starting"
+        )
         assert "still running setup()" in early.json()["detail"]
 
         async def go() -> str:
@@ -212,8 +222,11 @@ def test_keep_alive_pings_while_a_tool_runs() -> None:
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
         sid = sid_of(client)
         client.post("/create", json={"split": "train", "index": 0}, headers={"X-Session-ID": sid})
-        text = client.post("/call", json={"name": "work", "input": {"seconds": 0.45}},
-                           headers={"X-Session-ID": sid}).text
+        text = client.post(
+            "/call",
+            json={"name": "work", "input": {"seconds": 0.45}},
+            headers={"X-Session-ID": sid},
+        ).text
         client.post("/delete", headers={"X-Session-ID": sid})
     assert text.count(": ping - ") >= 2
     assert text.index(": ping - ") > text.index("event: task_id") and text.rstrip().endswith("}}")
@@ -224,12 +237,15 @@ def test_reaper_deletes_idle_sessions_and_client_pings_keep_sessions_alive() -> 
     server = Server([Slow], options=ServerOptions(session_ttl_s=2.0, reaper_interval_s=0.05))
     TEARDOWNS.clear()
     with server.serve_in_thread() as url:
+
         async def go() -> tuple[int, str]:
             env = ORSEnvironment(ORSOptions(url=url, ping_interval_s=0.1))
             kept = await env.open({"n": 1})
             async with httpx.AsyncClient(base_url=url) as client:
                 sid = (await client.post("/create_session")).text.split("data: ")[1].split("\n")[0]
-                await client.post("/create", json={"task_spec": {"n": 2}}, headers={"X-Session-ID": sid})
+                await client.post(
+                    "/create", json={"task_spec": {"n": 2}}, headers={"X-Session-ID": sid}
+                )
                 for _ in range(400):  # until the reaper has taken the idle session
                     if sid not in server.sessions:
                         break
@@ -251,7 +267,10 @@ def test_api_key_is_required_when_set() -> None:
         assert httpx.get(f"{url}/health").status_code == 200
         refused = httpx.get(f"{url}/slow/splits")
         assert refused.status_code == 401 and "X-API-Key" in refused.json()["detail"]
-        assert httpx.get(f"{url}/slow/splits", headers={"Authorization": "Bearer k3y"}).status_code == 200
+        assert (
+            httpx.get(f"{url}/slow/splits", headers={"Authorization": "Bearer k3y"}).status_code
+            == 200
+        )
 
         async def go() -> None:
             good = ORSEnvironment(ORSOptions(url=url, api_key="k3y"))
@@ -279,7 +298,12 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
 
     async def older(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":  # nor does it know the X-Plait-Include extension
-            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()]}
+            scope = {
+                **scope,
+                "headers": [
+                    (k, v) for k, v in scope["headers"] if k != INCLUDE_HEADER.lower().encode()
+                ],
+            }
         if scope["type"] == "http" and scope["path"].endswith(("/task_tools", "/messages")):
             await send_json(send, 404, b'{"detail":"Not Found"}')
             return
@@ -287,11 +311,14 @@ def test_fall_backs_for_a_server_without_task_tools_and_messages() -> None:
 
     server.app = older
     with server.serve_in_thread() as url:
+
         async def go() -> tuple[list[str], str]:
             env = ORSEnvironment(ORSOptions(url=url))
             session = await env.open({"n": 3})
             try:
-                return [t.name for t in await session.tools()], (await session.messages())[0].content
+                return [t.name for t in await session.tools()], (await session.messages())[
+                    0
+                ].content
             finally:
                 await session.close()
                 await env.close()
@@ -313,15 +340,27 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
     server.app = counting
     include = {"X-Plait-Include": "messages, task_tools"}
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
-        created = client.post("/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "a", **include}).json()
+        created = client.post(
+            "/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "a", **include}
+        ).json()
         assert created["messages"] == client.get("/messages", headers={"X-Session-ID": "a"}).json()
-        assert created["task_tools"] == client.get("/task_tools", headers={"X-Session-ID": "a"}).json()
-        plain = client.post("/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "b"}).json()
+        assert (
+            created["task_tools"] == client.get("/task_tools", headers={"X-Session-ID": "a"}).json()
+        )
+        plain = client.post(
+            "/create", json={"task_spec": {"n": 1}}, headers={"X-Session-ID": "b"}
+        ).json()
         # what setup cannot give (it failed, or is still running) is left out: the route says why
-        failed = client.post("/create", json={"task_spec": {"n": 0, "fail": True}},
-                             headers={"X-Session-ID": "c", **include})
-        slow = client.post("/create", json={"task_spec": {"n": 0, "setup_s": 1.0}},
-                           headers={"X-Session-ID": "d", **include}).json()
+        failed = client.post(
+            "/create",
+            json={"task_spec": {"n": 0, "fail": True}},
+            headers={"X-Session-ID": "c", **include},
+        )
+        slow = client.post(
+            "/create",
+            json={"task_spec": {"n": 0, "setup_s": 1.0}},
+            headers={"X-Session-ID": "d", **include},
+        ).json()
         assert client.get("/messages", headers={"X-Session-ID": "c"}).status_code == 422
         seen.clear()
 
@@ -330,7 +369,10 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
             session = await env.open({"n": 2})
             try:
                 tools = [t.name for t in await session.tools()]
-                message, output = (await session.messages())[0].content, await session.call("done", {})
+                message, output = (
+                    (await session.messages())[0].content,
+                    await session.call("done", {}),
+                )
                 await session.messages()  # after a call: asked anew
                 return tools, message, output
             finally:
@@ -342,21 +384,33 @@ def test_create_includes_the_messages_and_tools_a_plait_client_asks_for() -> Non
     assert slow == {"sid": "d"}
     assert tools == ["done", "work"] and message == "n=2 secret=" and isinstance(output, ToolOutput)
     assert [path for path in seen if path != "/list_environments"] == [
-        "/create", "/slow/call", "/slow/messages", "/delete"]
+        "/create",
+        "/slow/call",
+        "/slow/messages",
+        "/delete",
+    ]
 
 
 def test_a_session_deleted_while_create_waits_for_setup_gets_no_includes() -> None:
     with Server([Slow]).serve_in_thread() as url, httpx.Client(base_url=url, timeout=10) as client:
+
         def create() -> Any:
-            return client.post("/create", json={"task_spec": {"n": 1, "setup_s": 0.6}},
-                               headers={"X-Session-ID": "gone", "X-Plait-Include": "messages,task_tools"})
+            return client.post(
+                "/create",
+                json={"task_spec": {"n": 1, "setup_s": 0.6}},
+                headers={"X-Session-ID": "gone", "X-Plait-Include": "messages,task_tools"},
+            )
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             creating = pool.submit(create)
             time.sleep(0.2)
             deleted = client.post("/delete", headers={"X-Session-ID": "gone"})
             created = creating.result()
-    assert deleted.status_code == 200 and created.status_code == 200 and created.json() == {"sid": "gone"}
+    assert (
+        deleted.status_code == 200
+        and created.status_code == 200
+        and created.json() == {"sid": "gone"}
+    )
 
 
 def test_a_409_to_a_first_create_is_an_error_not_a_session() -> None:
@@ -371,6 +425,7 @@ def test_a_409_to_a_first_create_is_an_error_not_a_session() -> None:
 
     server.app = conflicting
     with server.serve_in_thread() as url:
+
         async def go() -> None:
             env = ORSEnvironment(ORSOptions(url=url))
             try:
@@ -387,8 +442,11 @@ def test_a_create_that_timed_out_waiting_for_setup_still_opens_its_session() -> 
     # the client gives up on /create (its includes wait for a 1.5 s setup) and sends it again:
     # the 409 that answers its own session id means the first attempt made the session
     with Server([Slow]).serve_in_thread() as url:
+
         async def go() -> tuple[str, ToolOutput | ToolError]:
-            env = ORSEnvironment(ORSOptions(url=url, request_timeout_s=0.5, backoff_base_s=0.2, max_retries=10))
+            env = ORSEnvironment(
+                ORSOptions(url=url, request_timeout_s=0.5, backoff_base_s=0.2, max_retries=10)
+            )
             session = await env.open({"n": 1, "setup_s": 1.5})
             try:
                 return (await session.messages())[0].content, await session.call("done", {})
@@ -404,13 +462,30 @@ def test_secrets_arrive_from_the_header_or_the_body() -> None:
     server = Server([Slow])
     with server.serve_in_thread() as url, httpx.Client(base_url=url) as client:
         prompts = []
-        for headers, extra in (({"X-Secrets": base64.b64encode(json.dumps({"KEY": {"value": "h"}}).encode())
-                                 .decode()}, {}), ({}, {"secrets": {"KEY": "b"}})):
+        for headers, extra in (
+            (
+                {
+                    "X-Secrets": base64.b64encode(
+                        json.dumps({"KEY": {"value": "h"}}).encode()
+                    ).decode()
+                },
+                {},
+            ),
+            ({}, {"secrets": {"KEY": "b"}}),
+        ):
             sid = sid_of(client)
-            client.post("/create", json={"task_spec": {"n": 0}, **extra}, headers={"X-Session-ID": sid, **headers})
+            client.post(
+                "/create",
+                json={"task_spec": {"n": 0}, **extra},
+                headers={"X-Session-ID": sid, **headers},
+            )
             prompts.append(client.get("/prompt", headers={"X-Session-ID": sid}).json()[0]["text"])
             client.post("/delete", headers={"X-Session-ID": sid})
-        bad = client.post("/create", json={"task_spec": {"n": 0}}, headers={"X-Session-ID": "s", "X-Secrets": "%%"})
+        bad = client.post(
+            "/create",
+            json={"task_spec": {"n": 0}},
+            headers={"X-Session-ID": "s", "X-Secrets": "%%"},
+        )
     assert prompts == ["n=0 secret=h", "n=0 secret=b"]
     assert bad.status_code == 400 and "base64" in bad.json()["detail"]
 
@@ -436,12 +511,14 @@ def test_setup_failure_is_a_422_for_a_client_task_and_a_500_for_the_servers_own(
 def test_score_group_over_the_wire() -> None:
     server = Server([Slow])
     with server.serve_in_thread() as url:
+
         async def go() -> list[float]:
             env = ORSEnvironment(ORSOptions(url=url))
             session = await env.open({"n": 0})
             try:
-                return await session.score_group([{"messages": [{"role": "assistant", "blocks": []}] * k}
-                                                  for k in (1, 3)])
+                return await session.score_group(
+                    [{"messages": [{"role": "assistant", "blocks": []}] * k} for k in (1, 3)]
+                )
             finally:
                 await session.close()
                 await env.close()
@@ -450,8 +527,12 @@ def test_score_group_over_the_wire() -> None:
 
 
 def test_ors_is_a_registered_environment_with_checked_options() -> None:
-    env = build("env", "ors", options={"url": "http://127.0.0.1:9", "env_name": "Slow", "splits": ["train"]})
-    assert isinstance(env, ORSEnvironment) and env.options.splits == ["train"] and env.name == "Slow"
+    env = build(
+        "env", "ors", options={"url": "http://127.0.0.1:9", "env_name": "Slow", "splits": ["train"]}
+    )
+    assert (
+        isinstance(env, ORSEnvironment) and env.options.splits == ["train"] and env.name == "Slow"
+    )
     with pytest.raises(ConfigError, match=r"env\.options\.ulr"):
         build("env", "ors", options={"ulr": "x"}, options_path="env.options")
 
@@ -473,11 +554,25 @@ def test_plait_env_serve_serves_an_environment(tmp_path: Path) -> None:
         "    def get_prompt(self): return [TextBlock(self.task_spec['q'])]\n"
         "    @tool\n"
         "    def reply(self, text: str) -> ToolOutput:\n"
-        "        return ToolOutput(blocks=[TextBlock('pong')], reward=float(text == 'ping'), finished=True)\n")
+        "        return ToolOutput(blocks=[TextBlock('pong')], reward=float(text == 'ping'), finished=True)\n"
+    )
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "plait.cli", "env", "serve", "served_env:Served",
-                                "--port", str(port)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "env",
+            "serve",
+            "served_env:Served",
+            "--port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -494,7 +589,9 @@ def test_plait_env_serve_serves_an_environment(tmp_path: Path) -> None:
             env = ORSEnvironment(ORSOptions(url=url))
             session = await env.open(await env.get_task("train", 0))
             try:
-                return await session.call("reply", {"text": "ping"}), await session.call("reply", {"text": "ping"})
+                return await session.call("reply", {"text": "ping"}), await session.call(
+                    "reply", {"text": "ping"}
+                )
             finally:
                 await session.close()
                 await env.close()

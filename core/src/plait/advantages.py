@@ -10,7 +10,9 @@ import numpy as np
 AdvantageKind = Literal["grpo", "dr_grpo", "rloo"]
 
 
-def group_advantages(rewards: Sequence[float], kind: AdvantageKind = "grpo", eps: float = 1e-6) -> np.ndarray:
+def group_advantages(
+    rewards: Sequence[float], kind: AdvantageKind = "grpo", eps: float = 1e-6
+) -> np.ndarray:
     """Advantages of one group of samples of the same prompt.
 
     - grpo: (r - mean) / (std + eps)   (DeepSeekMath)

@@ -21,10 +21,20 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
-@click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value, e.g. -s rl.steps=5 -s trainer.learning_rate=1e-5.")
-@click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Continue from the run directory's last checkpoint when there is one.")
+@click.option(
+    "-s",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config value, e.g. -s rl.steps=5 -s trainer.learning_rate=1e-5.",
+)
+@click.option(
+    "--resume/--no-resume",
+    default=True,
+    show_default=True,
+    help="Continue from the run directory's last checkpoint when there is one.",
+)
 def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with the run config CONFIG (TOML). Without CONFIG, the defaults."""
     from plait.components import validate_components
@@ -41,9 +51,15 @@ def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
 
 @cli.command(name="config")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
-@click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a value.")
-@click.option("--check/--no-check", default=True, show_default=True,
-              help="Also check that every named component is installed and its options fit.")
+@click.option(
+    "-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a value."
+)
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Also check that every named component is installed and its options fit.",
+)
 def show_config(config: Path | None, overrides: tuple[str, ...], check: bool) -> None:
     """Print the complete run config (defaults filled in) as TOML, after validating it."""
     import tomli_w
@@ -70,13 +86,22 @@ def plugins(as_json: bool) -> None:
         registered: dict[str, list[str]] = {}
         for factory in manager.registrations(info.name):
             registered.setdefault(factory.kind.name, []).append(factory.name)
-        rows.append({"plugin": info.name, "distribution": info.distribution, "version": info.version,
-                     "module": info.module, "registers": registered})
+        rows.append(
+            {
+                "plugin": info.name,
+                "distribution": info.distribution,
+                "version": info.version,
+                "module": info.module,
+                "registers": registered,
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        click.echo(f"{row['plugin']}  ({row['distribution']} {row['version']}, module {row['module']})")
+        click.echo(
+            f"{row['plugin']}  ({row['distribution']} {row['version']}, module {row['module']})"
+        )
         for kind, names in sorted(row["registers"].items()):
             click.echo(f"    {kind:<17} {', '.join(names)}")
         if not row["registers"]:
@@ -93,7 +118,9 @@ def models() -> None:
     for factory in get_registry().all(MODEL):
         source = factory.load()
         cached = is_cached(cached_model_dir(factory.name, source))
-        click.echo(f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]")
+        click.echo(
+            f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]"
+        )
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ class Components:
     def plays(self, policy: Policy, role: str) -> bool:
         """Whether `policy` plays `role`: it lists it, or it is the first and no policy lists it."""
         return role in policy.config.roles or (
-            policy is self.policies[0] and not any(role in p.config.roles for p in self.policies))
+            policy is self.policies[0] and not any(role in p.config.roles for p in self.policies)
+        )
 
     def suffixed(self, policy: Policy, metrics: Mapping[str, float]) -> dict[str, float]:
         """`metrics` named for `policy` ("reward/mean@NAME") when the run has several policies."""
@@ -61,7 +62,9 @@ class Components:
         return {role: p.actor for p in self.policies for role in p.config.roles}
 
 
-def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel:
+def resolve_model(
+    name: str, *, tokenizer: str | None = None, dtype: str = "float32"
+) -> ResolvedModel:
     """A local checkpoint directory for `name`: a directory as it is, or a registered model
     name fetched or built once, then cached."""
     as_directory = checkpoint_dir(name, tokenizer=tokenizer, dtype=dtype)
@@ -74,7 +77,8 @@ def resolve_model(name: str, *, tokenizer: str | None = None, dtype: str = "floa
         raise ModelError(
             f"model {name!r} is neither a directory nor a registered model name; "
             f"registered: {', '.join(registry.names(kinds.MODEL)) or '(none)'}",
-            fix=exc.fix or "give a checkpoint directory, or install the plugin that registers the name",
+            fix=exc.fix
+            or "give a checkpoint directory, or install the plugin that registers the name",
         ) from None
     return materialized(name, factory.load(), tokenizer=tokenizer, dtype=dtype)
 
@@ -86,16 +90,21 @@ def _lookup(registry: Registry, kind: kinds.Kind[F], name: str) -> Factory[F]:
         raise ConfigError(kind.config_key, exc.message, fix=exc.fix) from None
 
 
-def _policy_parts(p: PolicySection, at: str) -> list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]]:
+def _policy_parts(
+    p: PolicySection, at: str
+) -> list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]]:
     """(kind, name, options, config key) of a policy's trainer, inference engine, renderer and sync."""
-    return [(kinds.TRAINER_ENGINE, p.trainer.engine, p.trainer.options, f"{at}trainer"),
-            (kinds.INFERENCE_ENGINE, p.inference.engine, p.inference.options, f"{at}inference"),
-            (kinds.RENDERER, p.renderer.name, p.renderer.options, f"{at}renderer"),
-            (kinds.WEIGHT_SYNC, p.sync.method, p.sync.options, f"{at}sync")]
+    return [
+        (kinds.TRAINER_ENGINE, p.trainer.engine, p.trainer.options, f"{at}trainer"),
+        (kinds.INFERENCE_ENGINE, p.inference.engine, p.inference.options, f"{at}inference"),
+        (kinds.RENDERER, p.renderer.name, p.renderer.options, f"{at}renderer"),
+        (kinds.WEIGHT_SYNC, p.sync.method, p.sync.options, f"{at}sync"),
+    ]
 
 
-def _checked(registry: Registry, kind: kinds.Kind[F], name: str, options: Mapping[str, Any],
-             section: str) -> tuple[Factory[F], Any]:
+def _checked(
+    registry: Registry, kind: kinds.Kind[F], name: str, options: Mapping[str, Any], section: str
+) -> tuple[Factory[F], Any]:
     """The factory registered as `name` and `options` validated against its options class."""
     factory = _lookup(registry, kind, name)
     return factory, factory.validate_options(options, f"{section}.options")
@@ -114,44 +123,76 @@ def validate_components(config: RunConfig) -> None:
     played: dict[str, str] = {}
     for index, (name, p) in enumerate(config.policy_sections().items()):
         if index and not p.roles:
-            raise ConfigError(f"{_at(config, name)}roles", "this policy would never act: only the first policy "
-                              "plays the roles no policy lists", fix="list the environment roles it plays")
+            raise ConfigError(
+                f"{_at(config, name)}roles",
+                "this policy would never act: only the first policy "
+                "plays the roles no policy lists",
+                fix="list the environment roles it plays",
+            )
         for role in p.roles:
             if played.setdefault(role, name) != name:
-                raise ConfigError(f"{_at(config, name)}roles", f"role {role!r} is also played by policy {played[role]!r}")
+                raise ConfigError(
+                    f"{_at(config, name)}roles",
+                    f"role {role!r} is also played by policy {played[role]!r}",
+                )
         checks += _policy_parts(p, _at(config, name))
     for check in [*checks, (kinds.ENV, config.env.name, config.env.options, "env")]:
         _checked(registry, *check)
     _lookup(registry, kinds.LOSS, config.rl.loss)
     for sink in config.metrics.sinks:
-        _lookup(registry, kinds.METRIC_SINK, sink).validate_options(config.metrics.options.get(sink, {}),
-                                                                    f"metrics.options.{sink}")
+        _lookup(registry, kinds.METRIC_SINK, sink).validate_options(
+            config.metrics.options.get(sink, {}), f"metrics.options.{sink}"
+        )
     for sink in config.metrics.options:
         if sink not in config.metrics.sinks:
-            raise ConfigError(f"metrics.options.{sink}", f"options for sink {sink!r}, which metrics.sinks does not list")
+            raise ConfigError(
+                f"metrics.options.{sink}",
+                f"options for sink {sink!r}, which metrics.sinks does not list",
+            )
 
 
 def build_policy(name: str, p: PolicySection, seed: int, at: str) -> Policy:
     registry = get_registry()
     model = resolve_model(p.model.name, tokenizer=p.model.tokenizer, dtype=p.model.dtype)
-    (trainer, trainer_options), (engine, engine_options), (renderer, renderer_options), (sync, sync_options) = [
-        _checked(registry, *part) for part in _policy_parts(p, at)]
-    return Policy(name, p, model, trainer.load()(model, options=trainer_options, seed=seed),
-                  [engine.load()(model, options=engine_options, seed=seed)],
-                  renderer.load()(model, options=renderer_options), sync.load()(options=sync_options))
+    (
+        (trainer, trainer_options),
+        (engine, engine_options),
+        (renderer, renderer_options),
+        (sync, sync_options),
+    ) = [_checked(registry, *part) for part in _policy_parts(p, at)]
+    return Policy(
+        name,
+        p,
+        model,
+        trainer.load()(model, options=trainer_options, seed=seed),
+        [engine.load()(model, options=engine_options, seed=seed)],
+        renderer.load()(model, options=renderer_options),
+        sync.load()(options=sync_options),
+    )
 
 
 def build_components(config: RunConfig, run_dir: Path) -> Components:
     registry = get_registry()
-    make_env, env_options = _checked(registry, kinds.ENV, config.env.name, config.env.options, "env")
+    make_env, env_options = _checked(
+        registry, kinds.ENV, config.env.name, config.env.options, "env"
+    )
     env = make_env.load()(options=env_options)
     if len(config.policies) > 1 and isinstance(env, DrivesEpisodes):
-        raise ConfigError("policies", f"env {config.env.name!r} runs its episodes itself, so it cannot hand "
-                          "turns to several policies", fix="use one policy, or run the environment in the controller")
-    policies = [build_policy(name, p, config.run.seed, _at(config, name)) for name, p in config.policy_sections().items()]
+        raise ConfigError(
+            "policies",
+            f"env {config.env.name!r} runs its episodes itself, so it cannot hand "
+            "turns to several policies",
+            fix="use one policy, or run the environment in the controller",
+        )
+    policies = [
+        build_policy(name, p, config.run.seed, _at(config, name))
+        for name, p in config.policy_sections().items()
+    ]
     sinks = []
     for name in config.metrics.sinks:
         factory = _lookup(registry, kinds.METRIC_SINK, name)
-        options = factory.validate_options(config.metrics.options.get(name, {}), f"metrics.options.{name}")
+        options = factory.validate_options(
+            config.metrics.options.get(name, {}), f"metrics.options.{name}"
+        )
         sinks.append(factory.load()(run_dir, options=options))
     return Components(policies, env, sinks)

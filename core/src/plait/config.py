@@ -147,8 +147,10 @@ class OffPolicySection:
 
     def __attrs_post_init__(self) -> None:
         if self.mask_above and self.truncate and self.mask_above <= self.truncate:
-            raise ValueError(f"mask_above ({self.mask_above}) must exceed truncate ({self.truncate}), "
-                             "or nothing is ever truncated")
+            raise ValueError(
+                f"mask_above ({self.mask_above}) must exceed truncate ({self.truncate}), "
+                "or nothing is ever truncated"
+            )
 
 
 @attrs.frozen
@@ -214,8 +216,11 @@ class RunConfig:
 
     def policy_sections(self) -> dict[str, PolicySection]:
         """Every policy of the run by name; a run without `[policies]` has one, "policy"."""
-        return self.policies or {"policy": PolicySection([], self.model, self.trainer, self.inference,
-                                                         self.renderer, self.sync)}
+        return self.policies or {
+            "policy": PolicySection(
+                [], self.model, self.trainer, self.inference, self.renderer, self.sync
+            )
+        }
 
 
 def parse_override(override: str) -> tuple[list[str], Any]:
@@ -248,7 +253,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError("", f"no config file at {path}", fix="pass the path of a .toml run config, e.g. examples/arith_smollm2.toml")
+            raise ConfigError(
+                "",
+                f"no config file at {path}",
+                fix="pass the path of a .toml run config, e.g. examples/arith_smollm2.toml",
+            )
         try:
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
@@ -261,11 +270,15 @@ def with_policy_defaults(data: dict[str, Any]) -> dict[str, Any]:
     policies = data.get("policies")
     if not isinstance(policies, dict):
         return data
+
     def merged(policy: Any) -> Any:
         if not isinstance(policy, dict):
             return policy  # structure() names the key and what it expected
-        tables = {t: {**data[t], **policy.get(t, {})} for t in POLICY_TABLES
-                  if isinstance(data.get(t), dict) and isinstance(policy.get(t, {}), dict)}
+        tables = {
+            t: {**data[t], **policy.get(t, {})}
+            for t in POLICY_TABLES
+            if isinstance(data.get(t), dict) and isinstance(policy.get(t, {}), dict)
+        }
         return {**policy, **tables}
 
     return {**data, "policies": {name: merged(policy) for name, policy in policies.items()}}

@@ -56,8 +56,14 @@ class Register(Protocol[F_contra]):
     `options` is the attrs class (or a lazy "module:Class" string) that validates the component's
     `options` table in a run config; None means the component takes no options."""
 
-    def __call__(self, name: str, target: F_contra | str, *, options: type | str | None = None,
-                 description: str = "") -> None: ...
+    def __call__(
+        self,
+        name: str,
+        target: F_contra | str,
+        *,
+        options: type | str | None = None,
+        description: str = "",
+    ) -> None: ...
 
 
 @attrs.frozen
@@ -74,17 +80,33 @@ class Kind(Generic[F]):
         return self.name.replace("_", " ")
 
 
-TRAINER_ENGINE: Kind[TrainerEngineFactory] = Kind("trainer_engine", "plait_register_trainer_engines", "trainer.engine")
+TRAINER_ENGINE: Kind[TrainerEngineFactory] = Kind(
+    "trainer_engine", "plait_register_trainer_engines", "trainer.engine"
+)
 INFERENCE_ENGINE: Kind[InferenceEngineFactory] = Kind(
-    "inference_engine", "plait_register_inference_engines", "inference.engine")
-WEIGHT_SYNC: Kind[WeightSyncFactory] = Kind("weight_sync", "plait_register_weight_syncs", "sync.method")
+    "inference_engine", "plait_register_inference_engines", "inference.engine"
+)
+WEIGHT_SYNC: Kind[WeightSyncFactory] = Kind(
+    "weight_sync", "plait_register_weight_syncs", "sync.method"
+)
 RENDERER: Kind[RendererFactory] = Kind("renderer", "plait_register_renderers", "renderer.name")
 ENV: Kind[EnvFactory] = Kind("env", "plait_register_envs", "env.name")
 LOSS: Kind[LossFunction] = Kind("loss", "plait_register_losses", "rl.loss")
-METRIC_SINK: Kind[MetricSinkFactory] = Kind("metric_sink", "plait_register_metric_sinks", "metrics.sinks")
+METRIC_SINK: Kind[MetricSinkFactory] = Kind(
+    "metric_sink", "plait_register_metric_sinks", "metrics.sinks"
+)
 MODEL: Kind[ModelSource] = Kind("model", "plait_register_models", "model.name")
 
-KINDS: tuple[Kind[Any], ...] = (TRAINER_ENGINE, INFERENCE_ENGINE, WEIGHT_SYNC, RENDERER, ENV, LOSS, METRIC_SINK, MODEL)
+KINDS: tuple[Kind[Any], ...] = (
+    TRAINER_ENGINE,
+    INFERENCE_ENGINE,
+    WEIGHT_SYNC,
+    RENDERER,
+    ENV,
+    LOSS,
+    METRIC_SINK,
+    MODEL,
+)
 KINDS_BY_NAME: dict[str, Kind[Any]] = {kind.name: kind for kind in KINDS}
 
 RegisterTrainerEngine = Register[TrainerEngineFactory]

@@ -32,7 +32,11 @@ def configure(level: str = "info", *, json: bool = False) -> None:
     """Human-readable logs on stderr (or JSON lines with `json=True`)."""
     numeric = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=console.is_terminal)
+    renderer = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=console.is_terminal)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -71,7 +71,11 @@ class JsonlSink:
         self._file = self.path.open("a", buffering=1)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        record = {"step": step, "wall_time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}
+        record = {
+            "step": step,
+            "wall_time": time.time(),
+            **{k: _finite(v) for k, v in metrics.items()},
+        }
         self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

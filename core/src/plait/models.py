@@ -71,19 +71,24 @@ def _is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def checkpoint_dir(name: str, *, tokenizer: str | None = None, dtype: str = "float32") -> ResolvedModel | None:
+def checkpoint_dir(
+    name: str, *, tokenizer: str | None = None, dtype: str = "float32"
+) -> ResolvedModel | None:
     """`name` as a checkpoint directory, or None when it names no directory."""
     as_path = Path(name).expanduser()
     if not as_path.is_dir():
         return None
     if not _is_checkpoint(as_path):
-        raise ModelError(f"model directory {as_path} has no config.json",
-                         fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)")
+        raise ModelError(
+            f"model directory {as_path} has no config.json",
+            fix="point model.name at a Hugging Face checkpoint directory (save_pretrained output)",
+        )
     return ResolvedModel(name, as_path, Path(tokenizer) if tokenizer else as_path, dtype)
 
 
-def materialized(name: str, source: ModelSource, *, tokenizer: str | None = None,
-                 dtype: str = "float32") -> ResolvedModel:
+def materialized(
+    name: str, source: ModelSource, *, tokenizer: str | None = None, dtype: str = "float32"
+) -> ResolvedModel:
     """The registered model `name`, fetched or built once from `source`, then cached."""
     dest = cached_model_dir(name, source)
     if not is_cached(dest):
@@ -110,8 +115,10 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
             try:
                 from huggingface_hub import snapshot_download
             except ImportError as exc:
-                raise ModelError(f"model {name!r} downloads from the hub, which needs huggingface_hub",
-                                 fix="pip install 'plait[hub]', or set HF_HUB_OFFLINE=1 to build it offline") from exc
+                raise ModelError(
+                    f"model {name!r} downloads from the hub, which needs huggingface_hub",
+                    fix="pip install 'plait[hub]', or set HF_HUB_OFFLINE=1 to build it offline",
+                ) from exc
             snapshot_download(source.hub_id, local_dir=str(tmp))
         elif source.materialize is not None:
             log.info("building model offline (once; cached afterwards)", model=name, dest=str(dest))
@@ -129,7 +136,9 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("model ready", model=name, path=str(dest), seconds=round(time.perf_counter() - start, 1))
+    log.info(
+        "model ready", model=name, path=str(dest), seconds=round(time.perf_counter() - start, 1)
+    )
 
 
 def load_materializer(target: str | Callable[[Path], None]) -> Callable[[Path], None]:

@@ -19,8 +19,9 @@ from plait.types import Datum
 _MAX_LOG_WEIGHT = 80.0  # far above any useful bound, below float64 overflow of exp()
 
 
-def importance_correction(datums: Sequence[Datum], train_logprobs: Sequence[np.ndarray],
-                          options: OffPolicySection) -> tuple[list[Datum], dict[str, float]]:
+def importance_correction(
+    datums: Sequence[Datum], train_logprobs: Sequence[np.ndarray], options: OffPolicySection
+) -> tuple[list[Datum], dict[str, float]]:
     """`datums` corrected with the trainer's logprobs (one array per datum, aligned with its
     loss_fn_inputs), and the `policy/importance_weight_*`, `policy/mismatch_kl` and
     `policy/is_*` metrics over their sampled tokens."""
@@ -61,6 +62,8 @@ def importance_correction(datums: Sequence[Datum], train_logprobs: Sequence[np.n
         "policy/mismatch_kl": float(diff.mean()),
         "policy/mismatch_kl_k2": float(0.5 * (diff**2).mean()),
         "policy/is_weight_applied_max": float(applied_all.max()) if applied_all.size else 0.0,
-        "policy/is_truncated_fraction": float((w_all > options.truncate).mean()) if options.truncate else 0.0,
+        "policy/is_truncated_fraction": float((w_all > options.truncate).mean())
+        if options.truncate
+        else 0.0,
         "policy/is_masked_fraction": float(masked_all.mean()),
     }

@@ -92,8 +92,10 @@ def _kind(kind: Kind[F] | str) -> Kind[F]:
     try:
         return KINDS_BY_NAME[kind]
     except KeyError:
-        raise PluginError(f"no component kind {kind!r}{did_you_mean(kind, KINDS_BY_NAME)}",
-                          fix=f"use one of {', '.join(KINDS_BY_NAME)}") from None
+        raise PluginError(
+            f"no component kind {kind!r}{did_you_mean(kind, KINDS_BY_NAME)}",
+            fix=f"use one of {', '.join(KINDS_BY_NAME)}",
+        ) from None
 
 
 class Registry:
@@ -137,8 +139,10 @@ def install_hint(kind: Kind[Any], name: str) -> str:
     for distribution, provides in catalogue.items():
         for provided in provides.get(kind.name, ()):
             if name == provided or (provided.endswith(".") and name.startswith(provided)):
-                return (f"pip install {distribution} (it provides {kind.label} {name!r}); "
-                        "`plait plugins` lists what is installed")
+                return (
+                    f"pip install {distribution} (it provides {kind.label} {name!r}); "
+                    "`plait plugins` lists what is installed"
+                )
     return "check the spelling; `plait plugins` lists every installed plugin and what it registers"
 
 
@@ -166,8 +170,10 @@ class PluginManager:
             try:
                 module = importlib.import_module(module_name)
             except ImportError as exc:
-                raise PluginError(f"PLAIT_PLUGIN_MODULES names {module_name!r}, which does not import: {exc}",
-                                  fix="fix the module name or unset PLAIT_PLUGIN_MODULES") from exc
+                raise PluginError(
+                    f"PLAIT_PLUGIN_MODULES names {module_name!r}, which does not import: {exc}",
+                    fix="fix the module name or unset PLAIT_PLUGIN_MODULES",
+                ) from exc
             self._register(module_name, module, "(local)", "-")
         self._load_entry_points()
         try:
@@ -183,7 +189,9 @@ class PluginManager:
     def _load_entry_points(self) -> None:
         allowed = _env_list("PLAIT_PLUGINS")
         blocked = _env_list("PLAIT_BLOCK_PLUGINS") or set()
-        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        for ep in sorted(
+            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name
+        ):
             if ep.name in blocked or (allowed is not None and ep.name not in allowed):
                 log.debug("plugin skipped", plugin=ep.name)
                 continue
@@ -192,8 +200,10 @@ class PluginManager:
             try:
                 module = ep.load()
             except Exception as exc:  # a broken plugin must name itself, whatever it raised
-                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}",
-                                  fix=f"reinstall it, or skip it with PLAIT_BLOCK_PLUGINS={ep.name}") from exc
+                raise PluginError(
+                    f"plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}",
+                    fix=f"reinstall it, or skip it with PLAIT_BLOCK_PLUGINS={ep.name}",
+                ) from exc
             dist = ep.dist.name if ep.dist else "?"
             version = ep.dist.version if ep.dist else "?"
             self._register(ep.name, module, dist, version)
@@ -202,17 +212,28 @@ class PluginManager:
         try:
             self.pm.register(module, name=name)
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {name!r} has an invalid hookimpl: {exc}",
-                              fix="check the hookimpl's argument names against plait.hookspecs") from exc
-        self.plugins[name] = PluginInfo(name, distribution, version, getattr(module, "__name__", str(module)))
+            raise PluginError(
+                f"plugin {name!r} has an invalid hookimpl: {exc}",
+                fix="check the hookimpl's argument names against plait.hookspecs",
+            ) from exc
+        self.plugins[name] = PluginInfo(
+            name, distribution, version, getattr(module, "__name__", str(module))
+        )
 
     def _fill_registry(self) -> None:
         for kind in KINDS:
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
-                impl.function(**{arg: self._register_callback(kind, impl.plugin_name) for arg in impl.argnames})
+                impl.function(
+                    **{
+                        arg: self._register_callback(kind, impl.plugin_name)
+                        for arg in impl.argnames
+                    }
+                )
 
     def _register_callback(self, kind: Kind[F], plugin: str) -> Register[F]:
-        def register(name: str, target: F | str, *, options: type | str | None = None, description: str = "") -> None:
+        def register(
+            name: str, target: F | str, *, options: type | str | None = None, description: str = ""
+        ) -> None:
             self.registry.add(Factory(kind, name, target, options, description, plugin))
             log.debug("registered", kind=kind.name, name=name, plugin=plugin)
 
@@ -239,8 +260,14 @@ def get_registry() -> Registry:
     return get_plugin_manager().registry
 
 
-def build(kind: Kind[Any] | str, name: str, *args: Any, options: Mapping[str, Any] | None = None,
-          options_path: str = "", **kwargs: Any) -> Any:
+def build(
+    kind: Kind[Any] | str,
+    name: str,
+    *args: Any,
+    options: Mapping[str, Any] | None = None,
+    options_path: str = "",
+    **kwargs: Any,
+) -> Any:
     """Look up `name`, validate `options` against its options class, and call its factory."""
     factory = get_registry().get(kind, name)
     validated = factory.validate_options(options, options_path or f"{factory.kind.name}.options")

@@ -25,12 +25,20 @@ class StepProgress:
 
     def __init__(self, total: int, completed: int = 0, title: str = "train") -> None:
         self._progress = Progress(
-            TextColumn("[bold]{task.fields[title]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[phase]}"), TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            TextColumn("[bold]{task.fields[title]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[phase]}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
             disable=not console.is_terminal,
         )
-        self._task = self._progress.add_task(title, total=total, completed=completed, title=title, phase="", status="")
+        self._task = self._progress.add_task(
+            title, total=total, completed=completed, title=title, phase="", status=""
+        )
 
     def __enter__(self) -> StepProgress:
         self._progress.start()
@@ -43,5 +51,7 @@ class StepProgress:
         self._progress.update(self._task, phase=name)
 
     def advance(self, metrics: Mapping[str, float]) -> None:
-        status = ", ".join(f"{label} {metrics[key]:.3f}" for key, label in self.STATUS if key in metrics)
+        status = ", ".join(
+            f"{label} {metrics[key]:.3f}" for key, label in self.STATUS if key in metrics
+        )
         self._progress.update(self._task, advance=1, phase="", status=status)

@@ -50,12 +50,17 @@ class TrainerEngine(Protocol):
     def weight_version(self) -> int:
         """Number of optimizer steps taken (0 = the initial weights)."""
 
-    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> ForwardBackwardOutput:
         """Loss outputs (incl. per-datum target "logprobs") without touching gradients."""
 
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
         """Forward and backward; gradients accumulate across calls until `optim_step`.
 
         The returned target "logprobs" are exact where the loss acts (the `mask` input when given,
@@ -93,8 +98,12 @@ class AdapterTrainer(Protocol):
     def open_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> AdapterEngine:
         """A new adapter (it starts as the base model); closing the engine removes it."""
 
-    def forward_backward_adapters(self, calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]], loss_fn: str,
-                                  loss_fn_config: Mapping[str, float] | None = None) -> list[ForwardBackwardOutput]:
+    def forward_backward_adapters(
+        self,
+        calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> list[ForwardBackwardOutput]:
         """`forward_backward` of several adapters' data in shared passes: each gets what it would alone."""
 
 
@@ -111,7 +120,9 @@ class InferenceEngine(Protocol):
     @property
     def weight_version(self) -> int: ...
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
+    async def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> SampleResponse:
         """`num_samples` completions of `prompt`, each with per-token logprobs, stop reason and
         the weight version of every token."""
 
@@ -136,7 +147,9 @@ class InferenceEngine(Protocol):
 class WeightSync(Protocol):
     """Moves weights from a trainer to inference engines: payload x transport x layout."""
 
-    async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
+    async def push(
+        self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int
+    ) -> SyncStats:
         """Send the trainer's current weights as `version`; raise WeightSyncError on timeout or
         checksum mismatch, naming the peer."""
 
@@ -172,14 +185,22 @@ class Renderer(Protocol):
         """True when rendering a conversation's first n messages (with the generation prompt and
         the sampled completion) is always a token prefix of rendering more of it."""
 
-    def build_generation_prompt(self, messages: Sequence[Message], role: str = "assistant",
-                                prefill: str | None = None, tools: Sequence[ToolSpec] | None = None) -> ModelInput:
+    def build_generation_prompt(
+        self,
+        messages: Sequence[Message],
+        role: str = "assistant",
+        prefill: str | None = None,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> ModelInput:
         """The prompt that asks the model for its next `role` message. `tools` are shown to the
         model the way the model family expects (e.g. in the system block)."""
 
-    def build_supervised_example(self, messages: Sequence[Message],
-                                 train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
-                                 tools: Sequence[ToolSpec] | None = None) -> tuple[ModelInput, list[float]]:
+    def build_supervised_example(
+        self,
+        messages: Sequence[Message],
+        train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> tuple[ModelInput, list[float]]:
         """The full token sequence and a weight per token (1 = train on it)."""
 
     def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]:
@@ -188,8 +209,12 @@ class Renderer(Protocol):
 
     def stop_sequences(self) -> list[int] | list[str]: ...
 
-    def bridge_to_next_turn(self, prev_prompt_ids: Sequence[int], prev_completion_ids: Sequence[int],
-                            new_messages: Sequence[Message]) -> list[int] | None:
+    def bridge_to_next_turn(
+        self,
+        prev_prompt_ids: Sequence[int],
+        prev_completion_ids: Sequence[int],
+        new_messages: Sequence[Message],
+    ) -> list[int] | None:
         """Tokens that continue `prev_prompt_ids + prev_completion_ids` with `new_messages` and a
         fresh generation prompt, reusing the previous ids verbatim; None when that is unsafe.
 
@@ -234,6 +259,8 @@ class Environment(Protocol):
     async def get_task(self, split: str, index: int) -> dict[str, Any]:
         """The task at `index`; the same index always gives the same task."""
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> EnvSession: ...
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> EnvSession: ...
 
     async def close(self) -> None: ...

@@ -52,8 +52,10 @@ REWARDS_KEY = "plait.rewards"
 """In a tool output's metadata: {role: reward} of this call. The output's own `reward` (what a
 plain ORS client sees) is the episode's; without this key it is also the calling role's."""
 
-MALFORMED_FEEDBACK = ("Error: your last message could not be parsed (malformed tool call). "
-                      "Write each tool call in the format the system prompt describes, and try again.")
+MALFORMED_FEEDBACK = (
+    "Error: your last message could not be parsed (malformed tool call). "
+    "Write each tool call in the format the system prompt describes, and try again."
+)
 
 
 @attrs.frozen
@@ -71,7 +73,11 @@ class EpisodeConfig:
 
 
 _REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
-    "sum": sum, "last": lambda r: r[-1], "max": max, "mean": lambda r: sum(r) / len(r)}
+    "sum": sum,
+    "last": lambda r: r[-1],
+    "max": max,
+    "mean": lambda r: sum(r) / len(r),
+}
 
 
 def reduce_rewards(rewards: Sequence[float], rule: RewardReduce) -> float:
@@ -105,7 +111,11 @@ def terminal_argument(spec: ToolSpec) -> str:
 
 
 def _tool_result_message(call_id: str | None, name: str, result: ToolOutput | ToolError) -> Message:
-    text = result.text if isinstance(result, ToolOutput) else f"Error ({result.reason}): {result.error}"
+    text = (
+        result.text
+        if isinstance(result, ToolOutput)
+        else f"Error ({result.reason}): {result.error}"
+    )
     return Message("tool", text, tool_call_id=call_id, name=name)
 
 
@@ -113,8 +123,13 @@ def _tool_result_message(call_id: str | None, name: str, result: ToolOutput | To
 class DrivesEpisodes(Protocol):
     """Optional environment capability: it runs whole episodes itself (e.g. an agent via plait-proxy)."""
 
-    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                          config: EpisodeConfig) -> Trajectory: ...
+    async def run_episode(
+        self,
+        task: Mapping[str, Any],
+        engine: InferenceEngine,
+        renderer: Renderer,
+        config: EpisodeConfig,
+    ) -> Trajectory: ...
 
 
 Actor = tuple[InferenceEngine, Renderer]
@@ -140,15 +155,25 @@ class _Conversation:
         self.messages.extend(new_messages)
         renderer = self.actor[1]
         if self.prompt is None:
-            self.prompt, self.prompt_source = _render_prompt(renderer, self.messages, tools), "render"
+            self.prompt, self.prompt_source = (
+                _render_prompt(renderer, self.messages, tools),
+                "render",
+            )
         else:
-            self.prompt, self.prompt_source = _next_prompt(renderer, self.prompt, self.completion, self.messages,
-                                                           new_messages, tools)
+            self.prompt, self.prompt_source = _next_prompt(
+                renderer, self.prompt, self.completion, self.messages, new_messages, tools
+            )
         return self.prompt
 
 
-async def run_episode(env: Environment, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                      config: EpisodeConfig, roles: Mapping[str, Actor] | None = None) -> Trajectory:
+async def run_episode(
+    env: Environment,
+    task: Mapping[str, Any],
+    engine: InferenceEngine,
+    renderer: Renderer,
+    config: EpisodeConfig,
+    roles: Mapping[str, Actor] | None = None,
+) -> Trajectory:
     """One episode of `task`. `engine` and `renderer` play every role `roles` does not name."""
     if isinstance(env, DrivesEpisodes):
         return await env.run_episode(task, engine, renderer, config)
@@ -156,7 +181,12 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
     turns: list[Turn] = []
     rewards: list[float] = []
     role_rewards: dict[str, list[float]] = {}
-    state: dict[str, Any] = {"correct": False, "finished": False, "truncated": False, "tool_errors": 0}
+    state: dict[str, Any] = {
+        "correct": False,
+        "finished": False,
+        "truncated": False,
+        "tool_errors": 0,
+    }
     session: EnvSession | None = None
     role = str(task.get(ROLE_KEY, ""))
     conversations: dict[str, _Conversation] = {}
@@ -168,13 +198,26 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
 
     def result(error: str | None = None) -> Trajectory:
         named = {turn.role for turn in turns} | set(role_rewards)
-        by_role = {} if named <= {""} else {
-            r: reduce_rewards(role_rewards.get(r, ()), config.reward_reduce) for r in sorted(named)}
+        by_role = (
+            {}
+            if named <= {""}
+            else {
+                r: reduce_rewards(role_rewards.get(r, ()), config.reward_reduce)
+                for r in sorted(named)
+            }
+        )
         return Trajectory(
-            task=dict(task), turns=turns, rewards=rewards,
-            reward=reduce_rewards(rewards, config.reward_reduce), correct=state["correct"],
-            finished=state["finished"], truncated=state["truncated"], error=error,
-            tool_errors=state["tool_errors"], env_seconds=clock.intervals, role_rewards=by_role,
+            task=dict(task),
+            turns=turns,
+            rewards=rewards,
+            reward=reduce_rewards(rewards, config.reward_reduce),
+            correct=state["correct"],
+            finished=state["finished"],
+            truncated=state["truncated"],
+            error=error,
+            tool_errors=state["tool_errors"],
+            env_seconds=clock.intervals,
+            role_rewards=by_role,
         )
 
     try:
@@ -191,8 +234,15 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
                 break
             sequence = await sample_through_aborts(current.actor[0], prompt, sampling)
             message, termination = current.actor[1].parse_response(sequence.tokens)
-            turns.append(Turn(prompt.to_ints(), sequence, termination is not ParseTermination.MALFORMED,
-                              current.prompt_source, role))
+            turns.append(
+                Turn(
+                    prompt.to_ints(),
+                    sequence,
+                    termination is not ParseTermination.MALFORMED,
+                    current.prompt_source,
+                    role,
+                )
+            )
             current.completion = sequence.tokens
             if sequence.stop_reason == "length":
                 state["truncated"] = True
@@ -205,15 +255,19 @@ async def run_episode(env: Environment, task: Mapping[str, Any], engine: Inferen
                 new_messages.append(Message("user", MALFORMED_FEEDBACK))
             elif message.tool_calls:
                 for call in message.tool_calls:
-                    output = await clock.run(session.call(call.name, call.arguments), config.env_timeout_s)
+                    output = await clock.run(
+                        session.call(call.name, call.arguments), config.env_timeout_s
+                    )
                     _record(output, rewards, role_rewards, role, state)
                     new_messages.append(_tool_result_message(call.id, call.name, output))
                     handover = handover or _handover(output, role)
                     if state["finished"]:
                         break
             elif terminal is not None:
-                output = await clock.run(session.call(terminal.name, {terminal_argument(terminal): message.content}),
-                                         config.env_timeout_s)
+                output = await clock.run(
+                    session.call(terminal.name, {terminal_argument(terminal): message.content}),
+                    config.env_timeout_s,
+                )
                 if isinstance(output, ToolError) and output.reason == "exception":
                     # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
                     return result(error=f"grading the answer failed: {output.error}")
@@ -254,7 +308,9 @@ def _handover(output: ToolOutput | ToolError, current: str | None) -> tuple[str,
     return None if role == current else (role, Message("user", output.text))
 
 
-async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sampling: SamplingParams) -> SampledSequence:
+async def sample_through_aborts(
+    engine: InferenceEngine, prompt: ModelInput, sampling: SamplingParams
+) -> SampledSequence:
     """One completion of `prompt`. A sequence that a pause("abort") ended (an in-flight weight
     update) is continued by a new request from where it stopped, its tokens so far appended to
     the prompt, so a partial rollout is never lost; its tokens keep the versions that made them."""
@@ -264,17 +320,31 @@ async def sample_through_aborts(engine: InferenceEngine, prompt: ModelInput, sam
         if budget is not None and budget <= 0:
             return attrs.evolve(sequence, stop_reason="length")
         seed = None if sampling.seed is None else sampling.seed + len(sequence.tokens)
-        more = (await engine.sample(prompt.append_ints(sequence.tokens), 1,
-                                    attrs.evolve(sampling, max_tokens=budget, seed=seed))).sequences[0]
+        more = (
+            await engine.sample(
+                prompt.append_ints(sequence.tokens),
+                1,
+                attrs.evolve(sampling, max_tokens=budget, seed=seed),
+            )
+        ).sequences[0]
         sequence = SampledSequence(
-            sequence.tokens + more.tokens, sequence.logprobs + more.logprobs, more.stop_reason,
-            weight_version=more.weight_version, token_versions=sequence.versions() + more.versions(),
-            routed_experts=more.routed_experts)  # the continuation's covers the whole sequence
+            sequence.tokens + more.tokens,
+            sequence.logprobs + more.logprobs,
+            more.stop_reason,
+            weight_version=more.weight_version,
+            token_versions=sequence.versions() + more.versions(),
+            routed_experts=more.routed_experts,
+        )  # the continuation's covers the whole sequence
     return sequence
 
 
-def _record(output: ToolOutput | ToolError, rewards: list[float], role_rewards: dict[str, list[float]],
-            caller: str, state: dict[str, Any]) -> None:
+def _record(
+    output: ToolOutput | ToolError,
+    rewards: list[float],
+    role_rewards: dict[str, list[float]],
+    caller: str,
+    state: dict[str, Any],
+) -> None:
     """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the caller's output's."""
     if isinstance(output, ToolError):
         state["tool_errors"] += 1
@@ -292,7 +362,9 @@ def _record(output: ToolOutput | ToolError, rewards: list[float], role_rewards: 
         state["finished"] = True
 
 
-def _render_prompt(renderer: Renderer, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelInput:
+def _render_prompt(
+    renderer: Renderer, messages: Sequence[Message], tools: Sequence[ToolSpec]
+) -> ModelInput:
     # Renderers written before tools joined the contract take no `tools` argument.
     if tools:
         return renderer.build_generation_prompt(messages, tools=tools)
@@ -312,9 +384,14 @@ def sampling_within_budget(config: EpisodeConfig, context_tokens: int) -> Sampli
     return attrs.evolve(config.sampling, max_tokens=left)
 
 
-def _next_prompt(renderer: Renderer, prompt: ModelInput, completion: Sequence[int],
-                 messages: Sequence[Message], new_messages: Sequence[Message],
-                 tools: Sequence[ToolSpec]) -> tuple[ModelInput, PromptSource]:
+def _next_prompt(
+    renderer: Renderer,
+    prompt: ModelInput,
+    completion: Sequence[int],
+    messages: Sequence[Message],
+    new_messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+) -> tuple[ModelInput, PromptSource]:
     """Extend the sampled tokens verbatim when the renderer can; otherwise re-render.
 
     A re-rendered prompt that does not extend the previous prompt + completion token for token
@@ -326,8 +403,11 @@ def _next_prompt(renderer: Renderer, prompt: ModelInput, completion: Sequence[in
         return ModelInput.from_ints(bridged), "bridge"
     rendered = _render_prompt(renderer, messages, tools)
     if rendered.to_ints()[: len(previous)] != previous:
-        log.debug("re-rendered prompt does not extend the previous turn; its datum ends here",
-                  previous_tokens=len(previous), prompt_tokens=rendered.length)
+        log.debug(
+            "re-rendered prompt does not extend the previous turn; its datum ends here",
+            previous_tokens=len(previous),
+            prompt_tokens=rendered.length,
+        )
     return rendered, "render"
 
 

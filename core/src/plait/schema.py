@@ -16,7 +16,12 @@ import attrs
 
 from plait.errors import ConfigError, did_you_mean
 
-_SCALARS: dict[Any, str] = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+_SCALARS: dict[Any, str] = {
+    float: "a number",
+    int: "an integer",
+    bool: "true or false",
+    str: "a string",
+}
 
 
 def _join(path: str, key: str | int) -> str:
@@ -44,8 +49,11 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     args = typing.get_args(tp)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(path, f"{value!r} is not one of {', '.join(repr(a) for a in args)}"
-                              + did_you_mean(str(value), [str(a) for a in args]))
+            raise ConfigError(
+                path,
+                f"{value!r} is not one of {', '.join(repr(a) for a in args)}"
+                + did_you_mean(str(value), [str(a) for a in args]),
+            )
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -74,7 +82,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         accepted = int | float if tp is float else tp  # a float takes an int too
         # bool is a subclass of int, so a bool is taken only where a bool is expected
         if isinstance(value, bool) != (tp is bool) or not isinstance(value, accepted):
-            raise ConfigError(path, f"expected {_SCALARS[tp]}, got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                path, f"expected {_SCALARS[tp]}, got {type(value).__name__} {value!r}"
+            )
         return float(value) if tp is float else value
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
@@ -91,8 +101,10 @@ def structure(cls: type, data: Any, path: str = "") -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(_join(path, key),
-                              f"unknown key{did_you_mean(str(key), fields)}; allowed keys: {', '.join(fields)}")
+            raise ConfigError(
+                _join(path, key),
+                f"unknown key{did_you_mean(str(key), fields)}; allowed keys: {', '.join(fields)}",
+            )
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:

@@ -27,21 +27,31 @@ travel as their raw little-endian bytes in base64, not as a JSON list of ints.""
 
 def _unstructure_tensor(tensor: TensorData) -> dict[str, Any]:
     if tensor.dtype in _COMPACT_DTYPES:
-        raw = np.ascontiguousarray(tensor.data, dtype=np.dtype(tensor.dtype).newbyteorder("<")).tobytes()
-        return {"base64": base64.b64encode(raw).decode("ascii"), "dtype": tensor.dtype, "shape": list(tensor.shape)}
+        raw = np.ascontiguousarray(
+            tensor.data, dtype=np.dtype(tensor.dtype).newbyteorder("<")
+        ).tobytes()
+        return {
+            "base64": base64.b64encode(raw).decode("ascii"),
+            "dtype": tensor.dtype,
+            "shape": list(tensor.shape),
+        }
     return {"data": tensor.data.tolist(), "dtype": tensor.dtype, "shape": list(tensor.shape)}
 
 
 def _structure_tensor(data: Any, _: Any) -> TensorData:
     if "base64" in data:
         dtype = np.dtype(data["dtype"])
-        values = np.frombuffer(base64.b64decode(data["base64"]), dtype=dtype.newbyteorder("<")).astype(dtype)
+        values = np.frombuffer(
+            base64.b64decode(data["base64"]), dtype=dtype.newbyteorder("<")
+        ).astype(dtype)
         flat = TensorData(values, data["dtype"], (values.size,))
     else:
         flat = TensorData.from_list(data["data"], data["dtype"])
     shape = tuple(int(n) for n in data.get("shape") or flat.shape)
     if math.prod(shape) != flat.data.size:
-        raise ValueError(f"a {data['dtype']} tensor of shape {shape} cannot hold {flat.data.size} values")
+        raise ValueError(
+            f"a {data['dtype']} tensor of shape {shape} cannot hold {flat.data.size} values"
+        )
     return attrs.evolve(flat, shape=shape)
 
 

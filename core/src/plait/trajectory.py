@@ -49,7 +49,9 @@ class Trajectory:
     error: str | None = None
     """Set when the environment failed; the trajectory then trains on nothing."""
     tool_errors: int = 0
-    env_seconds: tuple[tuple[float, float], ...] = attrs.field(converter=tuple[tuple[float, float], ...], factory=tuple)
+    env_seconds: tuple[tuple[float, float], ...] = attrs.field(
+        converter=tuple[tuple[float, float], ...], factory=tuple
+    )
     """(start, end) wall-clock intervals of environment calls."""
     role_rewards: dict[str, float] = attrs.field(factory=dict)
     """Each role's reward (reduced like `reward`) in an episode whose environment names roles."""
@@ -63,8 +65,14 @@ class Trajectory:
         if not self.role_rewards:
             return self
         reward = self.role_rewards.get(role, 0.0)
-        return attrs.evolve(self, turns=[t for t in self.turns if t.role == role], rewards=(reward,),
-                            reward=reward, correct=reward >= 1.0, role_rewards={})
+        return attrs.evolve(
+            self,
+            turns=[t for t in self.turns if t.role == role],
+            rewards=(reward,),
+            reward=reward,
+            correct=reward >= 1.0,
+            role_rewards={},
+        )
 
     @property
     def num_turns(self) -> int:
@@ -107,7 +115,7 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
     for turn in turns:
         prompt = list(turn.prompt)
         if current is not None and prompt[: len(current.tokens)] == current.tokens:
-            tail = prompt[len(current.tokens):]
+            tail = prompt[len(current.tokens) :]
         else:
             if current is not None:
                 segments.append(current)
@@ -124,7 +132,9 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
         current.versions.extend(completion.versions())
         # A turn's routing covers its whole prompt (the engine ran it), so the last turn's wins.
         routing = completion.routed_experts
-        current.routing = routing if routing is not None and len(routing) == len(current.tokens) - 1 else None
+        current.routing = (
+            routing if routing is not None and len(routing) == len(current.tokens) - 1 else None
+        )
     if current is not None:
         segments.append(current)
     return segments
@@ -139,7 +149,11 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
     tokens = np.asarray(segment.tokens, dtype=np.int64)
     sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
     advantages = np.asarray(advantage, dtype=np.float32)
-    advantages = np.full(len(tokens) - 1, float(advantages), np.float32) if advantages.ndim == 0 else advantages[1:]
+    advantages = (
+        np.full(len(tokens) - 1, float(advantages), np.float32)
+        if advantages.ndim == 0
+        else advantages[1:]
+    )
     inputs: dict[str, Any] = {
         "target_tokens": tokens[1:],
         "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
@@ -155,4 +169,8 @@ def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum
     """Training data of one trajectory with one advantage for all its sampled tokens."""
     if trajectory.error is not None:
         return []
-    return [segment_to_datum(seg, advantage) for seg in merge_turns(trajectory.turns) if len(seg.tokens) > 1]
+    return [
+        segment_to_datum(seg, advantage)
+        for seg in merge_turns(trajectory.turns)
+        if len(seg.tokens) > 1
+    ]

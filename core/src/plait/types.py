@@ -49,7 +49,9 @@ ModelInputChunk = EncodedTextChunk
 class ModelInput:
     """The input of a model: a sequence of chunks (only token chunks today)."""
 
-    chunks: tuple[ModelInputChunk, ...] = attrs.field(converter=tuple[ModelInputChunk, ...], factory=tuple)
+    chunks: tuple[ModelInputChunk, ...] = attrs.field(
+        converter=tuple[ModelInputChunk, ...], factory=tuple
+    )
 
     @classmethod
     def from_ints(cls, tokens: Iterable[int]) -> ModelInput:
@@ -75,23 +77,34 @@ class ModelInput:
 
 TensorDType = Literal["int64", "float32", "uint8", "uint16", "int32"]
 """Tinker's two dtypes, and the narrow integer ones of compact ids (e.g. routed experts)."""
-_NUMPY_DTYPES: dict[str, Any] = {"int64": np.int64, "float32": np.float32, "uint8": np.uint8,
-                                 "uint16": np.uint16, "int32": np.int32}
+_NUMPY_DTYPES: dict[str, Any] = {
+    "int64": np.int64,
+    "float32": np.float32,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "int32": np.int32,
+}
 
 
 def prompt_token_ids(prompt: ModelInput, vocab_size: int) -> list[int]:
     """The prompt's token ids, checked: a ModelInput, not empty, every id in the vocabulary."""
     if not isinstance(prompt, ModelInput):
-        raise DataError(f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
-                        fix="wrap token ids with ModelInput.from_ints(ids)")
+        raise DataError(
+            f"prompt must be a plait.types.ModelInput, got {type(prompt).__name__}",
+            fix="wrap token ids with ModelInput.from_ints(ids)",
+        )
     ids = prompt.to_ints()
     if not ids:
-        raise DataError("empty prompt: sampling needs at least one prompt token",
-                        fix="render the prompt with the renderer (it starts with the chat template's tokens)")
+        raise DataError(
+            "empty prompt: sampling needs at least one prompt token",
+            fix="render the prompt with the renderer (it starts with the chat template's tokens)",
+        )
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise DataError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab_size}",
-                        fix="tokenize with the model's own tokenizer")
+        raise DataError(
+            f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab_size}",
+            fix="tokenize with the model's own tokenizer",
+        )
     return ids
 
 
@@ -130,8 +143,12 @@ class TensorData:
         return self.to_numpy().tolist()
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TensorData) and self.dtype == other.dtype and self.shape == other.shape
-                and bool(np.array_equal(self.data, other.data)))
+        return (
+            isinstance(other, TensorData)
+            and self.dtype == other.dtype
+            and self.shape == other.shape
+            and bool(np.array_equal(self.data, other.data))
+        )
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
@@ -144,7 +161,9 @@ _INT_KEYS = frozenset({"target_tokens"})
 def _to_tensor_data(key: str, value: Any) -> TensorData:
     if isinstance(value, TensorData):
         return value
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
+    if hasattr(value, "detach") and hasattr(
+        value, "cpu"
+    ):  # a torch tensor, without importing torch
         value = value.detach().cpu().numpy()
     if key == "routed_experts":
         return TensorData.compact(value)
@@ -172,8 +191,10 @@ class Datum:
         n = self.model_input.length
         for key, tensor in self.loss_fn_inputs.items():
             if tensor.shape[:1] != (n,):
-                raise ValueError(f"Datum.loss_fn_inputs[{key!r}] has shape {tensor.shape}, expected ({n},) "
-                                 "to match model_input.length")
+                raise ValueError(
+                    f"Datum.loss_fn_inputs[{key!r}] has shape {tensor.shape}, expected ({n},) "
+                    "to match model_input.length"
+                )
 
 
 # -- Sampling ---------------------------------------------------------------------------------
@@ -226,13 +247,17 @@ class SampledSequence:
     logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple)
     stop_reason: StopReason
     weight_version: int = 0
-    token_versions: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(_int_tuple))
+    token_versions: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_int_tuple)
+    )
     routed_experts: TensorData | None = None
     replica: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):
-            raise ValueError(f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
+            raise ValueError(
+                f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs"
+            )
         if self.token_versions is not None and len(self.token_versions) != len(self.tokens):
             raise ValueError("SampledSequence.token_versions must have one entry per token")
 
@@ -270,7 +295,9 @@ class ForwardBackwardOutput:
     """
 
     loss_fn_output_type: str
-    loss_fn_outputs: tuple[dict[str, TensorData], ...] = attrs.field(converter=tuple[dict[str, TensorData], ...])
+    loss_fn_outputs: tuple[dict[str, TensorData], ...] = attrs.field(
+        converter=tuple[dict[str, TensorData], ...]
+    )
     metrics: dict[str, float] = attrs.field(factory=dict)
 
 
@@ -416,7 +443,11 @@ class Message:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [
-                {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "type": "function",
+                    "id": c.id,
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in self.tool_calls
             ]
         if self.tool_call_id is not None:
@@ -481,7 +512,9 @@ class ToolOutput:
         return blocks_text(self.blocks)
 
 
-ToolErrorReason = Literal["not_found", "name_collision", "input_validation", "episode_finished", "exception"]
+ToolErrorReason = Literal[
+    "not_found", "name_collision", "input_validation", "episode_finished", "exception"
+]
 
 
 @attrs.frozen

@@ -31,7 +31,9 @@ class Engine:
         """The processes of the sandbox user in `container` (the engine's `top`)."""
         top = container.top()
         uid_column = top["Titles"].index("UID")
-        return [row for row in top["Processes"] if row[uid_column] == str(DEFAULT_RECIPE.sandbox_uid)]
+        return [
+            row for row in top["Processes"] if row[uid_column] == str(DEFAULT_RECIPE.sandbox_uid)
+        ]
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,19 @@ def canonical_answer(task: dict) -> str:
     return f"```python\n{code_task.prompt}{code_task.canonical_solution}```"
 
 
-@pytest.mark.parametrize(("name", "solve"), [
-    ("code.python", lambda task: [("submit", {"answer": canonical_answer(task)})]),
-    ("code.python_multiturn", lambda task: [("run_python", {"code": "print('checking')"}),
-                                            ("submit", {"answer": canonical_answer(task)})]),
-])
+@pytest.mark.parametrize(
+    ("name", "solve"),
+    [
+        ("code.python", lambda task: [("submit", {"answer": canonical_answer(task)})]),
+        (
+            "code.python_multiturn",
+            lambda task: [
+                ("run_python", {"code": "print('checking')"}),
+                ("submit", {"answer": canonical_answer(task)}),
+            ],
+        ),
+    ],
+)
 def test_code_envs_pass_the_sdk_contract_kit(name, solve):
     env = build("env", name, options={"sandbox": {"pool_size": 2, "timeout_s": 5}})
     try:

@@ -31,7 +31,9 @@ def python_env():
 
 @pytest.fixture(scope="module")
 def multiturn_env():
-    env = build("env", "code.python_multiturn", options={"max_tool_calls": 2, "sandbox": {"pool_size": 1}})
+    env = build(
+        "env", "code.python_multiturn", options={"max_tool_calls": 2, "sandbox": {"pool_size": 1}}
+    )
     yield env
     run(env.close())
 
@@ -51,7 +53,13 @@ def test_the_env_speaks_the_core_protocol_and_hides_the_tests(python_env):
         splits = await python_env.splits()
         task = await python_env.get_task("train", 0)
         session = await python_env.open(task)
-        return splits, task, await session.prompt(), await session.tools(), await session.terminal_tool()
+        return (
+            splits,
+            task,
+            await session.prompt(),
+            await session.tools(),
+            await session.terminal_tool(),
+        )
 
     splits, task, prompt, tools, terminal = run(look())
     assert [s.name for s in splits] == ["train", "test"]
@@ -65,8 +73,16 @@ def test_the_env_speaks_the_core_protocol_and_hides_the_tests(python_env):
 
 def test_every_own_canonical_solution_passes(python_env):
     async def all_tasks():
-        return await asyncio.gather(*(
-            submit(python_env, t["task_id"], f"```python\n{t['prompt']}{t['canonical_solution']}```") for t in TASKS))
+        return await asyncio.gather(
+            *(
+                submit(
+                    python_env,
+                    t["task_id"],
+                    f"```python\n{t['prompt']}{t['canonical_solution']}```",
+                )
+                for t in TASKS
+            )
+        )
 
     outputs = run(all_tasks())
     assert [(o.reward, o.metadata["passed"]) for o in outputs] == [(1.0, True)] * len(TASKS)
@@ -91,11 +107,17 @@ def test_reward_is_the_fraction_of_hidden_tests_and_the_episode_finishes(python_
     assert isinstance(second, ToolError) and second.reason == "episode_finished"
 
 
-@pytest.mark.parametrize(("answer", "execution"), [
-    ("I do not know.", "error"),  # no code at all: a syntax error
-    ("```python\ndef is_prime(n):\n    while True:\n        pass\n```", "timeout"),
-    ("```python\nimport os\nos.kill(os.getppid(), 9)\n```", "error"),  # the runner is out of its reach
-])
+@pytest.mark.parametrize(
+    ("answer", "execution"),
+    [
+        ("I do not know.", "error"),  # no code at all: a syntax error
+        ("```python\ndef is_prime(n):\n    while True:\n        pass\n```", "timeout"),
+        (
+            "```python\nimport os\nos.kill(os.getppid(), 9)\n```",
+            "error",
+        ),  # the runner is out of its reach
+    ],
+)
 def test_broken_answers_get_zero_reward(python_env, answer, execution):
     out = run(submit(python_env, "plait/5", answer))
     assert out.reward == 0.0 and out.metadata["passed"] is False
@@ -117,7 +139,9 @@ def test_multiturn_run_python_then_submit(multiturn_env):
         refused = await session.call("run_python", {"code": "print(1)"})
         bad_input = await session.call("run_python", {"source": "print(1)"})
         task = TASKS[0]
-        final = await session.call("submit", {"answer": f"```python\n{task['prompt']}{task['canonical_solution']}```"})
+        final = await session.call(
+            "submit", {"answer": f"```python\n{task['prompt']}{task['canonical_solution']}```"}
+        )
         await session.close()
         return tools, prompt, ran, crashed, refused, bad_input, final
 
@@ -175,12 +199,16 @@ def is_palindrome(text):
 
 def test_a_poisoning_submission_does_not_cost_later_grades(one_container_env):
     # a correct answer that needs a little memory (8 MiB) for a table
-    with_a_table = canonical("plait/1").replace("```python\n", "```python\n_table = bytearray(8 << 20)\n", 1)
+    with_a_table = canonical("plait/1").replace(
+        "```python\n", "```python\n_table = bytearray(8 << 20)\n", 1
+    )
 
     async def episodes():
         poisoned = await submit(one_container_env, "plait/1", SYSV_POISON)
-        later = [await submit(one_container_env, "plait/1", answer)
-                 for answer in (canonical("plait/1"), with_a_table, with_a_table)]
+        later = [
+            await submit(one_container_env, "plait/1", answer)
+            for answer in (canonical("plait/1"), with_a_table, with_a_table)
+        ]
         return poisoned, later
 
     poisoned, later = run(episodes())
@@ -195,7 +223,9 @@ def test_an_engine_fault_during_submit_is_an_error_not_a_score(one_container_env
 
     def pause_soon():
         time.sleep(1.0)
-        for container in sandbox.client.containers.list(filters={"label": f"plait.sandbox.pool={sandbox.pool_id}"}):
+        for container in sandbox.client.containers.list(
+            filters={"label": f"plait.sandbox.pool={sandbox.pool_id}"}
+        ):
             container.pause()
 
     async def episode():
@@ -204,7 +234,9 @@ def test_an_engine_fault_during_submit_is_an_error_not_a_score(one_container_env
         pauser.start()
         faulted = await session.call("submit", {"answer": slow})
         pauser.join()
-        retried = await session.call("submit", {"answer": canonical("plait/1")})  # the episode goes on
+        retried = await session.call(
+            "submit", {"answer": canonical("plait/1")}
+        )  # the episode goes on
         await session.close()
         return faulted, retried
 

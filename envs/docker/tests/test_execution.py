@@ -33,7 +33,9 @@ def test_stdin_reaches_the_program(sandbox):
     reversed_line = sandbox.execute("print(input()[::-1])", stdin="abc\n")
     assert (reversed_line.reason, reversed_line.stdout) == ("ok", "cba\n"), reversed_line
     big = "hello" + "x" * 300_000
-    counted = sandbox.execute("import sys\ndata = sys.stdin.read()\nprint(len(data), data[:5])", stdin=big)
+    counted = sandbox.execute(
+        "import sys\ndata = sys.stdin.read()\nprint(len(data), data[:5])", stdin=big
+    )
     assert (counted.reason, counted.stdout) == ("ok", "300005 hello\n"), counted
     ignored = sandbox.execute("print('did not read it')", stdin="x" * 1_000_000)  # must not hang
     assert (ignored.reason, ignored.stdout) == ("ok", "did not read it\n"), ignored

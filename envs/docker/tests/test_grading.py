@@ -53,13 +53,22 @@ def test_splits_hold_out_every_fifth_task():
         python_tasks().task("plait/999")
 
 
-@pytest.mark.parametrize(("answer", "expected"), [
-    ("Here:\n```python\ndef f():\n    return 1\n```\nDone.", "def f():\n    return 1\n"),
-    ("```\nx = 1\n```\n```python\ndef f(): return 2\n```", "def f(): return 2\n"),  # the block defining f
-    ("```py\nprint(3)\n```", "print(3)\n"),
-    ("    return 1\n", "    return 1\n"),  # no fence: the whole answer
-    ("```python\ndef f(): return 1\n```\n```python\ndef f(): return 2\n```", "def f(): return 2\n"),
-])
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("Here:\n```python\ndef f():\n    return 1\n```\nDone.", "def f():\n    return 1\n"),
+        (
+            "```\nx = 1\n```\n```python\ndef f(): return 2\n```",
+            "def f(): return 2\n",
+        ),  # the block defining f
+        ("```py\nprint(3)\n```", "print(3)\n"),
+        ("    return 1\n", "    return 1\n"),  # no fence: the whole answer
+        (
+            "```python\ndef f(): return 1\n```\n```python\ndef f(): return 2\n```",
+            "def f(): return 2\n",
+        ),
+    ],
+)
 def test_extract_code(answer, expected):
     assert extract_code(answer, "f") == expected
 
@@ -69,7 +78,9 @@ def test_candidate_source_keeps_the_prompt_for_full_functions_and_completions():
     assert candidate_source(TASK, full) == TASK.prompt + "\n\n" + full
     assert candidate_source(TASK, TASK.canonical_solution) == TASK.prompt + TASK.canonical_solution
     # a nested def of the same name is not a top-level definition: completion mode
-    assert candidate_source(TASK, "    def running_sum(): pass\n").startswith(TASK.prompt + "    def")
+    assert candidate_source(TASK, "    def running_sum(): pass\n").startswith(
+        TASK.prompt + "    def"
+    )
 
 
 def test_test_program_is_valid_python_with_the_nonce():
@@ -82,16 +93,18 @@ def test_test_program_is_valid_python_with_the_nonce():
 
 def test_read_grade_counts_only_nonce_lines_and_a_contradicted_pass_fails():
     nonce = "PLAIT-abc"
-    stdout = "\n".join([
-        "PLAIT-abc pass 0 ",
-        "PLAIT-abc pass 1 ",
-        "PLAIT-abc fail 1 AssertionError",  # reported both ways: failed
-        "PLAIT-xyz pass 2 ",  # another nonce: ignored
-        "pass 3",
-        "PLAIT-abc pass 4 ",
-        "PLAIT-abc pass 99 ",  # out of range: ignored
-        "PLAIT-abc done 5 ",
-    ])
+    stdout = "\n".join(
+        [
+            "PLAIT-abc pass 0 ",
+            "PLAIT-abc pass 1 ",
+            "PLAIT-abc fail 1 AssertionError",  # reported both ways: failed
+            "PLAIT-xyz pass 2 ",  # another nonce: ignored
+            "pass 3",
+            "PLAIT-abc pass 4 ",
+            "PLAIT-abc pass 99 ",  # out of range: ignored
+            "PLAIT-abc done 5 ",
+        ]
+    )
     grade = read_grade(TASK, ran(stdout), nonce)
     assert (grade.tests_passed, grade.tests_total) == (2, 5)
     assert grade.reward == pytest.approx(0.4)
@@ -108,6 +121,8 @@ def test_all_tests_passed_is_a_pass_only_for_a_clean_execution():
 
 
 def test_load_errors_are_reported():
-    grade = read_grade(TASK, ran("PLAIT-n load_error -1 SyntaxError: invalid syntax\n", reason="error"), "PLAIT-n")
+    grade = read_grade(
+        TASK, ran("PLAIT-n load_error -1 SyntaxError: invalid syntax\n", reason="error"), "PLAIT-n"
+    )
     assert grade.tests_passed == 0
     assert "failed to load" in grade.summary()

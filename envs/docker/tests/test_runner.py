@@ -19,18 +19,45 @@ def run_with_runner(body: str) -> subprocess.CompletedProcess:
     """`body` in a fresh interpreter with the runner's functions loaded (they chdir and install
     seccomp filters, which must not happen to the test process)."""
     prelude = f"import runpy\nglobals().update(runpy.run_path({RUNNER!r}))\n"
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_seccomp_profile_denies_io_uring_and_lists_allow_and_deny_apart():
     allowed, denied = set(seccomp.allowed_names()), set(seccomp.denied_names())
     assert not allowed & denied
-    assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "userfaultfd", "memfd_create",
-            "ptrace", "unshare", "mount", "keyctl", "pidfd_send_signal"} <= denied
-    assert {"read", "write", "execve", "futex", "wait4", "socketpair", "mmap", "prlimit64"} <= allowed
+    assert {
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "bpf",
+        "userfaultfd",
+        "memfd_create",
+        "ptrace",
+        "unshare",
+        "mount",
+        "keyctl",
+        "pidfd_send_signal",
+    } <= denied
+    assert {
+        "read",
+        "write",
+        "execve",
+        "futex",
+        "wait4",
+        "socketpair",
+        "mmap",
+        "prlimit64",
+    } <= allowed
     profile = seccomp.profile()
-    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == ("SCMP_ACT_ERRNO", 38)  # ENOSYS
+    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == (
+        "SCMP_ACT_ERRNO",
+        38,
+    )  # ENOSYS
     rules = {tuple(rule["names"]): rule for rule in profile["syscalls"]}
     assert rules[("clone3",)]["errnoRet"] == 38  # glibc falls back to clone
     assert rules[("clone",)]["args"][0]["op"] == "SCMP_CMP_MASKED_EQ"
@@ -40,7 +67,9 @@ def test_the_seccomp_profile_denies_io_uring_and_lists_allow_and_deny_apart():
     assert json.loads(seccomp.security_opt().removeprefix("seccomp=")) == profile
 
 
-@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the guard knows x86_64 and aarch64")
+@pytest.mark.skipif(
+    os.uname().machine not in ("x86_64", "aarch64"), reason="the guard knows x86_64 and aarch64"
+)
 def test_the_programs_guard_refuses_every_call_aimed_at_the_runner():
     # the test's interpreter plays the runner; its child installs the guard, as a program does
     proc = run_with_runner("""
@@ -89,10 +118,25 @@ def test_the_programs_guard_refuses_every_call_aimed_at_the_runner():
     assert proc.returncode == 0, proc.stderr
     outcomes = json.loads(proc.stdout)
     refused = {name for name, outcome in outcomes.items() if outcome == "Operation not permitted"}
-    assert refused == {"kill", "kill_every_process", "killpg", "tgkill", "prlimit", "renice", "renice_user", "sched",
-                       "sigio_owner"}, outcomes
-    assert set(outcomes) - refused == {"own_limits", "own_group", "itself", "own_thread", "own_priority",
-                                       "own_socket_owner"}
+    assert refused == {
+        "kill",
+        "kill_every_process",
+        "killpg",
+        "tgkill",
+        "prlimit",
+        "renice",
+        "renice_user",
+        "sched",
+        "sigio_owner",
+    }, outcomes
+    assert set(outcomes) - refused == {
+        "own_limits",
+        "own_group",
+        "itself",
+        "own_thread",
+        "own_priority",
+        "own_socket_owner",
+    }
     assert {outcomes[name] for name in set(outcomes) - refused} == {"allowed"}
 
 

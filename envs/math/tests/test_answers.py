@@ -103,14 +103,18 @@ ROBUST_CASES = [
 
 
 @pytest.mark.parametrize(("text", "fmt", "expected", "reward", "followed"), STRICT_CASES)
-def test_strict_verifier_table(text: str, fmt: str, expected: int, reward: float, followed: bool) -> None:
+def test_strict_verifier_table(
+    text: str, fmt: str, expected: int, reward: float, followed: bool
+) -> None:
     verdict = verify(text, F(expected), fmt)
     assert (verdict.reward, verdict.format_followed) == (reward, followed), verdict
     assert verdict.correct == (reward == 1.0)
 
 
 @pytest.mark.parametrize(("text", "fmt", "expected", "reward", "followed"), ROBUST_CASES)
-def test_robust_verifier_table(text: str, fmt: str, expected: Fraction, reward: float, followed: bool) -> None:
+def test_robust_verifier_table(
+    text: str, fmt: str, expected: Fraction, reward: float, followed: bool
+) -> None:
     verdict = verify(text, F(expected), fmt, robust=True)
     assert (verdict.reward, verdict.format_followed) == (reward, followed), verdict
 
@@ -123,7 +127,9 @@ def test_wrong_format_credit_only_when_an_option_gives_it() -> None:
     # a wrong number in the wrong format earns nothing either way
     assert verify("2 + 40 = 41", F(42), "answer_tag", wrong_format_reward=0.5).reward == 0.0
     # a wrong number in the right format is wrong: the fallback does not rescue it
-    assert verify("42 <answer>41</answer>", F(42), "answer_tag", wrong_format_reward=1.0).reward == 0.0
+    assert (
+        verify("42 <answer>41</answer>", F(42), "answer_tag", wrong_format_reward=1.0).reward == 0.0
+    )
 
 
 def test_metadata_names_extracted_expected_and_format() -> None:
@@ -174,32 +180,76 @@ def test_parse_number_and_format_number() -> None:
     assert parse_number_robust("-.5") == F(-1, 2)
     assert parse_number_robust("a/b") is None
     assert parse_number_robust("1/0") == 0  # no fraction: the last number (0) is read
-    assert [format_number(F(x)) for x in ("8", "-2.5", "1/3", "1/8", "100")] == ["8", "-2.5", "1/3", "0.125", "100"]
+    assert [format_number(F(x)) for x in ("8", "-2.5", "1/3", "1/8", "100")] == [
+        "8",
+        "-2.5",
+        "1/3",
+        "0.125",
+        "100",
+    ]
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=300), fmt=st.sampled_from(ANSWER_FORMATS), robust=st.booleans(),
-       expected=st.fractions(max_denominator=1000))
+@given(
+    text=st.text(max_size=300),
+    fmt=st.sampled_from(ANSWER_FORMATS),
+    robust=st.booleans(),
+    expected=st.fractions(max_denominator=1000),
+)
 def test_verifier_never_raises(text: str, fmt: str, robust: bool, expected: Fraction) -> None:
     verdict = verify(text, expected, fmt, robust=robust, wrong_format_reward=0.25)
     assert verdict.reward in (0.0, 0.25, 1.0)
     assert verdict.correct == (verdict.reward == 1.0)
 
 
-MARKUP = st.sampled_from(["<answer>", "</answer>", "\\boxed{", "{", "}", "####", "$", ",", ".", "-", "/",
-                          "\\frac{", "\n", " ", "1", "42", "0", "9999999", "٣", "e", "%"])
+MARKUP = st.sampled_from(
+    [
+        "<answer>",
+        "</answer>",
+        "\\boxed{",
+        "{",
+        "}",
+        "####",
+        "$",
+        ",",
+        ".",
+        "-",
+        "/",
+        "\\frac{",
+        "\n",
+        " ",
+        "1",
+        "42",
+        "0",
+        "9999999",
+        "٣",
+        "e",
+        "%",
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(parts=st.lists(MARKUP, max_size=40), fmt=st.sampled_from(ANSWER_FORMATS), robust=st.booleans())
-def test_verifier_never_raises_on_answer_like_markup(parts: list[str], fmt: str, robust: bool) -> None:
+@given(
+    parts=st.lists(MARKUP, max_size=40), fmt=st.sampled_from(ANSWER_FORMATS), robust=st.booleans()
+)
+def test_verifier_never_raises_on_answer_like_markup(
+    parts: list[str], fmt: str, robust: bool
+) -> None:
     verify("".join(parts), F(42), fmt, robust=robust)
 
 
 @settings(max_examples=100, deadline=None)
-@given(value=st.integers(min_value=-10**15, max_value=10**15), fmt=st.sampled_from(ANSWER_FORMATS))
+@given(
+    value=st.integers(min_value=-(10**15), max_value=10**15), fmt=st.sampled_from(ANSWER_FORMATS)
+)
 def test_a_well_formatted_right_answer_always_wins(value: int, fmt: str) -> None:
-    text = {"plain": f"{value}", "last_number": f"so it is {value}", "boxed": f"\\boxed{{{value}}}",
-            "answer_tag": f"<answer>{value}</answer>", "hash": f"steps\n#### {value}"}[fmt]
+    text = {
+        "plain": f"{value}",
+        "last_number": f"so it is {value}",
+        "boxed": f"\\boxed{{{value}}}",
+        "answer_tag": f"<answer>{value}</answer>",
+        "hash": f"steps\n#### {value}",
+    }[fmt]
     assert verify(text, F(value), fmt).reward == 1.0
     assert verify(text, F(value + 1), fmt).reward == 0.0

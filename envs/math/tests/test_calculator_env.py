@@ -25,7 +25,9 @@ def test_calculator_calls_then_a_text_answer() -> None:
         result = await session.call("calculator", {"expression": task["expression"]})
         assert isinstance(result, ToolOutput) and not result.finished and result.reward is None
         assert result.text == task["answer"]
-        assert (await session.call("calculator", {"expression": "7 / 2"})).text == "3.5 (exactly 7/2)"
+        assert (
+            await session.call("calculator", {"expression": "7 / 2"})
+        ).text == "3.5 (exactly 7/2)"
         error = await session.call("calculator", {"expression": "__import__('os')"})
         assert isinstance(error, ToolError) and "not allowed" in error.error
         error = await session.call("calculator", {"expression": "1 / 0"})
@@ -75,4 +77,7 @@ def test_calculator_tasks_are_harder_than_the_default_arith() -> None:
         env = build("env", name, options={})
         return [abs(int((await env.get_task("test", i))["answer"])) for i in range(50)]
 
-    assert sorted(asyncio.run(answers("math.calculator")))[25] > 10 * sorted(asyncio.run(answers("math.arith")))[25]
+    assert (
+        sorted(asyncio.run(answers("math.calculator")))[25]
+        > 10 * sorted(asyncio.run(answers("math.arith")))[25]
+    )

@@ -91,8 +91,13 @@ def test_episode_through_the_core_protocol(name: str) -> None:
 
 
 def render_answer(answer: str, answer_format: str) -> str:
-    return {"plain": answer, "last_number": f"It is {answer}", "boxed": f"So \\boxed{{{answer}}}",
-            "answer_tag": f"<answer>{answer}</answer>", "hash": f"Work.\n#### {answer}"}[answer_format]
+    return {
+        "plain": answer,
+        "last_number": f"It is {answer}",
+        "boxed": f"So \\boxed{{{answer}}}",
+        "answer_tag": f"<answer>{answer}</answer>",
+        "hash": f"Work.\n#### {answer}",
+    }[answer_format]
 
 
 @pytest.mark.parametrize("name", list(ENVS))
@@ -102,7 +107,9 @@ def test_wrong_and_unformatted_answers_score_zero(name: str) -> None:
         task = await env.get_task("train", 0)
         session = await env.open(task)
         try:
-            output = await session.call("final_answer", {"text": text.replace("ANSWER", task["answer"])})
+            output = await session.call(
+                "final_answer", {"text": text.replace("ANSWER", task["answer"])}
+            )
         finally:
             await session.close()
         assert isinstance(output, ToolOutput)
@@ -110,7 +117,12 @@ def test_wrong_and_unformatted_answers_score_zero(name: str) -> None:
 
     wrong = run(episode("<answer>-123456789</answer>\n#### -123456789 \\boxed{-123456789}"))
     assert (wrong.reward, wrong.finished, wrong.metadata["correct"]) == (0.0, True, False)
-    for hostile in ["", "\x00" * 10_000, "ANSWER" * 5000, "<answer><answer>ANSWER</answer></answer>"]:
+    for hostile in [
+        "",
+        "\x00" * 10_000,
+        "ANSWER" * 5000,
+        "<answer><answer>ANSWER</answer></answer>",
+    ]:
         output = run(episode(hostile))
         assert output.finished and output.reward in (0.0, 1.0)
 
@@ -132,12 +144,15 @@ def test_index_out_of_range_and_unknown_split() -> None:
         run(env.num_tasks("validation"))
 
 
-@pytest.mark.parametrize(("task", "message"), [
-    ({"prompt": "1 + 1 ="}, "missing"),
-    ({"prompt": "1 + 1 =", "answer": "two", "answer_format": "plain"}, "not a number"),
-    ({"prompt": "1 + 1 =", "answer": "2", "answer_format": "latex"}, "answer_format"),
-    ({"prompt": 5, "answer": "2", "answer_format": "plain"}, "prompt must be a string"),
-])
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({"prompt": "1 + 1 ="}, "missing"),
+        ({"prompt": "1 + 1 =", "answer": "two", "answer_format": "plain"}, "not a number"),
+        ({"prompt": "1 + 1 =", "answer": "2", "answer_format": "latex"}, "answer_format"),
+        ({"prompt": 5, "answer": "2", "answer_format": "plain"}, "prompt must be a string"),
+    ],
+)
 def test_a_malformed_task_fails_open_with_the_cause(task: Mapping[str, Any], message: str) -> None:
     env = make("math.arith")
     with pytest.raises(EnvironmentError_, match=message):
@@ -146,8 +161,11 @@ def test_a_malformed_task_fails_open_with_the_cause(task: Mapping[str, Any], mes
 
 def test_a_task_spec_alone_opens_an_episode() -> None:
     """Tasks are self-contained, as an ORS client's `task_spec` would send them."""
+
     async def episode() -> ToolOutput:
-        session = await make("math.arith").open({"prompt": "What is 6 * 7?", "answer": "42", "answer_format": "boxed"})
+        session = await make("math.arith").open(
+            {"prompt": "What is 6 * 7?", "answer": "42", "answer_format": "boxed"}
+        )
         try:
             return await session.call("final_answer", {"text": "\\boxed{42}"})
         finally:
@@ -159,24 +177,51 @@ def test_a_task_spec_alone_opens_an_episode() -> None:
 # -- options --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "options", "message"), [
-    ("math.arith", {"presett": "tiny"}, r"env\.options\.presett: unknown key \(did you mean \"preset\"\?\)"),
-    ("math.arith", {"preset": "huge"}, "preset 'huge' is not one of sums, tiny, smollm, default, hard"),
-    ("math.arith", {"max_digits": "2"}, r"env\.options\.max_digits: expected int \| none, got str '2'"),
-    ("math.arith", {"min_digits": 3, "max_digits": 2}, "max_digits must be between min_digits"),
-    ("math.arith", {"operators": ["+", "%"]}, r"operators: \['%'\] not supported"),
-    ("math.arith", {"answer_format": "latex"}, r"env\.options\.answer_format: expected 'plain' \| .*got str 'latex'"),
-    ("math.arith", {"preset": "tiny", "answer_format": "boxed"}, "prompt_style 'bare'"),
-    ("math.arith", {"shots": -1}, "shots must be >= 0"),
-    ("math.arith", {"wrong_format_reward": 2.0}, "wrong_format_reward must be between 0 and 1"),
-    ("math.arith", {"test_fraction": 0.0}, "test_fraction must be strictly between 0 and 1"),
-    ("math.arith", {"train_size": 0}, "train_size must be > 0"),
-    ("math.gsm8k", {"answer_format": "latex"}, r"env\.options\.answer_format: 'latex' is not one of"),
-    ("math.gsm8k", {"preset": "tiny"}, r"env\.options\.preset: unknown key"),
-    ("math.calculator", {"prompt_style": "bare", "answer_format": "plain"}, "cannot explain the calculator"),
-    ("math.calculator", {"max_calculator_calls": -1}, "max_calculator_calls must be >= 0"),
-    ("math.calculator", {"preset": "tiny"}, "preset 'tiny' is not one of default, hard"),
-])
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        (
+            "math.arith",
+            {"presett": "tiny"},
+            r"env\.options\.presett: unknown key \(did you mean \"preset\"\?\)",
+        ),
+        (
+            "math.arith",
+            {"preset": "huge"},
+            "preset 'huge' is not one of sums, tiny, smollm, default, hard",
+        ),
+        (
+            "math.arith",
+            {"max_digits": "2"},
+            r"env\.options\.max_digits: expected int \| none, got str '2'",
+        ),
+        ("math.arith", {"min_digits": 3, "max_digits": 2}, "max_digits must be between min_digits"),
+        ("math.arith", {"operators": ["+", "%"]}, r"operators: \['%'\] not supported"),
+        (
+            "math.arith",
+            {"answer_format": "latex"},
+            r"env\.options\.answer_format: expected 'plain' \| .*got str 'latex'",
+        ),
+        ("math.arith", {"preset": "tiny", "answer_format": "boxed"}, "prompt_style 'bare'"),
+        ("math.arith", {"shots": -1}, "shots must be >= 0"),
+        ("math.arith", {"wrong_format_reward": 2.0}, "wrong_format_reward must be between 0 and 1"),
+        ("math.arith", {"test_fraction": 0.0}, "test_fraction must be strictly between 0 and 1"),
+        ("math.arith", {"train_size": 0}, "train_size must be > 0"),
+        (
+            "math.gsm8k",
+            {"answer_format": "latex"},
+            r"env\.options\.answer_format: 'latex' is not one of",
+        ),
+        ("math.gsm8k", {"preset": "tiny"}, r"env\.options\.preset: unknown key"),
+        (
+            "math.calculator",
+            {"prompt_style": "bare", "answer_format": "plain"},
+            "cannot explain the calculator",
+        ),
+        ("math.calculator", {"max_calculator_calls": -1}, "max_calculator_calls must be >= 0"),
+        ("math.calculator", {"preset": "tiny"}, "preset 'tiny' is not one of default, hard"),
+    ],
+)
 def test_bad_options_fail_with_the_key(name: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build("env", name, options=options, options_path="env.options")
@@ -187,14 +232,18 @@ def test_presets_and_overrides() -> None:
     assert tiny["answer_format"] == "plain" and tiny["prompt"].endswith(" =")
     a, b = tiny["expression"].split(" + ")
     assert int(a) < 10 and int(b) < 10
-    overridden = run(make("math.arith", preset="tiny", max_digits=3, operators=["*"]).get_task("train", 0))
+    overridden = run(
+        make("math.arith", preset="tiny", max_digits=3, operators=["*"]).get_task("train", 0)
+    )
     assert "*" in overridden["expression"]
     boxed = run(make("math.arith", answer_format="boxed").get_task("train", 0))
     assert "\\boxed{N}" in boxed["prompt"] and boxed["answer_format"] == "boxed"
 
 
 def test_worked_examples_come_first_as_chat_turns_shared_by_every_task() -> None:
-    async def opening(env: protocols.Environment, index: int) -> tuple[dict[str, Any], list[Message]]:
+    async def opening(
+        env: protocols.Environment, index: int
+    ) -> tuple[dict[str, Any], list[Message]]:
         task = await env.get_task("train", index)
         session = await env.open(task)
         try:
@@ -211,7 +260,11 @@ def test_worked_examples_come_first_as_chat_turns_shared_by_every_task() -> None
         a, b = question.content.removesuffix(" =").split(" + ")
         assert answer.content == str(int(a) + int(b))
     _, tagged = run(opening(make("math.arith", preset="default", shots=1), 0))
-    assert len(tagged) == 3 and tagged[1].content.startswith("<answer>") and "answer tags" in tagged[0].content
+    assert (
+        len(tagged) == 3
+        and tagged[1].content.startswith("<answer>")
+        and "answer tags" in tagged[0].content
+    )
     _, none = run(opening(make("math.arith", preset="default"), 0))
     assert [m.role for m in none] == ["user"]
 

@@ -47,7 +47,9 @@ def test_train_split_comes_from_gsm_symbolic_seeded() -> None:
     assert a != [asyncio.run(env(seed=2).get_task("train", i)) for i in range(5)]
     for task in a:
         assert task["source"] == "reasoning-gym gsm_symbolic"
-        assert "Do not include units" not in task["prompt"]  # reasoning-gym's own instruction is replaced
+        assert (
+            "Do not include units" not in task["prompt"]
+        )  # reasoning-gym's own instruction is replaced
         Fraction(task["answer"])
     assert asyncio.run(env(train_size=50).num_tasks("train")) == 50
 

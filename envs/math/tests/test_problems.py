@@ -15,8 +15,15 @@ from plait_math.problems import Problem, ProblemSpec, generate, split_of
 
 
 def spec(**overrides: object) -> ProblemSpec:
-    values: dict[str, object] = dict(min_digits=1, max_digits=2, min_terms=2, max_terms=4,
-                                     operators=("+", "-", "*", "/"), negatives=True, test_fraction=0.2)
+    values: dict[str, object] = dict(
+        min_digits=1,
+        max_digits=2,
+        min_terms=2,
+        max_terms=4,
+        operators=("+", "-", "*", "/"),
+        negatives=True,
+        test_fraction=0.2,
+    )
     values.update(overrides)
     return ProblemSpec(**values)  # type: ignore[arg-type]
 
@@ -39,24 +46,38 @@ def test_problems_do_not_depend_on_the_process() -> None:
     )
     here = [generate(spec(), 7, sp, i).expression for sp in ("train", "test") for i in range(20)]
     for hash_seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
-                             env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
         assert out.stdout.strip() == repr(here)
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(),
-    dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=("+",), negatives=False),
-    dict(min_digits=3, max_digits=3, operators=("*",), negatives=False),
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(),
+        dict(
+            min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=("+",), negatives=False
+        ),
+        dict(min_digits=3, max_digits=3, operators=("*",), negatives=False),
+    ],
+)
 def test_train_and_test_never_share_a_problem(knobs: dict[str, object]) -> None:
     s = spec(**knobs)
     for seed_train, seed_test in [(0, 0), (0, 1), (5, 3)]:
         train = {generate(s, seed_train, "train", i).canonical() for i in range(400)}
         test = {generate(s, seed_test, "test", i).canonical() for i in range(200)}
         assert not train & test
-    assert all(split_of(generate(s, 0, split, i), s.test_fraction) == split
-               for split in ("train", "test") for i in range(100))
+    assert all(
+        split_of(generate(s, 0, split, i), s.test_fraction) == split
+        for split in ("train", "test")
+        for i in range(100)
+    )
 
 
 def test_commuted_sums_share_a_split() -> None:
@@ -67,7 +88,9 @@ def test_commuted_sums_share_a_split() -> None:
 
 
 def test_tiny_problem_space_still_splits() -> None:
-    s = spec(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=("+",), negatives=False)
+    s = spec(
+        min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=("+",), negatives=False
+    )
     test = {generate(s, 0, "test", i).canonical() for i in range(300)}
     train = {generate(s, 0, "train", i).canonical() for i in range(1000)}
     assert 3 <= len(test) <= 25 and len(train) >= 30  # 55 unordered pairs, about 20% in test
@@ -80,16 +103,36 @@ def test_unknown_split_is_an_error() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32), index=st.integers(0, 10**6), split=st.sampled_from(["train", "test"]),
-       min_digits=st.integers(1, 3), extra_digits=st.integers(0, 2), min_terms=st.integers(2, 4),
-       extra_terms=st.integers(0, 3), negatives=st.booleans(),
-       operators=st.lists(st.sampled_from(["+", "-", "*", "/"]), min_size=1, max_size=4, unique=True))
+@given(
+    seed=st.integers(0, 2**32),
+    index=st.integers(0, 10**6),
+    split=st.sampled_from(["train", "test"]),
+    min_digits=st.integers(1, 3),
+    extra_digits=st.integers(0, 2),
+    min_terms=st.integers(2, 4),
+    extra_terms=st.integers(0, 3),
+    negatives=st.booleans(),
+    operators=st.lists(st.sampled_from(["+", "-", "*", "/"]), min_size=1, max_size=4, unique=True),
+)
 def test_problems_respect_the_knobs_and_have_right_answers(
-    seed: int, index: int, split: str, min_digits: int, extra_digits: int, min_terms: int,
-    extra_terms: int, negatives: bool, operators: list[str],
+    seed: int,
+    index: int,
+    split: str,
+    min_digits: int,
+    extra_digits: int,
+    min_terms: int,
+    extra_terms: int,
+    negatives: bool,
+    operators: list[str],
 ) -> None:
-    s = spec(min_digits=min_digits, max_digits=min_digits + extra_digits, min_terms=min_terms,
-             max_terms=min_terms + extra_terms, operators=tuple(operators), negatives=negatives)
+    s = spec(
+        min_digits=min_digits,
+        max_digits=min_digits + extra_digits,
+        min_terms=min_terms,
+        max_terms=min_terms + extra_terms,
+        operators=tuple(operators),
+        negatives=negatives,
+    )
     problem = generate(s, seed, split, index)
     assert s.min_terms <= len(problem.operands) <= s.max_terms
     assert set(problem.operators) <= set(operators)
@@ -104,15 +147,18 @@ def test_problems_respect_the_knobs_and_have_right_answers(
     assert problem.answer.denominator == 1
 
 
-@pytest.mark.parametrize(("knobs", "message"), [
-    (dict(min_digits=0), "min_digits"),
-    (dict(min_digits=3, max_digits=2), "max_digits"),
-    (dict(min_terms=1), "min_terms"),
-    (dict(min_terms=4, max_terms=3), "max_terms"),
-    (dict(operators=()), "operators"),
-    (dict(operators=("+", "^")), "operators"),
-    (dict(test_fraction=1.0), "test_fraction"),
-])
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (dict(min_digits=0), "min_digits"),
+        (dict(min_digits=3, max_digits=2), "max_digits"),
+        (dict(min_terms=1), "min_terms"),
+        (dict(min_terms=4, max_terms=3), "max_terms"),
+        (dict(operators=()), "operators"),
+        (dict(operators=("+", "^")), "operators"),
+        (dict(test_fraction=1.0), "test_fraction"),
+    ],
+)
 def test_bad_knobs_name_the_key(knobs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         spec(**knobs).check()

@@ -65,9 +65,21 @@ LAUNCHER = textwrap.dedent("""
 def test_server_dies_with_its_launcher(tmp_path: Path, how: str) -> None:
     """Normal interpreter exit (atexit) and a SIGKILLed launcher (PR_SET_PDEATHSIG) both take
     the server down."""
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "log"), "hang" if how == "killed" else "exit"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    server_pid = next(int(line) for line in launcher.stdout if line.strip().isdigit())  # logs go to stdout too
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            str(tmp_path / "log"),
+            "hang" if how == "killed" else "exit",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server_pid = next(
+        int(line) for line in launcher.stdout if line.strip().isdigit()
+    )  # logs go to stdout too
     assert alive(server_pid)
     launcher.stdin.write("go\n")
     launcher.stdin.flush()
@@ -75,12 +87,17 @@ def test_server_dies_with_its_launcher(tmp_path: Path, how: str) -> None:
         launcher.kill()
     rest = launcher.stdout.read()
     launcher.wait(30)
-    assert wait_gone(server_pid, timeout=30), f"server {server_pid} outlived its launcher ({how}): {rest}"
+    assert wait_gone(server_pid, timeout=30), (
+        f"server {server_pid} outlived its launcher ({how}): {rest}"
+    )
 
 
 def test_start_up_crash_is_reported_with_the_log(tmp_path: Path) -> None:
-    server = ServerProcess("crasher", [sys.executable, "-c", "print('bad flag --foo'); raise SystemExit(3)"],
-                           log_path=tmp_path / "log")
+    server = ServerProcess(
+        "crasher",
+        [sys.executable, "-c", "print('bad flag --foo'); raise SystemExit(3)"],
+        log_path=tmp_path / "log",
+    )
 
     async def never_healthy() -> bool:
         return False
@@ -93,13 +110,18 @@ def test_start_up_crash_is_reported_with_the_log(tmp_path: Path) -> None:
 
 
 def test_start_up_timeout_stops_the_server(tmp_path: Path) -> None:
-    server = ServerProcess("slow", [sys.executable, "-c", "import time; print('loading'); time.sleep(60)"],
-                           log_path=tmp_path / "log")
+    server = ServerProcess(
+        "slow",
+        [sys.executable, "-c", "import time; print('loading'); time.sleep(60)"],
+        log_path=tmp_path / "log",
+    )
 
     async def never_healthy() -> bool:
         return False
 
-    with pytest.raises(EngineError, match=r"(?s)did not become healthy within 0.5 s.*startup_timeout_s"):
+    with pytest.raises(
+        EngineError, match=r"(?s)did not become healthy within 0.5 s.*startup_timeout_s"
+    ):
         asyncio.run(server.wait_healthy(never_healthy, timeout_s=0.5, poll_s=0.05))
     assert wait_gone(server.pid)
 
@@ -199,7 +221,9 @@ class StubEngine(ServerEngine):
 
     async def generate(self) -> dict:
         async def send():
-            return await self.http.request("POST", "/generate", json={}, timeout_s=self.options.request_timeout_s)
+            return await self.http.request(
+                "POST", "/generate", json={}, timeout_s=self.options.request_timeout_s
+            )
 
         return (await self._reissued_after_restart(send, in_flight=True)).json()
 
@@ -225,8 +249,17 @@ def stub_model(tmp_path: Path) -> ResolvedModel:
 
 
 def stub_engine(model: ResolvedModel, tmp_path: Path, **options) -> StubEngine:
-    return StubEngine(model, ServerOptions(log_path=str(tmp_path / "stub.log"), request_timeout_s=60.0,
-                                           control_timeout_s=10.0, startup_timeout_s=60.0, **options), seed=0)
+    return StubEngine(
+        model,
+        ServerOptions(
+            log_path=str(tmp_path / "stub.log"),
+            request_timeout_s=60.0,
+            control_timeout_s=10.0,
+            startup_timeout_s=60.0,
+            **options,
+        ),
+        seed=0,
+    )
 
 
 async def kill_when_holding(engine: StubEngine, requests: int) -> int:
@@ -238,10 +271,13 @@ async def kill_when_holding(engine: StubEngine, requests: int) -> int:
     return pid
 
 
-def test_a_server_killed_mid_request_is_restarted_with_its_weights(stub_model: ResolvedModel, tmp_path: Path) -> None:
+def test_a_server_killed_mid_request_is_restarted_with_its_weights(
+    stub_model: ResolvedModel, tmp_path: Path
+) -> None:
     """Requests running when the server dies complete on a new server, which has been given the
     weights the dead one had (last directory loaded, the later version bump, the adapters)
     before any of them reaches it; one warning names the exit code and the log file."""
+
     async def body() -> None:
         engine = stub_engine(stub_model, tmp_path)
         try:
@@ -253,12 +289,16 @@ def test_a_server_killed_mid_request_is_restarted_with_its_weights(stub_model: R
             with capture_logs() as logs:
                 dead_pid = await kill_when_holding(engine, 3)
                 replies = await asyncio.gather(*running)
-            assert {r["pid"] for r in replies} == {engine.server.pid} and engine.server.pid != dead_pid
+            assert {r["pid"] for r in replies} == {
+                engine.server.pid
+            } and engine.server.pid != dead_pid
             assert all(r["weights"] == str(tmp_path / "v3") and r["version"] == 4 for r in replies)
             assert all(r["adapters"] == {"a1": str(tmp_path / "adapter")} for r in replies)
             assert engine.restarts == 1 and engine.weight_version == 4
             [warning] = [e for e in logs if e["log_level"] == "warning"]
-            assert "exited with code -9" in warning["event"] and warning["log"] == str(tmp_path / "stub.log")
+            assert "exited with code -9" in warning["event"] and warning["log"] == str(
+                tmp_path / "stub.log"
+            )
             assert (await engine.generate())["pid"] == engine.server.pid  # and it keeps serving
         finally:
             await engine.close()
@@ -269,6 +309,7 @@ def test_a_server_killed_mid_request_is_restarted_with_its_weights(stub_model: R
 def test_a_server_alive_but_failing_is_replaced(stub_model: ResolvedModel, tmp_path: Path) -> None:
     """vLLM's API server outlives its dead EngineCore for a while, answering 500 (health too):
     a failed request on a server that no longer answers /health restarts it as well."""
+
     async def body() -> None:
         engine = stub_engine(stub_model, tmp_path)
         try:
@@ -286,6 +327,7 @@ def test_a_server_alive_but_failing_is_replaced(stub_model: ResolvedModel, tmp_p
 def test_restarts_are_bounded(stub_model: ResolvedModel, tmp_path: Path) -> None:
     """A server found dead between requests is restarted too; past max_restarts the engine gives
     up with an error that names the count and shows the log's last lines."""
+
     async def body() -> None:
         engine = stub_engine(stub_model, tmp_path, max_restarts=1)
         try:
@@ -297,8 +339,11 @@ def test_restarts_are_bounded(stub_model: ResolvedModel, tmp_path: Path) -> None
             await engine.http.request("POST", "/hold")
             running = asyncio.ensure_future(engine.generate())
             await kill_when_holding(engine, 1)
-            with pytest.raises(EngineError, match=r"(?s)exited with code -9 after 1 restarts.*"
-                                                  r"max_restarts = 1.*stub server starting") as failure:
+            with pytest.raises(
+                EngineError,
+                match=r"(?s)exited with code -9 after 1 restarts.*"
+                r"max_restarts = 1.*stub server starting",
+            ) as failure:
                 await running
             assert "max_restarts" in failure.value.fix
             with pytest.raises(EngineError, match="after 1 restarts"):  # and stays down
@@ -309,8 +354,11 @@ def test_restarts_are_bounded(stub_model: ResolvedModel, tmp_path: Path) -> None
     asyncio.run(asyncio.wait_for(body(), 120))
 
 
-def test_weights_that_came_by_broadcast_are_not_guessed(stub_model: ResolvedModel, tmp_path: Path) -> None:
+def test_weights_that_came_by_broadcast_are_not_guessed(
+    stub_model: ResolvedModel, tmp_path: Path
+) -> None:
     """A new server cannot get weights that exist nowhere on disk: a clear error, no restart."""
+
     async def body() -> None:
         engine = stub_engine(stub_model, tmp_path)
         try:
@@ -318,7 +366,9 @@ def test_weights_that_came_by_broadcast_are_not_guessed(stub_model: ResolvedMode
             engine._weights_from_broadcast = True  # as a broadcast weight update leaves it
             os.killpg(engine.server.pid, signal.SIGKILL)
             engine.server.process.wait(10)
-            with pytest.raises(EngineError, match="could not be given its weights: its weights came by broadcast"):
+            with pytest.raises(
+                EngineError, match="could not be given its weights: its weights came by broadcast"
+            ):
                 await engine.generate()
             assert engine.restarts == 0
         finally:
@@ -330,8 +380,12 @@ def test_weights_that_came_by_broadcast_are_not_guessed(stub_model: ResolvedMode
 def test_an_attached_server_is_not_restarted(stub_model: ResolvedModel, tmp_path: Path) -> None:
     async def body() -> None:
         port = free_port()
-        server = ServerProcess("stub", [sys.executable, "-c", STUB_SERVER, str(port)], log_path=tmp_path / "log")
-        engine = StubEngine(stub_model, ServerOptions(url=f"http://127.0.0.1:{port}", control_timeout_s=5.0), seed=0)
+        server = ServerProcess(
+            "stub", [sys.executable, "-c", STUB_SERVER, str(port)], log_path=tmp_path / "log"
+        )
+        engine = StubEngine(
+            stub_model, ServerOptions(url=f"http://127.0.0.1:{port}", control_timeout_s=5.0), seed=0
+        )
         try:
             await server.wait_healthy(engine._healthy, timeout_s=60, poll_s=0.05)
             await engine.generate()

@@ -36,8 +36,14 @@ def token_batches(draw: st.DrawFn) -> list[list[int]]:
 
 def build(sequences: list[list[int]], options: LayoutOptions) -> list[MicroBatch]:
     tokens = [np.asarray(s, dtype=np.int64) for s in sequences]
-    inputs = [{"target_tokens": np.arange(len(s), dtype=np.int64) + 100 * i} for i, s in enumerate(sequences)]
-    return [MicroBatch.build(rows, tokens, inputs, torch.device("cpu")) for rows in plan_micro_batches(tokens, options)]
+    inputs = [
+        {"target_tokens": np.arange(len(s), dtype=np.int64) + 100 * i}
+        for i, s in enumerate(sequences)
+    ]
+    return [
+        MicroBatch.build(rows, tokens, inputs, torch.device("cpu"))
+        for rows in plan_micro_batches(tokens, options)
+    ]
 
 
 def attended(batch: MicroBatch) -> torch.Tensor:
@@ -49,13 +55,19 @@ def attended(batch: MicroBatch) -> torch.Tensor:
 
 
 def trie_size(sequences: list[list[int]]) -> int:
-    return len({tuple(s[:i + 1]) for s in sequences for i in range(len(s))})
+    return len({tuple(s[: i + 1]) for s in sequences for i in range(len(s))})
 
 
 @settings(max_examples=150, deadline=None)
-@given(sequences=token_batches(), budget=st.integers(1, 48), packing=st.booleans(), sharing=st.booleans())
-def test_every_datum_sees_exactly_its_own_prefix(sequences: list[list[int]], budget: int, packing: bool,
-                                                 sharing: bool) -> None:
+@given(
+    sequences=token_batches(),
+    budget=st.integers(1, 48),
+    packing=st.booleans(),
+    sharing=st.booleans(),
+)
+def test_every_datum_sees_exactly_its_own_prefix(
+    sequences: list[list[int]], budget: int, packing: bool, sharing: bool
+) -> None:
     options = LayoutOptions(budget, packing=packing, prefix_sharing=sharing)
     batches = build(sequences, options)
     seen = sorted(i for b in batches for i in b.indices)
@@ -64,25 +76,34 @@ def test_every_datum_sees_exactly_its_own_prefix(sequences: list[list[int]], bud
         rows, width = batch.input_ids.shape
         assert rows == 1 or rows * width <= budget, "several rows only within the token budget"
         flat_ids = batch.input_ids.reshape(-1)
-        positions = (batch.position_ids if batch.position_ids is not None
-                     else torch.arange(width).expand(rows, width)).reshape(-1)
+        positions = (
+            batch.position_ids
+            if batch.position_ids is not None
+            else torch.arange(width).expand(rows, width)
+        ).reshape(-1)
         sees = attended(batch)
         for b, index in enumerate(batch.indices):
             n = batch.lengths[b]
             slots = batch.slots[b, :n]
             assert flat_ids[slots].tolist() == sequences[index]
             assert positions[slots].tolist() == list(range(n))
-            assert batch.inputs["target_tokens"][b, :n].tolist() == (np.arange(n) + 100 * index).tolist()
+            assert (
+                batch.inputs["target_tokens"][b, :n].tolist()
+                == (np.arange(n) + 100 * index).tolist()
+            )
             assert not batch.valid[b, n:].any()
             row = int(slots[0]) // width
             assert (slots // width == row).all(), "a datum lives in one row"
             for i in range(n):
                 keys = set(torch.nonzero(sees[row, int(slots[i]) % width]).flatten().tolist())
-                assert keys == {int(s) % width for s in slots[:i + 1]}, (
-                    f"datum {index} position {i} attends {sorted(keys)}, not its own positions 0..{i}")
+                assert keys == {int(s) % width for s in slots[: i + 1]}, (
+                    f"datum {index} position {i} attends {sorted(keys)}, not its own positions 0..{i}"
+                )
         if not sharing:
             used = batch.slots[batch.valid]
-            assert used.unique().numel() == used.numel(), "without sharing no slot serves two datums"
+            assert used.unique().numel() == used.numel(), (
+                "without sharing no slot serves two datums"
+            )
         if not (packing or sharing):
             assert rows == len(batch.indices) and batch.reach is None and batch.position_ids is None
 
@@ -91,8 +112,10 @@ def test_every_datum_sees_exactly_its_own_prefix(sequences: list[list[int]], bud
 @given(sequences=token_batches())
 def test_sharing_computes_every_distinct_prefix_once(sequences: list[list[int]]) -> None:
     batches = build(sequences, LayoutOptions(10_000, packing=True, prefix_sharing=True))
-    computed = sum(int(b.valid.sum()) - sum(b.lengths[i] - b.owned[i] for i in range(len(b.indices)))
-                   for b in batches)
+    computed = sum(
+        int(b.valid.sum()) - sum(b.lengths[i] - b.owned[i] for i in range(len(b.indices)))
+        for b in batches
+    )
     assert computed == trie_size(sequences)
     assert sum(sum(b.owned) for b in batches) == trie_size(sequences)
 
@@ -113,7 +136,9 @@ def test_a_grpo_group_stays_in_one_row_and_computes_its_prompt_once() -> None:
     for number, batch in enumerate(batches):
         width = batch.input_ids.shape[1]
         for b, index in enumerate(batch.indices):
-            groups_per_row.setdefault((number, int(batch.slots[b, 0]) // width), set()).add(index // 4)
+            groups_per_row.setdefault((number, int(batch.slots[b, 0]) // width), set()).add(
+                index // 4
+            )
     assert all(len(groups) == 1 for groups in groups_per_row.values()), groups_per_row
     assert sum(b.computed_tokens for b in batches) == 3 * (10 + 4 * 3)
 
@@ -138,7 +163,9 @@ def test_packing_fills_rows_as_wide_as_the_longest_sequence() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(sequences=token_batches(), ranks=st.integers(1, 4), sharing=st.booleans())
-def test_split_for_ranks_gives_every_datum_to_one_rank(sequences: list[list[int]], ranks: int, sharing: bool) -> None:
+def test_split_for_ranks_gives_every_datum_to_one_rank(
+    sequences: list[list[int]], ranks: int, sharing: bool
+) -> None:
     tokens = [np.asarray(s, dtype=np.int64) for s in sequences]
     shares = split_for_ranks(tokens, LayoutOptions(64, prefix_sharing=sharing), ranks)
     assert len(shares) == ranks

@@ -16,8 +16,15 @@ def tiny_llama(seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -35,7 +42,9 @@ def trained_bank(model: torch.nn.Module) -> LoraBank:
     return bank
 
 
-def logits_with(bank: LoraBank, ids: torch.Tensor, route: list[int], names: list[str]) -> torch.Tensor:
+def logits_with(
+    bank: LoraBank, ids: torch.Tensor, route: list[int], names: list[str]
+) -> torch.Tensor:
     adapter_of_token = torch.tensor(route)[:, None].expand_as(ids)
     with bank.routing(adapter_of_token, names):
         return bank.model(input_ids=ids).logits
@@ -46,12 +55,14 @@ def test_a_mixed_batch_equals_each_adapter_alone() -> None:
     bank = trained_bank(model)
     ids = torch.randint(0, 97, (3, 10), generator=torch.Generator().manual_seed(0))
     mixed = logits_with(bank, ids, [0, 1, -1], ["a", "b"])
-    alone = [logits_with(bank, ids[i:i + 1], [0], [name]) for i, name in ((0, "a"), (1, "b"))]
+    alone = [logits_with(bank, ids[i : i + 1], [0], [name]) for i, name in ((0, "a"), (1, "b"))]
     base = model(input_ids=ids[2:3]).logits  # no routing: the base model
     torch.testing.assert_close(mixed[0:1], alone[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mixed[1:2], alone[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mixed[2:3], base, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(alone[0], model(input_ids=ids[0:1]).logits)  # the adapter changes things
+    assert not torch.allclose(
+        alone[0], model(input_ids=ids[0:1]).logits
+    )  # the adapter changes things
 
 
 def test_gradients_of_a_mixed_batch_reach_each_adapter_as_alone() -> None:
@@ -64,8 +75,12 @@ def test_gradients_of_a_mixed_batch_reach_each_adapter_as_alone() -> None:
             for param in bank.parameters_of(name).values():
                 param.grad = None
         logits_with(bank, ids[rows], route, names).logsumexp(-1).sum().backward()
-        return {f"{name}/{key}": p.grad.clone() for name in ("a", "b")
-                for key, p in bank.parameters_of(name).items() if p.grad is not None}
+        return {
+            f"{name}/{key}": p.grad.clone()
+            for name in ("a", "b")
+            for key, p in bank.parameters_of(name).items()
+            if p.grad is not None
+        }
 
     mixed = grads(slice(0, 2), [0, 1], ["a", "b"])
     alone = {**grads(slice(0, 1), [0], ["a"]), **grads(slice(1, 2), [0], ["b"])}
@@ -88,7 +103,9 @@ def test_adapters_save_and_load_in_peft_layout(tmp_path: Path) -> None:
     other = LoraBank(tiny_llama())
     other.add("copy", LoraConfig(rank=2, alpha=2, train_mlp=False))
     other.load("copy", tmp_path / "b")
-    for (k1, p1), (k2, p2) in zip(bank.parameters_of("b").items(), other.parameters_of("copy").items(), strict=True):
+    for (k1, p1), (k2, p2) in zip(
+        bank.parameters_of("b").items(), other.parameters_of("copy").items(), strict=True
+    ):
         assert k1 == k2 and torch.equal(p1, p2)
     other.add("wrong", LoraConfig(rank=4, alpha=2, train_mlp=False))
     with pytest.raises(ModelError, match="rank or adapted layers differ"):
@@ -97,10 +114,15 @@ def test_adapters_save_and_load_in_peft_layout(tmp_path: Path) -> None:
 
 def test_routing_errors_are_clear() -> None:
     bank = trained_bank(tiny_llama())
-    with pytest.raises(KeyError, match="no adapter 'c'"), bank.routing(torch.zeros(1, 4, dtype=torch.long), ["c"]):
+    with (
+        pytest.raises(KeyError, match="no adapter 'c'"),
+        bank.routing(torch.zeros(1, 4, dtype=torch.long), ["c"]),
+    ):
         pass
-    with pytest.raises(ValueError, match="routing covers 4 tokens"), \
-            bank.routing(torch.zeros(1, 4, dtype=torch.long), ["a"]):
+    with (
+        pytest.raises(ValueError, match="routing covers 4 tokens"),
+        bank.routing(torch.zeros(1, 4, dtype=torch.long), ["a"]),
+    ):
         bank.model(input_ids=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="exists already"):
         bank.add("a", LoraConfig(rank=1, alpha=1))

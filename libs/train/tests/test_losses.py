@@ -13,8 +13,12 @@ def batch():
     lp = (-torch.rand(2, 5, generator=g) * 3).requires_grad_()
     q = -torch.rand(2, 5, generator=g) * 3
     adv = torch.randn(2, 5, generator=g)
-    return lp, {"target_tokens": torch.zeros(2, 5, dtype=torch.long), "logprobs": q, "advantages": adv,
-                "weights": torch.rand(2, 5, generator=g)}
+    return lp, {
+        "target_tokens": torch.zeros(2, 5, dtype=torch.long),
+        "logprobs": q,
+        "advantages": adv,
+        "weights": torch.rand(2, 5, generator=g),
+    }
 
 
 def test_cross_entropy(batch):
@@ -37,7 +41,10 @@ def test_ppo_default_and_custom_clip(batch):
     lp, inputs = batch
     r = torch.exp(lp - inputs["logprobs"])
     a = inputs["advantages"]
-    for cfg, (lo, hi) in [({}, (0.8, 1.2)), ({"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}, (0.5, 2.0))]:
+    for cfg, (lo, hi) in [
+        ({}, (0.8, 1.2)),
+        ({"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}, (0.5, 2.0)),
+    ]:
         out = BUILTIN_LOSSES["ppo"](lp, inputs, cfg)
         expected = -torch.minimum(r * a, torch.clamp(r, lo, hi) * a).sum()
         assert torch.allclose(out.loss, expected)
@@ -75,9 +82,16 @@ def test_missing_inputs_are_named():
 
 def test_padding_contributes_nothing():
     lp = torch.tensor([[-1.0, -2.0, 0.0]], requires_grad=True)
-    inputs = {"target_tokens": torch.zeros(1, 3, dtype=torch.long), "logprobs": torch.tensor([[-1.5, -1.0, 0.0]]),
-              "advantages": torch.tensor([[1.0, -1.0, 0.0]]), "weights": torch.tensor([[1.0, 1.0, 0.0]])}
-    full = {name: fn(lp, inputs, {"beta": 0.1} if name == "dro" else {}).loss for name, fn in BUILTIN_LOSSES.items()}
+    inputs = {
+        "target_tokens": torch.zeros(1, 3, dtype=torch.long),
+        "logprobs": torch.tensor([[-1.5, -1.0, 0.0]]),
+        "advantages": torch.tensor([[1.0, -1.0, 0.0]]),
+        "weights": torch.tensor([[1.0, 1.0, 0.0]]),
+    }
+    full = {
+        name: fn(lp, inputs, {"beta": 0.1} if name == "dro" else {}).loss
+        for name, fn in BUILTIN_LOSSES.items()
+    }
     short_inputs = {k: v[:, :2] for k, v in inputs.items()}
     for name, fn in BUILTIN_LOSSES.items():
         short = fn(lp[:, :2], short_inputs, {"beta": 0.1} if name == "dro" else {}).loss

@@ -34,9 +34,17 @@ LAYOUTS = {
 def small_qwen3(attention: str) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
-                         attn_implementation=attention)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+        attn_implementation=attention,
+    )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config).train()
 
@@ -54,19 +62,43 @@ def rl_batch() -> list[Datum]:
         prompt = rng.integers(0, VOCAB, prompt_len).tolist()
         for j in range(samples):
             response = rng.integers(0, VOCAB, 2 + j).tolist()
-            data.append(rl_datum(prompt + response, prompt_len, (-1.5 - 0.1 * rng.random(len(response))).tolist(),
-                                 advantage=(-1.0) ** (j + group)))
-    first = [*data[0].model_input.to_ints(), int(data[0].loss_fn_inputs["target_tokens"].to_numpy()[-1])]
+            data.append(
+                rl_datum(
+                    prompt + response,
+                    prompt_len,
+                    (-1.5 - 0.1 * rng.random(len(response))).tolist(),
+                    advantage=(-1.0) ** (j + group),
+                )
+            )
+    first = [
+        *data[0].model_input.to_ints(),
+        int(data[0].loss_fn_inputs["target_tokens"].to_numpy()[-1]),
+    ]
     second = first + rng.integers(0, VOCAB, 5).tolist()
-    data.append(rl_datum(second, len(first) + 2, [-2.0] * (len(second) - len(first) - 2), advantage=0.5))
+    data.append(
+        rl_datum(second, len(first) + 2, [-2.0] * (len(second) - len(first) - 2), advantage=0.5)
+    )
     data.append(data[2])
     return data
 
 
-def run(model: torch.nn.Module, layout: LayoutOptions, data: list[Datum], *, backward: bool, chunked: bool = True,
-        loss: str = "ppo", **kwargs: object) -> tuple[list[np.ndarray], dict[str, float], dict[str, torch.Tensor]]:
-    runner = StepRunner(TokenScorer(model, chunked_head=chunked), layout=layout, device=torch.device("cpu"),
-                        flops=FlopsModel.of(model), vocab_rows=VOCAB)
+def run(
+    model: torch.nn.Module,
+    layout: LayoutOptions,
+    data: list[Datum],
+    *,
+    backward: bool,
+    chunked: bool = True,
+    loss: str = "ppo",
+    **kwargs: object,
+) -> tuple[list[np.ndarray], dict[str, float], dict[str, torch.Tensor]]:
+    runner = StepRunner(
+        TokenScorer(model, chunked_head=chunked),
+        layout=layout,
+        device=torch.device("cpu"),
+        flops=FlopsModel.of(model),
+        vocab_rows=VOCAB,
+    )
     model.zero_grad(set_to_none=True)
     with torch.set_grad_enabled(backward):
         result = runner.run(data, loss, None, backward=backward, **kwargs)
@@ -76,20 +108,28 @@ def run(model: torch.nn.Module, layout: LayoutOptions, data: list[Datum], *, bac
     return [o["logprobs"].to_numpy() for o in out.loss_fn_outputs], out.metrics, grads
 
 
-def assert_same_gradients(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
+def assert_same_gradients(
+    expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]
+) -> None:
     assert expected.keys() == actual.keys()
     for name, grad in expected.items():
-        torch.testing.assert_close(actual[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            actual[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked head", "full logits"])
-def test_layouts_give_the_padded_logprobs_and_gradients(model: torch.nn.Module, layout: str, chunked: bool) -> None:
+def test_layouts_give_the_padded_logprobs_and_gradients(
+    model: torch.nn.Module, layout: str, chunked: bool
+) -> None:
     data = rl_batch()
     forward, _, _ = run(model, PADDED, data, backward=False, chunked=chunked)
     trained, metrics, grads = run(model, PADDED, data, backward=True, chunked=chunked)
     forward_l, _, _ = run(model, LAYOUTS[layout], data, backward=False, chunked=chunked)
-    trained_l, metrics_l, grads_l = run(model, LAYOUTS[layout], data, backward=True, chunked=chunked)
+    trained_l, metrics_l, grads_l = run(
+        model, LAYOUTS[layout], data, backward=True, chunked=chunked
+    )
     for a, b in zip(forward, forward_l, strict=True):
         np.testing.assert_allclose(b, a, atol=2e-5)
     for a, b in zip(trained, trained_l, strict=True):
@@ -118,8 +158,13 @@ def test_dummy_passes_change_nothing(model: torch.nn.Module) -> None:
     data = rl_batch()
     logprobs, metrics, grads = run(model, LAYOUTS["packed+shared"], data, backward=True)
     passes = []
-    logprobs_d, metrics_d, grads_d = run(model, LAYOUTS["packed+shared"], data, backward=True,
-                                         agree_on_passes=lambda n: passes.append(n) or n + 2)
+    logprobs_d, metrics_d, grads_d = run(
+        model,
+        LAYOUTS["packed+shared"],
+        data,
+        backward=True,
+        agree_on_passes=lambda n: passes.append(n) or n + 2,
+    )
     assert passes and passes[0] >= 1
     for a, b in zip(logprobs, logprobs_d, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -128,13 +173,20 @@ def test_dummy_passes_change_nothing(model: torch.nn.Module) -> None:
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
-def test_activation_checkpointing_recomputes_and_keeps_the_gradients(model: torch.nn.Module, mode: str) -> None:
+def test_activation_checkpointing_recomputes_and_keeps_the_gradients(
+    model: torch.nn.Module, mode: str
+) -> None:
     data = rl_batch()
     _, _, expected = run(model, LAYOUTS["packed+shared"], data, backward=True)
     checkpointed = copy.deepcopy(model)
     assert apply_activation_checkpointing(checkpointed, mode) == 2
-    runner = StepRunner(TokenScorer(checkpointed), layout=LAYOUTS["packed+shared"], device=torch.device("cpu"),
-                        flops=FlopsModel.of(checkpointed), vocab_rows=VOCAB)
+    runner = StepRunner(
+        TokenScorer(checkpointed),
+        layout=LAYOUTS["packed+shared"],
+        device=torch.device("cpu"),
+        flops=FlopsModel.of(checkpointed),
+        vocab_rows=VOCAB,
+    )
     calls = []
     # A pre-hook: recomputation stops as soon as the last saved tensor is back, before the MLP ends.
     decoder_layers(checkpointed)[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -143,7 +195,9 @@ def test_activation_checkpointing_recomputes_and_keeps_the_gradients(model: torc
     forward_passes = len(calls)
     calls.clear()
     runner.run(data, "ppo", None, backward=True)
-    assert len(calls) == 2 * forward_passes, "every forward of the layer runs again in the backward pass"
+    assert len(calls) == 2 * forward_passes, (
+        "every forward of the layer runs again in the backward pass"
+    )
     grads = {n: p.grad.clone() for n, p in checkpointed.named_parameters() if p.grad is not None}
     assert_same_gradients(expected, grads)
 
@@ -153,4 +207,6 @@ def test_parameter_names_stay_hugging_face_names(model: torch.nn.Module) -> None
     checkpointed = copy.deepcopy(model)
     apply_activation_checkpointing(checkpointed, "full")
     assert [n for n, _ in checkpointed.named_parameters()] == before
-    assert [n for n, _ in TokenScorer(checkpointed).named_parameters()] == [f"model.{n}" for n in before]
+    assert [n for n, _ in TokenScorer(checkpointed).named_parameters()] == [
+        f"model.{n}" for n in before
+    ]

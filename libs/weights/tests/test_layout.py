@@ -17,14 +17,26 @@ HEADS, KV_HEADS, HEAD_DIM, HIDDEN, FFN, VOCAB = 4, 2, 16, 64, 128, 101
 
 
 def config(tp: int = 1, *, kv_per_rank: int | None = None) -> Qwen3Config:
-    return Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN // tp,
-                       num_attention_heads=HEADS // tp, num_key_value_heads=kv_per_rank or KV_HEADS,
-                       head_dim=HEAD_DIM, num_hidden_layers=1, attn_implementation="eager")
+    return Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN // tp,
+        num_attention_heads=HEADS // tp,
+        num_key_value_heads=kv_per_rank or KV_HEADS,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=1,
+        attn_implementation="eager",
+    )
 
 
-def rank_state(layout: TensorParallelLayout, module: torch.nn.Module, prefix: str) -> list[dict[str, torch.Tensor]]:
+def rank_state(
+    layout: TensorParallelLayout, module: torch.nn.Module, prefix: str
+) -> list[dict[str, torch.Tensor]]:
     named = {f"{prefix}.{k}": v for k, v in module.state_dict().items()}
-    return [{k.removeprefix(prefix + "."): v for k, v in shards.items()} for shards in layout.ranks(named)]
+    return [
+        {k.removeprefix(prefix + "."): v for k, v in shards.items()}
+        for shards in layout.ranks(named)
+    ]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -40,7 +52,9 @@ def test_attention_and_mlp_shards_compute_each_ranks_part(tp):
     with torch.no_grad():
         expected_attention = full_attention(x, position_embeddings, causal)[0]
         expected_mlp = full_mlp(x)
-        kv_per_rank = max(1, KV_HEADS // tp)  # with more ranks than KV heads, each rank holds one (replicated)
+        kv_per_rank = max(
+            1, KV_HEADS // tp
+        )  # with more ranks than KV heads, each rank holds one (replicated)
         attention_sum = torch.zeros_like(expected_attention)
         for shards in rank_state(layout, full_attention, "model.layers.0.self_attn"):
             part = Qwen3Attention(config(tp, kv_per_rank=kv_per_rank), layer_idx=0).eval()
@@ -74,7 +88,9 @@ def test_vocabulary_rows_split_and_every_tensor_joins_back(tp):
     ids = torch.randint(0, VOCAB, (7,))
     start = 0
     looked_up = torch.zeros(7, HIDDEN)
-    for shard in (r["model.embed_tokens.weight"] for r in ranks):  # vocab-parallel lookup: masked, summed
+    for shard in (
+        r["model.embed_tokens.weight"] for r in ranks
+    ):  # vocab-parallel lookup: masked, summed
         local = ids - start
         inside = (local >= 0) & (local < shard.shape[0])
         looked_up += torch.where(inside[:, None], shard[local.clamp(0, shard.shape[0] - 1)], 0.0)
@@ -87,6 +103,10 @@ def test_vocabulary_rows_split_and_every_tensor_joins_back(tp):
 def test_shapes_that_do_not_split_are_named():
     layout = TensorParallelLayout(3, HEAD_DIM)
     with pytest.raises(ValueError, match=r"q_proj.*4 attention heads"):
-        layout.split("model.layers.0.self_attn.q_proj.weight", torch.zeros(HEADS * HEAD_DIM, HIDDEN))
+        layout.split(
+            "model.layers.0.self_attn.q_proj.weight", torch.zeros(HEADS * HEAD_DIM, HIDDEN)
+        )
     with pytest.raises(ValueError, match="head_dim"):
-        TensorParallelLayout(2, 24).split("model.layers.0.self_attn.k_proj.weight", torch.zeros(32, HIDDEN))
+        TensorParallelLayout(2, 24).split(
+            "model.layers.0.self_attn.k_proj.weight", torch.zeros(32, HIDDEN)
+        )

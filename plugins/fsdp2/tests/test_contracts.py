@@ -10,7 +10,9 @@ from plait_testing.trainer import TrainerEngineContract
 
 pytestmark = pytest.mark.distributed
 
-TWO_RANKS = FSDP2Options(world_size=2, device="cpu", threads=1, micro_batch_tokens=24, call_timeout_s=300)
+TWO_RANKS = FSDP2Options(
+    world_size=2, device="cpu", threads=1, micro_batch_tokens=24, call_timeout_s=300
+)
 
 
 class TestFSDP2Trainer(TrainerEngineContract):

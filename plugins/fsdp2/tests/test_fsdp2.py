@@ -31,7 +31,9 @@ from plait_testing.trainer import (
 pytestmark = pytest.mark.distributed
 
 VOCAB = 151936
-OPTIONS = FSDP2Options(world_size=2, device="cpu", threads=1, micro_batch_tokens=64, call_timeout_s=300)
+OPTIONS = FSDP2Options(
+    world_size=2, device="cpu", threads=1, micro_batch_tokens=64, call_timeout_s=300
+)
 
 
 def grpo_batch(seed: int, groups: int = 2, samples: int = 4) -> list[Datum]:
@@ -41,8 +43,14 @@ def grpo_batch(seed: int, groups: int = 2, samples: int = 4) -> list[Datum]:
         prompt = rng.integers(0, VOCAB, 12 + 3 * g).tolist()
         for j in range(samples):
             completion = rng.integers(0, VOCAB, 3 + j).tolist()
-            data.append(rl_datum(prompt + completion, len(prompt), (-11.0 - 0.2 * rng.random(len(completion))).tolist(),
-                                 advantage=(-1.0) ** j * (1 + g)))
+            data.append(
+                rl_datum(
+                    prompt + completion,
+                    len(prompt),
+                    (-11.0 - 0.2 * rng.random(len(completion))).tolist(),
+                    advantage=(-1.0) ** j * (1 + g),
+                )
+            )
     return data
 
 
@@ -50,7 +58,11 @@ def sft_batch(seed: int) -> list[Datum]:
     return [sft_datum(random_tokens(seed * 10 + i, 9 + 4 * i, VOCAB)) for i in range(3)]
 
 
-STEPS = [(grpo_batch(1), "ppo"), (sft_batch(2), "cross_entropy"), (grpo_batch(3), "importance_sampling")]
+STEPS = [
+    (grpo_batch(1), "ppo"),
+    (sft_batch(2), "cross_entropy"),
+    (grpo_batch(3), "importance_sampling"),
+]
 
 
 def train(trainer, steps=STEPS) -> list[float]:
@@ -62,7 +74,9 @@ def train(trainer, steps=STEPS) -> list[float]:
     return record
 
 
-def assert_same_weights(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], atol: float = 1e-6) -> None:
+def assert_same_weights(
+    expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], atol: float = 1e-6
+) -> None:
     assert expected.keys() == actual.keys()
     for name, tensor in expected.items():
         np.testing.assert_allclose(actual[name], tensor, atol=atol, rtol=1e-5, err_msg=name)
@@ -76,7 +90,9 @@ def test_two_ranks_train_like_one_process(tiny_model: ResolvedModel) -> None:
     torch_trainer = pytest.importorskip("plait_torch.trainer")
     from plait_torch.options import TorchTrainerOptions
 
-    reference = torch_trainer.TorchTrainer(tiny_model, options=TorchTrainerOptions(packing=False, prefix_sharing=False))
+    reference = torch_trainer.TorchTrainer(
+        tiny_model, options=TorchTrainerOptions(packing=False, prefix_sharing=False)
+    )
     first_data, first_loss = STEPS[0]
     reference.forward_backward(first_data, first_loss)
     reference.optim_step(SMOOTH_ADAM)
@@ -98,7 +114,9 @@ def test_two_ranks_train_like_one_process(tiny_model: ResolvedModel) -> None:
         fsdp.close()
 
 
-def test_a_checkpoint_saved_on_two_ranks_resumes_identically(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+def test_a_checkpoint_saved_on_two_ranks_resumes_identically(
+    tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     state = tmp_path / "state"
     original = FSDP2Trainer(tiny_model, options=OPTIONS)
     try:
@@ -134,8 +152,16 @@ def test_a_checkpoint_saved_on_two_ranks_resumes_identically(tiny_model: Resolve
 def test_activation_checkpointing_keeps_the_gradients(tiny_model: ResolvedModel, mode: str) -> None:
     results = []
     for setting in ("none", mode):
-        trainer = FSDP2Trainer(tiny_model, options=FSDP2Options(
-            world_size=2, device="cpu", threads=1, activation_checkpointing=setting, call_timeout_s=300))
+        trainer = FSDP2Trainer(
+            tiny_model,
+            options=FSDP2Options(
+                world_size=2,
+                device="cpu",
+                threads=1,
+                activation_checkpointing=setting,
+                call_timeout_s=300,
+            ),
+        )
         try:
             results.append((train(trainer, STEPS[:1]), weights_of(trainer)))
         finally:
@@ -147,7 +173,9 @@ def test_activation_checkpointing_keeps_the_gradients(tiny_model: ResolvedModel,
 
 def test_bfloat16_models_train_with_float32_master_weights(tiny_model: ResolvedModel) -> None:
     data = sft_batch(4)
-    bf16 = ResolvedModel(tiny_model.name, tiny_model.path, tiny_model.tokenizer_path, dtype="bfloat16")
+    bf16 = ResolvedModel(
+        tiny_model.name, tiny_model.path, tiny_model.tokenizer_path, dtype="bfloat16"
+    )
     full = FSDP2Trainer(tiny_model, options=OPTIONS)
     mixed = FSDP2Trainer(bf16, options=OPTIONS)
     try:
@@ -167,21 +195,30 @@ def test_bfloat16_models_train_with_float32_master_weights(tiny_model: ResolvedM
 def test_export_streams_buckets_and_matches_the_checkpoint(tiny_model: ResolvedModel) -> None:
     from plait_testing.trainer import checkpoint_tensors
 
-    trainer = FSDP2Trainer(tiny_model, options=FSDP2Options(world_size=2, device="cpu", threads=1, export_bucket_mb=0.1))
+    trainer = FSDP2Trainer(
+        tiny_model,
+        options=FSDP2Options(world_size=2, device="cpu", threads=1, export_bucket_mb=0.1),
+    )
     calls = []
     call = trainer._group.call
-    trainer._group.call = lambda method, *args, **kw: calls.append(method) or call(method, *args, **kw)
+    trainer._group.call = lambda method, *args, **kw: (
+        calls.append(method) or call(method, *args, **kw)
+    )
     try:
         stream = trainer.export_weights()
         name, tensor = next(stream)
-        assert calls == ["export_plan", "export_bucket"], "the first tensor comes before the rest is gathered"
+        assert calls == ["export_plan", "export_bucket"], (
+            "the first tensor comes before the rest is gathered"
+        )
         exported = {name: tensor.numpy().copy(), **{n: t.numpy().copy() for n, t in stream}}
         # the 151936 x 128 embedding alone is 74 MiB, a bucket of its own; the other ~1.5 MiB
         # in buckets of at most 0.1 MiB (or one tensor)
         plan = trainer._group.call("export_plan", timeout_s=60)[0]
         assert calls.count("export_bucket") == len(plan) > 10
         sizes = {name: 4 * int(np.prod(tensor.shape)) for name, tensor in exported.items()}
-        assert all(len(bucket) == 1 or sum(sizes[n] for n, _ in bucket) <= 0.1 * 2**20 for bucket in plan)
+        assert all(
+            len(bucket) == 1 or sum(sizes[n] for n, _ in bucket) <= 0.1 * 2**20 for bucket in plan
+        )
         on_disk = checkpoint_tensors(tiny_model)
         assert exported.keys() <= on_disk.keys()
         for key, value in exported.items():
@@ -195,7 +232,9 @@ def test_export_streams_buckets_and_matches_the_checkpoint(tiny_model: ResolvedM
         trainer.close()
 
 
-def test_bad_input_fails_in_the_controller_and_leaves_the_trainer_usable(tiny_model: ResolvedModel) -> None:
+def test_bad_input_fails_in_the_controller_and_leaves_the_trainer_usable(
+    tiny_model: ResolvedModel,
+) -> None:
     trainer = FSDP2Trainer(tiny_model, options=OPTIONS)
     try:
         with pytest.raises(DataError, match="clip_low"):
@@ -217,9 +256,13 @@ def test_a_rank_that_dies_fails_the_call_naming_it(tiny_model: ResolvedModel) ->
     try:
         os.kill(trainer.pids[1], signal.SIGKILL)
         start = time.monotonic()
-        with pytest.raises(EngineError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL during forward_backward"):
+        with pytest.raises(
+            EngineError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL during forward_backward"
+        ):
             trainer.forward_backward(grpo_batch(1), "ppo")
-        assert time.monotonic() - start < 60, "a death is noticed at once, not after the call timeout"
+        assert time.monotonic() - start < 60, (
+            "a death is noticed at once, not after the call timeout"
+        )
         with pytest.raises(EngineError, match="worker processes are stopped"):
             trainer.forward(sft_batch(1))
     finally:
@@ -229,19 +272,26 @@ def test_a_rank_that_dies_fails_the_call_naming_it(tiny_model: ResolvedModel) ->
 
 
 def test_a_rank_that_hangs_is_named_within_the_timeout(tiny_model: ResolvedModel) -> None:
-    trainer = FSDP2Trainer(tiny_model, options=FSDP2Options(world_size=2, device="cpu", threads=1, call_timeout_s=20))
+    trainer = FSDP2Trainer(
+        tiny_model, options=FSDP2Options(world_size=2, device="cpu", threads=1, call_timeout_s=20)
+    )
     try:
         os.kill(trainer.pids[1], signal.SIGSTOP)  # alive, but never answers
         start = time.monotonic()
-        with pytest.raises(EngineError, match=r"rank\(s\) \[1\] did not answer forward_backward within 20 s "
-                                              r"\(rank\(s\) \[0\] wait for them in a collective\)") as info:
+        with pytest.raises(
+            EngineError,
+            match=r"rank\(s\) \[1\] did not answer forward_backward within 20 s "
+            r"\(rank\(s\) \[0\] wait for them in a collective\)",
+        ) as info:
             trainer.forward_backward(grpo_batch(1), "ppo")
         assert time.monotonic() - start < 60
     finally:
         trainer.close()
     assert not any(_alive(pid) for pid in trainer.pids)
     kept = Path(info.value.message.rsplit("full stack dumps: ", 1)[1].splitlines()[0])
-    assert (kept / "rank1.txt").is_file(), "a diagnosed hang keeps the stack dumps its error points at"
+    assert (kept / "rank1.txt").is_file(), (
+        "a diagnosed hang keeps the stack dumps its error points at"
+    )
     shutil.rmtree(kept)
 
 

@@ -31,7 +31,9 @@ def test_options_are_validated_with_dotted_paths() -> None:
     from plait.schema import structure
     from plait_fsdp2.options import FSDP2Options
 
-    options = structure(FSDP2Options, {"world_size": 4, "activation_checkpointing": "selective"}, "trainer.options")
+    options = structure(
+        FSDP2Options, {"world_size": 4, "activation_checkpointing": "selective"}, "trainer.options"
+    )
     assert options.world_size == 4 and options.activation_checkpointing == "selective"
     with pytest.raises(ConfigError, match=r"trainer\.options\.activation_checkpointing: 'some'"):
         structure(FSDP2Options, {"activation_checkpointing": "some"}, "trainer.options")

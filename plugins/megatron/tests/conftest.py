@@ -10,8 +10,16 @@ import pytest
 from plait.models import ResolvedModel
 from plait_testing.models import materialize_model
 
-TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256}
+TINY = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+}
 
 
 @pytest.fixture(params=[True, False], ids=["tied", "untied"])

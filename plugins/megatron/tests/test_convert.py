@@ -38,12 +38,17 @@ def test_qkv_is_interleaved_by_query_group(qwen3) -> None:
     assert fused.shape == ((4 + 2 * 2) * d, 64)
     group_rows = 4 * d  # 2 query heads, 1 key head, 1 value head
     for g in range(2):
-        block = fused[g * group_rows:(g + 1) * group_rows]
-        assert torch.equal(block[:2 * d], q[g * 2 * d:(g + 1) * 2 * d])
-        assert torch.equal(block[2 * d:3 * d], k[g * d:(g + 1) * d])
-        assert torch.equal(block[3 * d:], v[g * d:(g + 1) * d])
+        block = fused[g * group_rows : (g + 1) * group_rows]
+        assert torch.equal(block[: 2 * d], q[g * 2 * d : (g + 1) * 2 * d])
+        assert torch.equal(block[2 * d : 3 * d], k[g * d : (g + 1) * d])
+        assert torch.equal(block[3 * d :], v[g * d : (g + 1) * d])
     fc1 = hf_to_megatron(hf, shape)["decoder.layers.0.mlp.linear_fc1.weight"]
-    assert torch.equal(fc1, torch.cat([hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]]))
+    assert torch.equal(
+        fc1,
+        torch.cat(
+            [hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]]
+        ),
+    )
 
 
 def test_te_spec_keeps_the_norms_in_the_fused_linears(qwen3) -> None:
@@ -51,8 +56,12 @@ def test_te_spec_keeps_the_norms_in_the_fused_linears(qwen3) -> None:
     assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in megatron
     assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in megatron
     assert not any("input_layernorm" in k or "pre_mlp_layernorm" in k for k in megatron)
-    megatron["decoder.layers.0.self_attention.linear_qkv._extra_state"] = None  # TE's FP8 metadata is skipped
-    assert megatron_to_hf(megatron, Qwen3Shape.of(qwen3.config), "te").keys() == hf_state(qwen3).keys()
+    megatron["decoder.layers.0.self_attention.linear_qkv._extra_state"] = (
+        None  # TE's FP8 metadata is skipped
+    )
+    assert (
+        megatron_to_hf(megatron, Qwen3Shape.of(qwen3.config), "te").keys() == hf_state(qwen3).keys()
+    )
 
 
 def test_mismatches_name_the_tensor(qwen3) -> None:
@@ -61,7 +70,9 @@ def test_mismatches_name_the_tensor(qwen3) -> None:
     missing = {k: v for k, v in hf.items() if k != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(ModelError, match=r"no 'model.layers.1.mlp.up_proj.weight'"):
         hf_to_megatron(missing, shape)
-    with pytest.raises(ModelError, match=r"1 Hugging Face tensors do not belong to a 1-layer Qwen3"):
+    with pytest.raises(
+        ModelError, match=r"1 Hugging Face tensors do not belong to a 1-layer Qwen3"
+    ):
         hf_to_megatron(hf, Qwen3Shape(1, 4, 2, 16, shape.tied_embeddings))
     with pytest.raises(ModelError, match="do not fit 4 heads in 1 groups"):
         hf_to_megatron(hf, Qwen3Shape(2, 4, 1, 16, shape.tied_embeddings))
@@ -71,9 +82,25 @@ def test_mismatches_name_the_tensor(qwen3) -> None:
 
 def test_only_qwen3_configs_are_accepted() -> None:
     with pytest.raises(ModelError, match="converts Qwen3"):
-        Qwen3Shape.of({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_attention_heads": 4,
-                       "num_hidden_layers": 2, "hidden_size": 64})
-    shape = Qwen3Shape.of({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_attention_heads": 16,
-                           "num_key_value_heads": 8, "num_hidden_layers": 28, "hidden_size": 1024,
-                           "head_dim": 128, "tie_word_embeddings": True})  # Qwen3-0.6B's config.json
+        Qwen3Shape.of(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "num_attention_heads": 4,
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+            }
+        )
+    shape = Qwen3Shape.of(
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 28,
+            "hidden_size": 1024,
+            "head_dim": 128,
+            "tie_word_embeddings": True,
+        }
+    )  # Qwen3-0.6B's config.json
     assert shape == Qwen3Shape(28, 16, 8, 128, True)

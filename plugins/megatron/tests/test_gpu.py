@@ -20,9 +20,15 @@ from plait_testing.trainer import (
 )
 
 pytest.importorskip("megatron.core")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
-ON_CUDA = {"device": "cuda", "attention": "megatron"}  # spec auto: te when Transformer Engine imports
+ON_CUDA = {
+    "device": "cuda",
+    "attention": "megatron",
+}  # spec auto: te when Transformer Engine imports
 
 
 def test_logits_match_hugging_face(qwen3, tmp_path) -> None:
@@ -32,20 +38,29 @@ def test_logits_match_hugging_face(qwen3, tmp_path) -> None:
 
     from plait_megatron.model import build_gpt_model
 
-    dist.init_process_group("nccl", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
     parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(0)
     try:
         try:
             import transformer_engine  # noqa: F401
+
             spec = "te"
         except ImportError:
             spec = "local"
         shape = Qwen3Shape.of(qwen3.config)
-        hf = {k: v for k, v in qwen3.state_dict().items() if not (shape.tied_embeddings and k == "lm_head.weight")}
+        hf = {
+            k: v
+            for k, v in qwen3.state_dict().items()
+            if not (shape.tied_embeddings and k == "lm_head.weight")
+        }
         gpt = build_gpt_model(qwen3.config, spec=spec).cuda().eval()
         gpt.load_state_dict(hf_to_megatron(hf, shape, spec), strict=False)
-        ids = torch.randint(0, qwen3.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(
+            0, qwen3.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1)
+        )
         with torch.no_grad():
             expected = qwen3.cuda()(ids.cuda()).logits.float()
             positions = torch.arange(24, device="cuda").expand(2, 24)
@@ -64,20 +79,33 @@ def test_engine_matches_plait_torch_on_cuda(tiny_model: ResolvedModel) -> None:
     from plait_torch.trainer import TorchTrainer
 
     vocab = vocab_size(tiny_model)
-    prompt = random_tokens(3, 8, vocab)  # shared by every datum: prefix sharing where the kernel allows
+    prompt = random_tokens(
+        3, 8, vocab
+    )  # shared by every datum: prefix sharing where the kernel allows
     data = [sft_datum(prompt + random_tokens(10 + i, 3 + 2 * i, vocab)) for i in range(4)]
-    reference = TorchTrainer(tiny_model, options=TorchTrainerOptions(device="cuda", attn_implementation="sdpa"))
+    reference = TorchTrainer(
+        tiny_model, options=TorchTrainerOptions(device="cuda", attn_implementation="sdpa")
+    )
     megatron = MegatronTrainer(tiny_model, options=MegatronOptions(**ON_CUDA))
     try:
-        assert megatron.scorer.gpt.decoder.layers[0].self_attention.core_attention.__class__.__name__ in (
-            "DotProductAttention", "TEDotProductAttention")
-        for lp_ref, lp_mg in zip(datum_logprobs(reference.forward(data)), datum_logprobs(megatron.forward(data)),
-                                 strict=True):
+        assert megatron.scorer.gpt.decoder.layers[
+            0
+        ].self_attention.core_attention.__class__.__name__ in (
+            "DotProductAttention",
+            "TEDotProductAttention",
+        )
+        for lp_ref, lp_mg in zip(
+            datum_logprobs(reference.forward(data)),
+            datum_logprobs(megatron.forward(data)),
+            strict=True,
+        ):
             np.testing.assert_allclose(lp_mg, lp_ref, atol=1e-3)
         loss_ref = reference.forward_backward(data, "cross_entropy").metrics["loss:sum"]
         loss_mg = megatron.forward_backward(data, "cross_entropy").metrics["loss:sum"]
         assert loss_mg == pytest.approx(loss_ref, rel=1e-4)
-        grads = megatron_to_hf({n: p.grad for n, p in megatron.gpt.named_parameters()}, megatron.shape, megatron.spec)
+        grads = megatron_to_hf(
+            {n: p.grad for n, p in megatron.gpt.named_parameters()}, megatron.shape, megatron.spec
+        )
         for name, param in reference.model.named_parameters():
             torch.testing.assert_close(grads[name], param.grad, rtol=1e-2, atol=1e-4, msg=name)
     finally:

@@ -32,9 +32,15 @@ def test_gpt_model_takes_the_converted_weights(qwen3, model_parallel) -> None:
 
     gpt = build_gpt_model(qwen3.config, spec="local", cpu=True)
     shape = Qwen3Shape.of(qwen3.config)
-    hf = {k: v for k, v in qwen3.state_dict().items() if not (shape.tied_embeddings and k == "lm_head.weight")}
+    hf = {
+        k: v
+        for k, v in qwen3.state_dict().items()
+        if not (shape.tied_embeddings and k == "lm_head.weight")
+    }
     converted = hf_to_megatron(hf, shape, "local")
-    expected = {k: tuple(v.shape) for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    expected = {
+        k: tuple(v.shape) for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")
+    }
     assert {k: tuple(v.shape) for k, v in converted.items()} == expected
     result = gpt.load_state_dict(converted, strict=False)
     assert not result.unexpected_keys

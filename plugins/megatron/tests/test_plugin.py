@@ -21,10 +21,16 @@ print(json.dumps({"target": entry.target, "options": type(options).__name__, "lo
 
 
 def test_registered_lazily() -> None:
-    out = subprocess.run([sys.executable, "-c", DISCOVER], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", DISCOVER], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    assert found == {"target": "plait_megatron.engine:MegatronTrainer", "options": "MegatronOptions", "loaded": []}
+    assert found == {
+        "target": "plait_megatron.engine:MegatronTrainer",
+        "options": "MegatronOptions",
+        "loaded": [],
+    }
 
 
 def test_options_name_the_bad_key() -> None:
@@ -32,7 +38,12 @@ def test_options_name_the_bad_key() -> None:
     from plait.schema import structure
     from plait_megatron.options import MegatronOptions
 
-    assert structure(MegatronOptions, {"attention": "sdpa", "spec": "local"}, "trainer.options").attention == "sdpa"
+    assert (
+        structure(
+            MegatronOptions, {"attention": "sdpa", "spec": "local"}, "trainer.options"
+        ).attention
+        == "sdpa"
+    )
     with pytest.raises(ConfigError, match=r"trainer\.options\.attention"):
         structure(MegatronOptions, {"attention": "flash"}, "trainer.options")
     with pytest.raises(ConfigError, match=r"trainer\.options: micro_batch_tokens must be > 0"):
@@ -45,7 +56,9 @@ def test_missing_megatron_core_says_how_to_install_it(monkeypatch: pytest.Monkey
     from plait.models import ResolvedModel
     from plait_megatron.engine import MegatronTrainer
 
-    monkeypatch.setitem(sys.modules, "megatron", None)  # import megatron.core now raises ImportError
+    monkeypatch.setitem(
+        sys.modules, "megatron", None
+    )  # import megatron.core now raises ImportError
     with pytest.raises(PluginError, match="needs megatron-core") as raised:
         MegatronTrainer(ResolvedModel("tiny", Path("/nonexistent"), Path("/nonexistent")))
     assert "plait-megatron[megatron]" in raised.value.fix

@@ -10,8 +10,10 @@ import pytest
 from plait.models import ResolvedModel
 
 NEWLINE = 198  # the last token of every Qwen generation prompt ("<|im_start|>assistant\n")
-TOOL_CALL = ('<think>add them</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
-             "</tool_call><|im_end|>")
+TOOL_CALL = (
+    '<think>add them</think>\n\n\n<tool_call>{"name":"calculator","arguments":{"expression":"7*6"}}'
+    "</tool_call><|im_end|>"
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +31,12 @@ def tool_calling_qwen3(tiny_qwen3: ResolvedModel) -> tuple[ResolvedModel, list[i
     from plait_hf.chat_template import load_tokenizer
     from plait_testing.scripted import build_scripted_qwen3, script_tokens
 
-    script = script_tokens(load_tokenizer(tiny_qwen3.path), TOOL_CALL, avoid=[NEWLINE],
-                           split={"calculator": ["calcul", "ator"]})
+    script = script_tokens(
+        load_tokenizer(tiny_qwen3.path),
+        TOOL_CALL,
+        avoid=[NEWLINE],
+        split={"calculator": ["calcul", "ator"]},
+    )
     dest = tiny_qwen3.path.parent / "tool-calling-qwen3"
     build_scripted_qwen3(tiny_qwen3.path, dest, NEWLINE, script)
     return ResolvedModel("tool-calling-qwen3", dest, dest), script

@@ -22,25 +22,79 @@ pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)"
 
 TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 VALID = {
-    "chat/completions": {"model": "m", "max_tokens": 2, "messages": [
-        {"role": "system", "content": "terse"}, {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{\"e\": 1}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "1"}], "tools": [TOOL]},
-    "responses": {"model": "m", "max_output_tokens": 2, "instructions": "terse", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-        {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "1"}],
-        "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}]},
-    "messages": {"model": "m", "max_tokens": 2, "system": "terse", "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calculator", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
-        "tools": [{"name": "calculator", "input_schema": {"type": "object"}}]},
+    "chat/completions": {
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": "terse"},
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": '{"e": 1}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        ],
+        "tools": [TOOL],
+    },
+    "responses": {
+        "model": "m",
+        "max_output_tokens": 2,
+        "instructions": "terse",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        ],
+        "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}],
+    },
+    "messages": {
+        "model": "m",
+        "max_tokens": 2,
+        "system": "terse",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "calculator", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}],
+            },
+        ],
+        "tools": [{"name": "calculator", "input_schema": {"type": "object"}}],
+    },
 }
-NASTY: list[Any] = [None, True, -1, 0, 10**30, 1e308, -1e-308, "", "x" * 5000, [], {}, [None], {"": None},
-                    "\u0000", "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"), [[[]]],
-                    {"type": "function"}, {"role": "wizard"}, 3.5, "auto", [{"type": "image_url"}]]
+NASTY: list[Any] = [
+    None,
+    True,
+    -1,
+    0,
+    10**30,
+    1e308,
+    -1e-308,
+    "",
+    "x" * 5000,
+    [],
+    {},
+    [None],
+    {"": None},
+    "\u0000",
+    "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+    [[[]]],
+    {"type": "function"},
+    {"role": "wizard"},
+    3.5,
+    "auto",
+    [{"type": "image_url"}],
+]
 
 
 def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -57,8 +111,21 @@ def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def mutate(body: dict[str, Any], rng: random.Random) -> dict[str, Any] | bytes:
     kind = rng.random()
     if kind < 0.08:
-        return rng.choice([b"", b"{", b"[1,2", b"\xff\xfe", b"null", b"[]", b'"s"', b"1" * 5000,
-                           b"[" * 10_000 + b"]" * 10_000, b'{"model": NaN}', b'{"max_tokens": 1e999}'])
+        return rng.choice(
+            [
+                b"",
+                b"{",
+                b"[1,2",
+                b"\xff\xfe",
+                b"null",
+                b"[]",
+                b'"s"',
+                b"1" * 5000,
+                b"[" * 10_000 + b"]" * 10_000,
+                b'{"model": NaN}',
+                b'{"max_tokens": 1e999}',
+            ]
+        )
     body = copy.deepcopy(body)
     for _ in range(rng.randint(1, 3)):
         where = rng.choice(paths(body))
@@ -90,8 +157,11 @@ def test_malformed_requests_get_4xx_never_5xx_and_leak_no_session(tiny_qwen3: An
                 body = mutate(VALID[api], rng)
                 content = body if isinstance(body, bytes) else json.dumps(body).encode()
                 session = f"fuzz-{i % 50}"
-                response = await client.post(f"/s/{session}/v1/{api}", content=content,
-                                             headers={"content-type": "application/json"})
+                response = await client.post(
+                    f"/s/{session}/v1/{api}",
+                    content=content,
+                    headers={"content-type": "application/json"},
+                )
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                 assert response.status_code < 500, (api, content[:300], response.text[:500])
                 error = response.json()
@@ -101,7 +171,9 @@ def test_malformed_requests_get_4xx_never_5xx_and_leak_no_session(tiny_qwen3: An
                     assert error["type"] == "error" and error["error"]["message"]
                 else:
                     assert error["error"]["message"]
-            assert (await client.get("/health")).status_code == 200  # still serving, same connection
+            assert (
+                await client.get("/health")
+            ).status_code == 200  # still serving, same connection
         await engine.close()
 
     asyncio.run(asyncio.wait_for(go(), 580))

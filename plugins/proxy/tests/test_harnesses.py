@@ -60,7 +60,9 @@ class Script:
 
 def _tool_call(name: str, arguments: dict[str, Any], thought: str) -> Script:
     body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
-    return Script(f"<think>{thought}</think>\n\n\n<tool_call>{body}</tool_call><|im_end|>", (name, arguments))
+    return Script(
+        f"<think>{thought}</think>\n\n\n<tool_call>{body}</tool_call><|im_end|>", (name, arguments)
+    )
 
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo $((17*23))"  # token-distinct (see script_tokens)
@@ -86,9 +88,15 @@ HARNESSES = {
     "anthropic_sdk": Harness("anthropic_sdk.py", "answer", "messages", streams=True),
     "openai_agents": Harness("openai_agents.py", "calculator", "responses", streams=True),
     "smolagents": Harness("smolagents_agent.py", "final_answer", "chat_completions", streams=True),
-    "mini_swe": Harness("mini_swe.py", "bash", "chat_completions", streams=False),  # no streaming mode
+    "mini_swe": Harness(
+        "mini_swe.py", "bash", "chat_completions", streams=False
+    ),  # no streaming mode
 }
-CASES = [(name, stream) for name, harness in HARNESSES.items() for stream in (False, True)[:1 + harness.streams]]
+CASES = [
+    (name, stream)
+    for name, harness in HARNESSES.items()
+    for stream in (False, True)[: 1 + harness.streams]
+]
 
 ScriptedModels = Callable[[str], tuple[ResolvedModel, list[int]]]
 
@@ -144,7 +152,9 @@ class RequestLog:
         async def send_and_keep(message: Any) -> None:
             if message["type"] == "http.response.start":
                 entry["status"] = message["status"]
-                entry["content_type"] = dict(message.get("headers", [])).get(b"content-type", b"").decode()
+                entry["content_type"] = (
+                    dict(message.get("headers", [])).get(b"content-type", b"").decode()
+                )
             await send(message)
 
         await self.app(scope, receive_and_keep, send_and_keep)
@@ -154,34 +164,55 @@ class Served:
     """A proxy for `engine` served on a free port in this event loop, with its store and log."""
 
     def __init__(self, engine: Any, model: ResolvedModel, max_context_tokens: int = 32768) -> None:
-        renderer = get_registry().get("renderer", "qwen3_keep_reasoning").load()(model, options=None)
+        renderer = (
+            get_registry().get("renderer", "qwen3_keep_reasoning").load()(model, options=None)
+        )
         self.store = RolloutStore(auto_create=False)
-        self.app = ProxyApp(Proxy(engine, renderer, MODEL, Limits(max_context_tokens=max_context_tokens)),
-                            self.store, ServeOptions(port=0))
+        self.app = ProxyApp(
+            Proxy(engine, renderer, MODEL, Limits(max_context_tokens=max_context_tokens)),
+            self.store,
+            ServeOptions(port=0),
+        )
         self.log = RequestLog(self.app.asgi)
         self.app.asgi = self.log  # what `serving` hands uvicorn
 
 
-async def run_harness(python: str, url: str, served: Served, name: str, stream: bool, script: list[int],
-                      workdir: Path) -> dict[str, Any]:
+async def run_harness(
+    python: str, url: str, served: Served, name: str, stream: bool, script: list[int], workdir: Path
+) -> dict[str, Any]:
     """Run harness `name` against the proxy at `url` in a session of its own, check what it did
     and what the store recorded, and return a summary of it."""
     harness = HARNESSES[name]
     session_id = f"{name}-{'stream' if stream else 'whole'}"
     served.store.open(session_id).policy = GREEDY
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({
-        "OPENAI_BASE_URL": f"{url}/s/{session_id}/v1", "OPENAI_API_KEY": session_id,
-        "ANTHROPIC_BASE_URL": f"{url}/s/{session_id}", "ANTHROPIC_API_KEY": session_id,
-        "PLAIT_MODEL": MODEL, "PLAIT_PROMPT": PROMPT, "PLAIT_STREAM": "1" if stream else "0",
-        "OPENAI_AGENTS_DISABLE_TRACING": "1", "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
-        "MSWEA_GLOBAL_CONFIG_DIR": str(workdir / "mini-swe-agent"),  # not the user's ~/.config
-    })
+    env = {
+        key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env.update(
+        {
+            "OPENAI_BASE_URL": f"{url}/s/{session_id}/v1",
+            "OPENAI_API_KEY": session_id,
+            "ANTHROPIC_BASE_URL": f"{url}/s/{session_id}",
+            "ANTHROPIC_API_KEY": session_id,
+            "PLAIT_MODEL": MODEL,
+            "PLAIT_PROMPT": PROMPT,
+            "PLAIT_STREAM": "1" if stream else "0",
+            "OPENAI_AGENTS_DISABLE_TRACING": "1",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": str(workdir / "mini-swe-agent"),  # not the user's ~/.config
+        }
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     process = await asyncio.create_subprocess_exec(
-        python, str(PROGRAMS / harness.program), env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        python,
+        str(PROGRAMS / harness.program),
+        env=env,
+        cwd=workdir,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         out, err = await asyncio.wait_for(process.communicate(), PROGRAM_TIMEOUT_S)
     except TimeoutError:
@@ -200,7 +231,9 @@ async def run_harness(python: str, url: str, served: Served, name: str, stream: 
         assert call.api == harness.api
         for choice in call.choices:
             assert list(choice.sequence.tokens) == script  # the ids as sampled
-            assert [(t.name, t.arguments) for t in choice.message.tool_calls] == ([expected] if expected else [])
+            assert [(t.name, t.arguments) for t in choice.message.tool_calls] == (
+                [expected] if expected else []
+            )
             assert choice.finish_reason == ("tool_calls" if expected else "stop")
             if expected is None:
                 assert choice.message.content.strip() == ANSWER
@@ -209,30 +242,51 @@ async def run_harness(python: str, url: str, served: Served, name: str, stream: 
     for request in sent:
         assert request["status"] == 200
         assert bool(request["body"].get("stream")) == stream, request["body"]
-        assert request["content_type"].startswith("text/event-stream" if stream else "application/json")
-    return {"harness": name, "stream": stream, "calls": len(session.calls), "api": harness.api,
-            "prompt_tokens": [len(c.prompt_ids) for c in session.calls], "seconds": round(seconds, 1)}
+        assert request["content_type"].startswith(
+            "text/event-stream" if stream else "application/json"
+        )
+    return {
+        "harness": name,
+        "stream": stream,
+        "calls": len(session.calls),
+        "api": harness.api,
+        "prompt_tokens": [len(c.prompt_ids) for c in session.calls],
+        "seconds": round(seconds, 1),
+    }
 
 
 async def sdk_round_trips(url: str, served: Served, script: list[int]) -> list[dict[str, Any]]:
     """plait_proxy.testing's tool round trips (two calls each, through the official SDKs) on every
     API, streaming and not, with the calculator script loaded."""
-    expected = Expected(script, SCRIPTS["calculator"].tool_call or ("", {}), reasoning="use the tool",
-                        question=PROMPT)
+    expected = Expected(
+        script,
+        SCRIPTS["calculator"].tool_call or ("", {}),
+        reasoning="use the tool",
+        question=PROMPT,
+    )
     done = []
     for api, round_trip in ROUND_TRIPS.items():
         for stream in (False, True):
             session = f"sdk-{api}-{stream}"
             served.store.open(session).policy = GREEDY
             await round_trip(url, served.store, session, expected, stream)
-            done.append({"sdk_round_trip": api, "stream": stream, "calls": len(served.store.sessions[session].calls)})
+            done.append(
+                {
+                    "sdk_round_trip": api,
+                    "stream": stream,
+                    "calls": len(served.store.sessions[session].calls),
+                }
+            )
     return done
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("name", "stream"), CASES, ids=[f"{n}-{'stream' if s else 'whole'}" for n, s in CASES])
+@pytest.mark.parametrize(
+    ("name", "stream"), CASES, ids=[f"{n}-{'stream' if s else 'whole'}" for n, s in CASES]
+)
 def test_harness_completes_its_task_through_the_proxy_on_plait_torch(
-        name: str, stream: bool, harness_python: str, scripted_models: ScriptedModels, tmp_path: Path) -> None:
+    name: str, stream: bool, harness_python: str, scripted_models: ScriptedModels, tmp_path: Path
+) -> None:
     model, script = scripted_models(HARNESSES[name].script)
 
     async def go() -> dict[str, Any]:
@@ -240,7 +294,9 @@ def test_harness_completes_its_task_through_the_proxy_on_plait_torch(
         served = Served(engine, model)
         try:
             async with served.app.serving() as url:
-                return await run_harness(harness_python, url, served, name, stream, script, tmp_path)
+                return await run_harness(
+                    harness_python, url, served, name, stream, script, tmp_path
+                )
         finally:
             await engine.close()
 
@@ -250,7 +306,8 @@ def test_harness_completes_its_task_through_the_proxy_on_plait_torch(
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)  # vLLM (CPU) takes 1-2 minutes to start, more on a busy machine
 def test_every_harness_completes_its_task_through_the_proxy_on_vllm(
-        harness_python: str, scripted_models: ScriptedModels, tmp_path: Path) -> None:
+    harness_python: str, scripted_models: ScriptedModels, tmp_path: Path
+) -> None:
     """One vLLM server for all harnesses, switched between the scripted models (all tiny-qwen3's
     architecture) by loading their weights from disk."""
     pytest.importorskip("plait_vllm")
@@ -261,8 +318,12 @@ def test_every_harness_completes_its_task_through_the_proxy_on_vllm(
     order = sorted(CASES, key=lambda case: list(SCRIPTS).index(HARNESSES[case[0]].script))
     first, _ = scripted_models(HARNESSES[order[0][0]].script)
     max_model_len = 2048  # smolagents' prompt is 1,135 tokens, mini-swe-agent's 851
-    options = VLLMOptions(python=vllm_python, dtype="float32", max_model_len=max_model_len,
-                          log_path=str(tmp_path / "vllm.log"))
+    options = VLLMOptions(
+        python=vllm_python,
+        dtype="float32",
+        max_model_len=max_model_len,
+        log_path=str(tmp_path / "vllm.log"),
+    )
 
     async def go() -> list[dict[str, Any]]:
         engine = VLLMEngine(first, options=options, seed=0)  # the server starts in the background
@@ -273,20 +334,33 @@ def test_every_harness_completes_its_task_through_the_proxy_on_vllm(
             for name in SCRIPTS:  # meanwhile
                 scripted_models(name)
             # wait for the server here rather than in the first program's request
-            first_token = await engine.sample(ModelInput.from_ints([NEWLINE]), 1, SamplingParams(max_tokens=1, temperature=0))
+            first_token = await engine.sample(
+                ModelInput.from_ints([NEWLINE]), 1, SamplingParams(max_tokens=1, temperature=0)
+            )
             assert list(first_token.sequences[0].tokens) == scripted_models(loaded)[1][:1]
             async with served.app.serving() as url:
                 for name, stream in order:
                     wanted = HARNESSES[name].script
                     model, script = scripted_models(wanted)
                     if wanted != loaded:
-                        await engine.load_weights_from_disk(str(model.path), engine.weight_version + 1)
+                        await engine.load_weights_from_disk(
+                            str(model.path), engine.weight_version + 1
+                        )
                         loaded = wanted
                     workdir = tmp_path / f"{name}-{stream}"
                     workdir.mkdir()
-                    results.append(await run_harness(harness_python, url, served, name, stream, script, workdir))
-                    if (name, stream) == ("openai_agents", False):  # the calculator script is loaded:
-                        results += await sdk_round_trips(url, served, script)  # tool loops on every API
+                    results.append(
+                        await run_harness(
+                            harness_python, url, served, name, stream, script, workdir
+                        )
+                    )
+                    if (name, stream) == (
+                        "openai_agents",
+                        False,
+                    ):  # the calculator script is loaded:
+                        results += await sdk_round_trips(
+                            url, served, script
+                        )  # tool loops on every API
         finally:
             await engine.close()
         return results

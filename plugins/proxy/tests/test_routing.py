@@ -35,19 +35,36 @@ pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)"
 
 LAYERS, TOP_K, EXPERTS = 2, 2, 8
 QUESTION = [Message("system", "You are terse."), Message("user", "What is 7*6?")]
-CALCULATOR = ToolSpec("calculator", "Evaluate an arithmetic expression.",
-                      {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]})
+CALCULATOR = ToolSpec(
+    "calculator",
+    "Evaluate an arithmetic expression.",
+    {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    },
+)
 
 
 @pytest.fixture(scope="module")
-def tool_calling_moe(tool_calling_qwen3: tuple[ResolvedModel, list[int]]) -> tuple[ResolvedModel, list[int]]:
+def tool_calling_moe(
+    tool_calling_qwen3: tuple[ResolvedModel, list[int]],
+) -> tuple[ResolvedModel, list[int]]:
     """tool-calling-qwen3 upcycled into a Qwen3-MoE (8 identical experts, 2 per token, random
     routers): it writes the same tool call, and its routers pick experts token by token."""
     upcycle = pytest.importorskip("plait_torch.models").upcycle_qwen3_moe
     dense, script = tool_calling_qwen3
     dest = dense.path.parent / "tool-calling-qwen3-moe"
     if not dest.exists():
-        upcycle(dense.path, dest, num_experts=EXPERTS, top_k=TOP_K, expert_noise=0.0, router_std=1.0, seed=0)
+        upcycle(
+            dense.path,
+            dest,
+            num_experts=EXPERTS,
+            top_k=TOP_K,
+            expert_noise=0.0,
+            router_std=1.0,
+            seed=0,
+        )
     return ResolvedModel("tool-calling-qwen3-moe", dest, dest), script
 
 
@@ -58,7 +75,9 @@ class Recording:
         self.engine = engine
         self.returned: list[SampledSequence] = []
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling: SamplingParams, **kw: Any) -> SampleResponse:
+    async def sample(
+        self, prompt: ModelInput, num_samples: int, sampling: SamplingParams, **kw: Any
+    ) -> SampleResponse:
         response = await self.engine.sample(prompt, num_samples, sampling, **kw)
         self.returned += response.sequences
         return response
@@ -71,15 +90,24 @@ def make_proxy(model: ResolvedModel) -> tuple[Proxy, Recording]:
     from plait_torch.options import TorchInferenceOptions
 
     registry = get_registry()
-    engine = Recording(registry.get("inference_engine", "torch").load()(
-        model, options=TorchInferenceOptions(device="cpu", enable_return_routed_experts=True), seed=0))
+    engine = Recording(
+        registry.get("inference_engine", "torch").load()(
+            model,
+            options=TorchInferenceOptions(device="cpu", enable_return_routed_experts=True),
+            seed=0,
+        )
+    )
     renderer = registry.get("renderer", "qwen3_keep_reasoning").load()(model, options=None)
     return Proxy(engine, renderer, model.name), engine  # type: ignore[arg-type]
 
 
 def ask(messages: list[Message], **fields: Any) -> ChatRequest:
-    return ChatRequest(model="m", messages=messages, tools=[CALCULATOR],
-                       **{"max_tokens": 64, "temperature": 0.0, **fields})
+    return ChatRequest(
+        model="m",
+        messages=messages,
+        tools=[CALCULATOR],
+        **{"max_tokens": 64, "temperature": 0.0, **fields},
+    )
 
 
 def reference_routing(model: ResolvedModel, tokens: list[int]) -> np.ndarray:
@@ -89,7 +117,9 @@ def reference_routing(model: ResolvedModel, tokens: list[int]) -> np.ndarray:
 
     from plait_train.routing import RoutingHooks
 
-    hf = AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32, local_files_only=True).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(model.path), dtype=torch.float32, local_files_only=True
+    ).eval()
     hooks = RoutingHooks(hf)
     with torch.no_grad():
         hf(torch.tensor([tokens]), use_cache=False)
@@ -104,7 +134,8 @@ def check_shape(sequence: SampledSequence, prompt_length: int) -> np.ndarray:
 
 
 def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_position(
-        tool_calling_moe: tuple[ResolvedModel, list[int]], tmp_path: Path) -> None:
+    tool_calling_moe: tuple[ResolvedModel, list[int]], tmp_path: Path
+) -> None:
     model, script = tool_calling_moe
     proxy, engine = make_proxy(model)
     store = RolloutStore(directory=tmp_path)
@@ -114,11 +145,20 @@ def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_p
         messages = list(QUESTION)
         try:
             for _ in range(3):
-                answer = (await proxy.complete(session, ask(messages), "openai_chat")).choices[0].message
+                answer = (
+                    (await proxy.complete(session, ask(messages), "openai_chat")).choices[0].message
+                )
                 assert answer.tool_calls, "the scripted model calls the calculator every turn"
-                messages += [Message("assistant", answer.content, tool_calls=[
-                    ToolCall(c.name, c.arguments, "client-id") for c in answer.tool_calls]),
-                    Message("tool", "42", tool_call_id="client-id")]
+                messages += [
+                    Message(
+                        "assistant",
+                        answer.content,
+                        tool_calls=[
+                            ToolCall(c.name, c.arguments, "client-id") for c in answer.tool_calls
+                        ],
+                    ),
+                    Message("tool", "42", tool_call_id="client-id"),
+                ]
         finally:
             await proxy.engine.close()
         return store.finish("episode")
@@ -130,7 +170,9 @@ def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_p
         (choice,) = call.choices
         assert list(choice.sequence.tokens) == script
         check_shape(choice.sequence, len(call.prompt_ids))
-        assert choice.sequence.routed_experts == returned.routed_experts  # stored as the engine returned it
+        assert (
+            choice.sequence.routed_experts == returned.routed_experts
+        )  # stored as the engine returned it
 
     # One training sequence: the last turn's routing covers every position of the datum.
     turns = session.turns()
@@ -139,8 +181,9 @@ def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_p
     routed = datum.loss_fn_inputs["routed_experts"]
     assert routed.shape == (datum.model_input.length, LAYERS, TOP_K) and routed.dtype == "uint8"
     assert routed == turns[-1].completion.routed_experts
-    np.testing.assert_array_equal(np.sort(routed.to_numpy(), axis=-1),
-                                  reference_routing(model, datum.model_input.to_ints()))
+    np.testing.assert_array_equal(
+        np.sort(routed.to_numpy(), axis=-1), reference_routing(model, datum.model_input.to_ints())
+    )
 
     # The record in sessions.jsonl keeps every choice's routing, compactly, and reads back equal.
     (line,) = (tmp_path / "sessions.jsonl").read_text().splitlines()
@@ -149,16 +192,22 @@ def test_a_tool_session_records_the_engines_routing_and_its_datum_covers_every_p
         encoded = stored["choices"][0]["routed_experts"]
         assert set(encoded) == {"dtype", "shape", "base64"} and encoded["dtype"] == "uint8"
         assert from_json(TensorData, encoded) == call.choices[0].sequence.routed_experts
-    assert len(line) < 4 * sum(len(c.choices[0].sequence.routed_experts.data) for c in session.calls)
+    assert len(line) < 4 * sum(
+        len(c.choices[0].sequence.routed_experts.data) for c in session.calls
+    )
 
 
-def test_a_stop_string_cuts_the_routing_with_the_tokens(tool_calling_moe: tuple[ResolvedModel, list[int]]) -> None:
+def test_a_stop_string_cuts_the_routing_with_the_tokens(
+    tool_calling_moe: tuple[ResolvedModel, list[int]],
+) -> None:
     model, script = tool_calling_moe
     proxy, engine = make_proxy(model)
 
     async def go() -> Any:
         try:
-            return await proxy.complete(RolloutStore().get("s"), ask(QUESTION, stop=["calcul"]), "openai_chat")
+            return await proxy.complete(
+                RolloutStore().get("s"), ask(QUESTION, stop=["calcul"]), "openai_chat"
+            )
         finally:
             await proxy.engine.close()
 
@@ -166,10 +215,16 @@ def test_a_stop_string_cuts_the_routing_with_the_tokens(tool_calling_moe: tuple[
     (choice,) = completion.choices
     (returned,) = engine.returned
     kept = len(choice.sequence.tokens)
-    assert choice.stop_string == "calcul" and list(choice.sequence.tokens) == script[:kept] and kept < len(script)
+    assert (
+        choice.stop_string == "calcul"
+        and list(choice.sequence.tokens) == script[:kept]
+        and kept < len(script)
+    )
     routing = check_shape(choice.sequence, len(completion.prompt_ids))
-    np.testing.assert_array_equal(routing, returned.routed_experts.to_numpy()[:len(routing)])
-    (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[Turn(completion.prompt_ids, choice.sequence)]), 1.0)
+    np.testing.assert_array_equal(routing, returned.routed_experts.to_numpy()[: len(routing)])
+    (datum,) = trajectory_to_datums(
+        Trajectory(task={}, turns=[Turn(completion.prompt_ids, choice.sequence)]), 1.0
+    )
     assert datum.loss_fn_inputs["routed_experts"].shape[0] == datum.model_input.length
 
 
@@ -179,15 +234,22 @@ def test_cutting_keeps_the_dtype_and_a_sequence_without_routing() -> None:
 
     tokens = [ord(c) for c in "abcSTOPdef"]
     prompt = 4
-    routing = TensorData.compact(np.arange((prompt + len(tokens) - 1) * 2 * 2).reshape(-1, 2, 2) + 210)
-    assert routing.dtype == "uint16" and routing.to_numpy()[:prompt + 7 - 1].max() < 256
+    routing = TensorData.compact(
+        np.arange((prompt + len(tokens) - 1) * 2 * 2).reshape(-1, 2, 2) + 210
+    )
+    assert routing.dtype == "uint16" and routing.to_numpy()[: prompt + 7 - 1].max() < 256
     sequence = SampledSequence(tokens, [0.0] * len(tokens), "length", routed_experts=routing)
     cut, stop = _cut_at_stop_string(sequence, ["STOP"], decode)
     assert stop == "STOP" and len(cut.tokens) == 7
-    assert cut.routed_experts is not None and cut.routed_experts.dtype == "uint16"  # not re-narrowed
-    np.testing.assert_array_equal(cut.routed_experts.to_numpy(), routing.to_numpy()[:prompt + 7 - 1])
-    plain, _ = _cut_at_stop_string(SampledSequence(tokens, [0.0] * len(tokens), "length"), ["STOP"],
-                                   decode)
+    assert (
+        cut.routed_experts is not None and cut.routed_experts.dtype == "uint16"
+    )  # not re-narrowed
+    np.testing.assert_array_equal(
+        cut.routed_experts.to_numpy(), routing.to_numpy()[: prompt + 7 - 1]
+    )
+    plain, _ = _cut_at_stop_string(
+        SampledSequence(tokens, [0.0] * len(tokens), "length"), ["STOP"], decode
+    )
     assert plain.routed_experts is None
 
 

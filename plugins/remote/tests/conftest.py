@@ -50,7 +50,9 @@ def reset_service(url: str, model: ResolvedModel) -> None:
     """Resume, and load the checkpoint's weights again as version 0."""
     with httpx.Client(base_url=url, timeout=120) as client:
         client.post("/resume", json={}).raise_for_status()
-        client.post("/load_weights", json={"path": str(model.path), "version": 0}).raise_for_status()
+        client.post(
+            "/load_weights", json={"path": str(model.path), "version": 0}
+        ).raise_for_status()
 
 
 @pytest.fixture
@@ -60,7 +62,9 @@ def make_attached(service_url: str, tiny_model: ResolvedModel) -> Callable[..., 
 
     def make(**overrides):
         reset_service(service_url, tiny_model)
-        return RemoteEngine(tiny_model, options=_remote_options(url=service_url, **overrides), seed=0)
+        return RemoteEngine(
+            tiny_model, options=_remote_options(url=service_url, **overrides), seed=0
+        )
 
     return make
 

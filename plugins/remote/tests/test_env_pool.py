@@ -43,7 +43,9 @@ def episodes(tiny_model: ResolvedModel) -> Callable[..., Any]:
                 await asyncio.sleep(0.02)
 
         watcher = asyncio.ensure_future(watch())
-        running = asyncio.gather(*(pool.run_episode(task, engine, renderer, config) for task in tasks))
+        running = asyncio.gather(
+            *(pool.run_episode(task, engine, renderer, config) for task in tasks)
+        )
         if during is not None:
             await during()
         try:
@@ -66,10 +68,16 @@ def test_episodes_spread_over_the_members_within_each_cap(episodes) -> None:
         pool = make_pool(members=2, max_in_flight=2)
         try:
             trajectories = await episodes(pool, 10)
-            assert all(t.error is None and t.finished for t in trajectories), [t.error for t in trajectories]
+            assert all(t.error is None and t.finished for t in trajectories), [
+                t.error for t in trajectories
+            ]
             assert sorted(pool.peaks.values()) == [2, 2], pool.peaks
-            assert sum(m.episodes for m in pool.members) == 10 and all(m.episodes >= 4 for m in pool.members)
-            assert (await pool.num_tasks("train")) == 100_000  # tasks served by the members (options reached them)
+            assert sum(m.episodes for m in pool.members) == 10 and all(
+                m.episodes >= 4 for m in pool.members
+            )
+            assert (
+                await pool.num_tasks("train")
+            ) == 100_000  # tasks served by the members (options reached them)
         finally:
             await pool.close()
         assert not pool.members
@@ -90,8 +98,12 @@ def test_members_join_and_drain_mid_run_without_losing_an_episode(episodes) -> N
 
         try:
             trajectories = await episodes(pool, 16, grow_then_shrink)
-            assert all(t.error is None and t.finished for t in trajectories), [t.error for t in trajectories]
-            assert len(pool.peaks) == 3 and all(peak <= 2 for peak in pool.peaks.values()), pool.peaks
+            assert all(t.error is None and t.finished for t in trajectories), [
+                t.error for t in trajectories
+            ]
+            assert len(pool.peaks) == 3 and all(peak <= 2 for peak in pool.peaks.values()), (
+                pool.peaks
+            )
             for _ in range(100):  # drained members stop once their episodes are done
                 if len(pool.members) == 1:
                     break
@@ -114,7 +126,9 @@ def test_a_member_that_dies_costs_only_its_running_episodes(episodes) -> None:
         try:
             trajectories = await episodes(pool, 12, kill_one)
             failed = [t for t in trajectories if t.error is not None]
-            assert 0 < len(failed) <= 3, [t.error for t in trajectories]  # at most its cap was running on it
+            assert 0 < len(failed) <= 3, [
+                t.error for t in trajectories
+            ]  # at most its cap was running on it
             assert len(pool.members) == 1
             again = await episodes(pool, 3)  # the pool goes on with the member left
             assert all(t.error is None for t in again)
@@ -128,11 +142,17 @@ def test_the_pool_autoscales_by_the_episodes_that_wait_for_room(episodes) -> Non
     from plait_remote.scale import AutoscaleOptions
 
     async def body() -> None:
-        pool = make_pool(members=1, max_in_flight=2, poll_s=0.05,
-                         autoscale=AutoscaleOptions(min=1, max=2, stall_s=0.3, idle_s=1.0))
+        pool = make_pool(
+            members=1,
+            max_in_flight=2,
+            poll_s=0.05,
+            autoscale=AutoscaleOptions(min=1, max=2, stall_s=0.3, idle_s=1.0),
+        )
         try:
             trajectories = await episodes(pool, 16)
-            assert all(t.error is None and t.finished for t in trajectories), [t.error for t in trajectories]
+            assert all(t.error is None and t.finished for t in trajectories), [
+                t.error for t in trajectories
+            ]
             assert len(pool.peaks) == 2, "episodes that waited for room brought a second member"
             for _ in range(100):  # calm: it drains back to its minimum
                 if len(pool.members) == 1:

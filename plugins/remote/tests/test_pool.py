@@ -21,7 +21,9 @@ def torch_pool(model: ResolvedModel, replicas: int, **options):
     from plait_remote.options import PoolOptions, ReplicaSpec
     from plait_remote.pool import PoolEngine
 
-    return PoolEngine(model, options=PoolOptions(replicas=[ReplicaSpec("torch", {}, replicas)], **options), seed=0)
+    return PoolEngine(
+        model, options=PoolOptions(replicas=[ReplicaSpec("torch", {}, replicas)], **options), seed=0
+    )
 
 
 class TestPoolOfOne(InferenceEngineContract):
@@ -43,7 +45,9 @@ def trained_update(model: ResolvedModel, prompt: list[int], target: int) -> Weig
     trainer = build("trainer_engine", "torch", model, seed=0)
     try:
         for _ in range(2):
-            trainer.forward_backward([sft_datum([*prompt, target], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy")
+            trainer.forward_backward(
+                [sft_datum([*prompt, target], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy"
+            )
             trainer.optim_step(AdamParams(learning_rate=5e-2))
         return WeightUpdate(trainer.weight_version, dict(trainer.export_weights()))
     finally:
@@ -53,7 +57,9 @@ def trained_update(model: ResolvedModel, prompt: list[int], target: int) -> Weig
 GREEDY = SamplingParams(max_tokens=1, stop=[], temperature=0)
 
 
-def test_requests_spread_and_joining_replicas_get_the_newest_weights(tiny_model: ResolvedModel) -> None:
+def test_requests_spread_and_joining_replicas_get_the_newest_weights(
+    tiny_model: ResolvedModel,
+) -> None:
     vocab = vocab_size(tiny_model)
     prompt = random_tokens(8, 10, vocab)
     target = (prompt[-1] + 5) % vocab
@@ -62,19 +68,35 @@ def test_requests_spread_and_joining_replicas_get_the_newest_weights(tiny_model:
     async def body() -> None:
         pool = torch_pool(tiny_model, 2)
         try:
-            replies = await asyncio.gather(*(pool.sample(ModelInput.from_ints(random_tokens(i, 6, vocab)), 1,
-                                                         SamplingParams(max_tokens=8, stop=[])) for i in range(8)))
+            replies = await asyncio.gather(
+                *(
+                    pool.sample(
+                        ModelInput.from_ints(random_tokens(i, 6, vocab)),
+                        1,
+                        SamplingParams(max_tokens=8, stop=[]),
+                    )
+                    for i in range(8)
+                )
+            )
             assert all(len(r.sequences[0].tokens) == 8 for r in replies)
             assert all(r.requests > 0 for r in pool.replicas), [r.requests for r in pool.replicas]
-            assert {r.sequences[0].replica for r in replies} == {r.name for r in pool.replicas}  # each names its replica
+            assert {r.sequences[0].replica for r in replies} == {
+                r.name for r in pool.replicas
+            }  # each names its replica
             await pool.apply_weights(update)
             await pool.scale(3)
             joined = pool.replicas[-1]
             seq = (await joined.engine.sample(ModelInput.from_ints(prompt), 1, GREEDY)).sequences[0]
             assert seq.tokens == (target,) and seq.weight_version == update.version
             assert pool.weight_version == update.version
-            running = [asyncio.ensure_future(pool.sample(ModelInput.from_ints(prompt), 1,
-                                                         SamplingParams(max_tokens=64, stop=[]))) for _ in range(6)]
+            running = [
+                asyncio.ensure_future(
+                    pool.sample(
+                        ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=64, stop=[])
+                    )
+                )
+                for _ in range(6)
+            ]
             await asyncio.sleep(0.05)
             await pool.scale(1)  # drains: the running requests finish
             assert all(len(r.sequences[0].tokens) == 64 for r in await asyncio.gather(*running))
@@ -96,7 +118,9 @@ def test_the_pool_scales_to_what_its_scale_file_says(tiny_model: ResolvedModel, 
     async def body() -> None:
         pool = torch_pool(tiny_model, 1, scale_file=str(scale_file), poll_s=0.1)
         try:
-            await pool.sample(ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[]))
+            await pool.sample(
+                ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[])
+            )
             scale_file.write_text(json.dumps({"replicas": 2}))
             for _ in range(100):
                 if len(pool.replicas) == 2:
@@ -116,7 +140,9 @@ def test_a_dead_replicas_requests_go_to_another(tiny_model: ResolvedModel) -> No
     from plait_remote.options import PoolOptions, ReplicaSpec
     from plait_remote.pool import PoolEngine
 
-    replica = ReplicaSpec("remote", {"engine": "torch", "max_restarts": 0, "startup_timeout_s": 300.0}, 2)
+    replica = ReplicaSpec(
+        "remote", {"engine": "torch", "max_restarts": 0, "startup_timeout_s": 300.0}, 2
+    )
     params = SamplingParams(max_tokens=6, stop=[], seed=3)
     prompt = ModelInput.from_ints([5, 6, 7, 8])
 
@@ -126,7 +152,10 @@ def test_a_dead_replicas_requests_go_to_another(tiny_model: ResolvedModel) -> No
             expected = (await pool.sample(prompt, 2, params)).sequences
             doomed, survivor = pool.replicas
             await doomed.engine.http.request("POST", "/pause", json={"mode": "keep"})
-            doomed.tokens_per_s, survivor.tokens_per_s = 1e9, 1.0  # route the next requests to the doomed one
+            doomed.tokens_per_s, survivor.tokens_per_s = (
+                1e9,
+                1.0,
+            )  # route the next requests to the doomed one
             running = [asyncio.ensure_future(pool.sample(prompt, 2, params)) for _ in range(2)]
             await asyncio.sleep(1.0)
             assert doomed.in_flight == 2
@@ -145,12 +174,25 @@ def test_the_pool_autoscales_by_the_requests_that_wait_for_room(tiny_model: Reso
     from plait_remote.scale import AutoscaleOptions
 
     async def body() -> list[int]:
-        pool = torch_pool(tiny_model, 1, max_in_flight=1, poll_s=0.05,
-                          autoscale=AutoscaleOptions(min=1, max=3, stall_s=0.2, idle_s=0.5))
+        pool = torch_pool(
+            tiny_model,
+            1,
+            max_in_flight=1,
+            poll_s=0.05,
+            autoscale=AutoscaleOptions(min=1, max=3, stall_s=0.2, idle_s=0.5),
+        )
         sizes = []
         try:
-            running = asyncio.gather(*(pool.sample(ModelInput.from_ints([1, 2, 3, i]), 1,
-                                                   SamplingParams(max_tokens=32, stop=[])) for i in range(16)))
+            running = asyncio.gather(
+                *(
+                    pool.sample(
+                        ModelInput.from_ints([1, 2, 3, i]),
+                        1,
+                        SamplingParams(max_tokens=32, stop=[]),
+                    )
+                    for i in range(16)
+                )
+            )
             while not running.done():
                 sizes.append(sum(not r.draining for r in pool.replicas))
                 await asyncio.sleep(0.02)
@@ -168,7 +210,9 @@ def test_the_pool_autoscales_by_the_requests_that_wait_for_room(tiny_model: Reso
     assert max(sizes) == 3 and sizes[0] == 1, sizes
 
 
-def test_autoscale_decisions_and_settings(monkeypatch: pytest.MonkeyPatch, tiny_model: ResolvedModel) -> None:
+def test_autoscale_decisions_and_settings(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: ResolvedModel
+) -> None:
     from plait.errors import ConfigError
     from plait_remote import scale
     from plait_remote.scale import AutoscaleOptions, Autoscaler
@@ -196,4 +240,6 @@ def test_autoscale_decisions_and_settings(monkeypatch: pytest.MonkeyPatch, tiny_
     with pytest.raises(ConfigError, match="max_in_flight"):
         torch_pool(tiny_model, 1, autoscale=AutoscaleOptions())
     with pytest.raises(ConfigError, match="scale_file"):
-        torch_pool(tiny_model, 1, max_in_flight=2, scale_file="x.json", autoscale=AutoscaleOptions())
+        torch_pool(
+            tiny_model, 1, max_in_flight=2, scale_file="x.json", autoscale=AutoscaleOptions()
+        )

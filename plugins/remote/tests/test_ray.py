@@ -47,7 +47,8 @@ def placement(resources: dict[str, float]) -> Any:
 
 
 def test_services_run_on_the_nodes_their_resources_name_and_weights_cross_over(
-        cluster: Any, tiny_model: ResolvedModel, remote_options, remote_trainer_options, make_attached) -> None:
+    cluster: Any, tiny_model: ResolvedModel, remote_options, remote_trainer_options, make_attached
+) -> None:
     """The trainer on one node, an inference service on another and one reached over HTTP outside
     the cluster: the trained weights reach both."""
     from plait_remote.engine import RemoteEngine
@@ -56,24 +57,36 @@ def test_services_run_on_the_nodes_their_resources_name_and_weights_cross_over(
     vocab = vocab_size(tiny_model)
     prompt = random_tokens(8, 11, vocab)
     target = (prompt[-1] + 7) % vocab
-    trainer = RemoteTrainer(tiny_model, options=remote_trainer_options(ray=placement(TRAINER_NODE)), seed=0)
+    trainer = RemoteTrainer(
+        tiny_model, options=remote_trainer_options(ray=placement(TRAINER_NODE)), seed=0
+    )
     try:
         assert trainer.server.node_id == node_with("trainer_pool")
         assert trainer.options.api_key and trainer.server.url == trainer.base_url
         for _ in range(2):
-            trainer.forward_backward([sft_datum([*prompt, target], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy")
+            trainer.forward_backward(
+                [sft_datum([*prompt, target], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy"
+            )
             trainer.optim_step(AdamParams(learning_rate=5e-2))
         update = WeightUpdate(trainer.weight_version, dict(trainer.export_weights()))
     finally:
         trainer.close()
 
     async def body() -> None:
-        engine = RemoteEngine(tiny_model, options=remote_options(ray=placement(INFERENCE_NODE)), seed=0)
+        engine = RemoteEngine(
+            tiny_model, options=remote_options(ray=placement(INFERENCE_NODE)), seed=0
+        )
         try:
             assert engine.server.node_id == node_with("inference_pool")
             await engine.apply_weights(update)
-            greedy = await engine.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=1, stop=[], temperature=0))
-            assert greedy.sequences[0].tokens == (target,) and engine.weight_version == update.version
+            greedy = await engine.sample(
+                ModelInput.from_ints(prompt),
+                1,
+                SamplingParams(max_tokens=1, stop=[], temperature=0),
+            )
+            assert (
+                greedy.sequences[0].tokens == (target,) and engine.weight_version == update.version
+            )
             health = await engine.health()
             assert health.ok, health.detail
         finally:
@@ -81,7 +94,11 @@ def test_services_run_on_the_nodes_their_resources_name_and_weights_cross_over(
         outside = make_attached()
         try:
             await outside.apply_weights(update)
-            greedy = await outside.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=1, stop=[], temperature=0))
+            greedy = await outside.sample(
+                ModelInput.from_ints(prompt),
+                1,
+                SamplingParams(max_tokens=1, stop=[], temperature=0),
+            )
             assert greedy.sequences[0].tokens == (target,)
         finally:
             await outside.close()
@@ -89,19 +106,26 @@ def test_services_run_on_the_nodes_their_resources_name_and_weights_cross_over(
     asyncio.run(asyncio.wait_for(body(), 600))
 
 
-def test_a_request_no_node_can_take_fails_with_what_it_asked_for(cluster: Any, tiny_model: ResolvedModel,
-                                                                  remote_options) -> None:
+def test_a_request_no_node_can_take_fails_with_what_it_asked_for(
+    cluster: Any, tiny_model: ResolvedModel, remote_options
+) -> None:
     from plait_remote.engine import RemoteEngine
 
     with pytest.raises(EngineError) as info:
-        RemoteEngine(tiny_model, options=remote_options(ray=placement({"gpu_pool": 1.0}), startup_timeout_s=5.0))
-    assert "no node of the Ray cluster took" in info.value.message and "gpu_pool" in info.value.message
+        RemoteEngine(
+            tiny_model,
+            options=remote_options(ray=placement({"gpu_pool": 1.0}), startup_timeout_s=5.0),
+        )
+    assert (
+        "no node of the Ray cluster took" in info.value.message and "gpu_pool" in info.value.message
+    )
     assert "inference_pool" in info.value.message  # what the cluster has
     assert info.value.fix
 
 
 def test_a_service_on_another_ray_cluster_is_refused_with_the_way_to_reach_it(
-        cluster: Any, tiny_model: ResolvedModel, remote_options) -> None:
+    cluster: Any, tiny_model: ResolvedModel, remote_options
+) -> None:
     from plait_remote.engine import RemoteEngine
     from plait_remote.options import RayPlacement
 
@@ -111,7 +135,8 @@ def test_a_service_on_another_ray_cluster_is_refused_with_the_way_to_reach_it(
 
 
 def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
-        cluster: Any, tiny_model: ResolvedModel, remote_options) -> None:
+    cluster: Any, tiny_model: ResolvedModel, remote_options
+) -> None:
     """SIGKILL of the service process, then its actor killed: each time the engine launches it
     again on a node with the resource, with the weights it had; without restarts left, the
     failure names the actor and the node."""
@@ -124,13 +149,19 @@ def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
     prompt = random_tokens(8, 12, vocab)
     params = SamplingParams(max_tokens=5, stop=[], seed=4)
     trainer = build("trainer_engine", "torch", tiny_model, seed=0)
-    trainer.forward_backward([sft_datum([*prompt, 5], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy")
+    trainer.forward_backward(
+        [sft_datum([*prompt, 5], [0.0] * (len(prompt) - 1) + [1.0])], "cross_entropy"
+    )
     trainer.optim_step(AdamParams(learning_rate=5e-2))
     update = WeightUpdate(trainer.weight_version, dict(trainer.export_weights()))
     trainer.close()
 
     async def body() -> None:
-        engine = RemoteEngine(tiny_model, options=remote_options(ray=placement(INFERENCE_NODE), max_restarts=2), seed=0)
+        engine = RemoteEngine(
+            tiny_model,
+            options=remote_options(ray=placement(INFERENCE_NODE), max_restarts=2),
+            seed=0,
+        )
         try:
             await engine.apply_weights(update)
             before = (await engine.sample(ModelInput.from_ints(prompt), 2, params)).sequences
@@ -142,14 +173,20 @@ def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
             await asyncio.sleep(1.0)
             again = (await engine.sample(ModelInput.from_ints(prompt), 2, params)).sequences
             assert engine.restarts == 2 and [s.tokens for s in again] == [s.tokens for s in before]
-            assert engine.server.node_id == node_with("inference_pool") and engine.weight_version == update.version
+            assert (
+                engine.server.node_id == node_with("inference_pool")
+                and engine.weight_version == update.version
+            )
             killed = engine.server
             ray.kill(killed.actor)
             await asyncio.sleep(1.0)
             with pytest.raises(EngineError) as info:
                 await engine.sample(ModelInput.from_ints(prompt), 1, params)
             assert "after 2 restarts" in info.value.message
-            assert killed.actor_id[:12] in info.value.message and killed.node_id[:12] in info.value.message
+            assert (
+                killed.actor_id[:12] in info.value.message
+                and killed.node_id[:12] in info.value.message
+            )
         finally:
             await engine.close()
 
@@ -161,15 +198,28 @@ def test_a_pool_places_its_replicas_on_ray(cluster: Any, tiny_model: ResolvedMod
     from plait_remote.options import PoolOptions, ReplicaSpec
     from plait_remote.pool import PoolEngine
 
-    on_ray = {"engine": "torch", "startup_timeout_s": 300.0, "ray": {"num_cpus": 0.5, "resources": {"inference_pool": 0.5}}}
-    pool = PoolEngine(tiny_model, options=PoolOptions(replicas=[ReplicaSpec("remote", on_ray, 2)]), seed=0)
+    on_ray = {
+        "engine": "torch",
+        "startup_timeout_s": 300.0,
+        "ray": {"num_cpus": 0.5, "resources": {"inference_pool": 0.5}},
+    }
+    pool = PoolEngine(
+        tiny_model, options=PoolOptions(replicas=[ReplicaSpec("remote", on_ray, 2)]), seed=0
+    )
 
     async def body() -> None:
         try:
-            prompts = [ModelInput.from_ints(random_tokens(seed, 6, vocab_size(tiny_model))) for seed in range(8)]
-            replies = await asyncio.gather(*(pool.sample(p, 1, SamplingParams(max_tokens=8, stop=[])) for p in prompts))
+            prompts = [
+                ModelInput.from_ints(random_tokens(seed, 6, vocab_size(tiny_model)))
+                for seed in range(8)
+            ]
+            replies = await asyncio.gather(
+                *(pool.sample(p, 1, SamplingParams(max_tokens=8, stop=[])) for p in prompts)
+            )
             assert all(len(r.sequences[0].tokens) == 8 for r in replies)
-            assert [r.engine.server.node_id for r in pool.replicas] == [node_with("inference_pool")] * 2
+            assert [r.engine.server.node_id for r in pool.replicas] == [
+                node_with("inference_pool")
+            ] * 2
             assert all(r.requests > 0 for r in pool.replicas), [r.requests for r in pool.replicas]
         finally:
             await pool.close()
@@ -182,21 +232,31 @@ def test_an_environment_pool_places_its_members_on_ray(cluster: Any) -> None:
     from plait_remote.env_pool import EnvPool
     from plait_remote.options import EnvPoolOptions, RayPlacement
 
-    pool = EnvPool(EnvPoolOptions(env="math.arith", env_options={"preset": "tiny"}, members=1,
-                                  ray=RayPlacement(num_cpus=0.5, resources={"trainer_pool": 0.5})))
+    pool = EnvPool(
+        EnvPoolOptions(
+            env="math.arith",
+            env_options={"preset": "tiny"},
+            members=1,
+            ray=RayPlacement(num_cpus=0.5, resources={"trainer_pool": 0.5}),
+        )
+    )
 
     async def body() -> None:
         try:
             task = await pool.get_task("train", 3)
             session = await pool.open(task)
-            reply = await session.call((await session.terminal_tool()).name, {"text": str(task["answer"])})
+            reply = await session.call(
+                (await session.terminal_tool()).name, {"text": str(task["answer"])}
+            )
             await session.close()
             assert reply.reward == 1.0, reply
             assert pool.members[0].server.node_id == node_with("trainer_pool")
             import httpx
 
             async with httpx.AsyncClient(base_url=pool.members[0].env.url) as client:
-                assert (await client.post("/create_session", json={})).status_code == 401  # no key, no session
+                assert (
+                    await client.post("/create_session", json={})
+                ).status_code == 401  # no key, no session
         finally:
             await pool.close()
 

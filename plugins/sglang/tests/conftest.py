@@ -36,8 +36,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 def _fake_options(**overrides):
     from plait_sglang.options import SGLangOptions
 
-    return SGLangOptions(**{"python": sys.executable, "launch_module": FAKE, "context_length": 1024,
-                            "startup_timeout_s": 120.0, **overrides})
+    return SGLangOptions(
+        **{
+            "python": sys.executable,
+            "launch_module": FAKE,
+            "context_length": 1024,
+            "startup_timeout_s": 120.0,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture(scope="session")
@@ -58,13 +65,20 @@ def wire_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fake_server(tiny_model: ResolvedModel, wire_log: Path, tmp_path_factory: pytest.TempPathFactory):
+def fake_server(
+    tiny_model: ResolvedModel, wire_log: Path, tmp_path_factory: pytest.TempPathFactory
+):
     """A launched fake SGLang server (0.5.23 wire) on tiny-qwen3, recording its wire traffic."""
     from plait_sglang.engine import SGLangEngine
 
     log_path = Path(tmp_path_factory.mktemp("sglang")) / "server.log"
-    engine = SGLangEngine(tiny_model, options=_fake_options(log_path=str(log_path), enable_lora=True,
-                                                           server_args=["--record", str(wire_log)]), seed=0)
+    engine = SGLangEngine(
+        tiny_model,
+        options=_fake_options(
+            log_path=str(log_path), enable_lora=True, server_args=["--record", str(wire_log)]
+        ),
+        seed=0,
+    )
     try:
         asyncio.run(engine._ensure_ready())
         yield engine
@@ -76,8 +90,10 @@ def reset_server(url: str, model: ResolvedModel) -> None:
     """Resume generation and put the model's initial weights back as the initial version."""
     with httpx.Client(base_url=url, timeout=120) as client:
         client.post("/continue_generation", json={}).raise_for_status()
-        client.post("/update_weights_from_disk", json={"model_path": str(model.path),
-                                                       "weight_version": "default"}).raise_for_status()
+        client.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(model.path), "weight_version": "default"},
+        ).raise_for_status()
 
 
 @pytest.fixture
@@ -87,6 +103,8 @@ def make_attached(fake_server, tiny_model: ResolvedModel):
 
     def make(**overrides):
         reset_server(fake_server.base_url, tiny_model)
-        return SGLangEngine(tiny_model, options=_fake_options(url=fake_server.base_url, **overrides), seed=0)
+        return SGLangEngine(
+            tiny_model, options=_fake_options(url=fake_server.base_url, **overrides), seed=0
+        )
 
     return make

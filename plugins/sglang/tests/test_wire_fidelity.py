@@ -25,7 +25,9 @@ pytestmark = pytest.mark.sglang
 CHECKER = Path(__file__).parent / "sglang_side" / "check_wire.py"
 
 
-def test_fake_wire_matches_sglang_contract(make_attached, wire_log: Path, sglang_python: str, tmp_path: Path) -> None:
+def test_fake_wire_matches_sglang_contract(
+    make_attached, wire_log: Path, sglang_python: str, tmp_path: Path
+) -> None:
     from plait_sglang.fake_server import CONTROL_BODIES, REQUIRED
 
     prompt = ModelInput.from_ints(random_tokens(1, 6, 151936))
@@ -33,27 +35,51 @@ def test_fake_wire_matches_sglang_contract(make_attached, wire_log: Path, sglang
     async def traffic() -> None:
         engine = make_attached()
         try:
-            await engine.sample(prompt, 2, SamplingParams(max_tokens=4, seed=1, temperature=0.8, top_k=20, top_p=0.9))
+            await engine.sample(
+                prompt,
+                2,
+                SamplingParams(max_tokens=4, seed=1, temperature=0.8, top_k=20, top_p=0.9),
+            )
             await engine.sample(prompt, 1, SamplingParams(max_tokens=3, stop=["a", "b"]))
             await engine.sample(prompt, 1, SamplingParams(max_tokens=3, stop=[11, 12]))
             await engine.compute_logprobs(prompt)
             await engine.weight_broadcast_ranks()
             await engine.set_weight_version(3)
             async with httpx.AsyncClient(base_url=engine.base_url) as client:
-                refused = await client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 2}})
+                refused = await client.post(
+                    "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 2}}
+                )
                 assert refused.status_code == 400, "0.5.23 refuses sampling params it does not know"
-                assert (await client.post("/abort_request", json={"rid": "none-such"})).status_code == 200
+                assert (
+                    await client.post("/abort_request", json={"rid": "none-such"})
+                ).status_code == 200
         finally:
             await engine.close()
 
     asyncio.run(asyncio.wait_for(traffic(), 120))
     bodies = tmp_path / "control_bodies.json"
-    bodies.write_text(json.dumps({cls: {k: "<required>" if v is REQUIRED else v for k, v in fields.items()}
-                                  for cls, fields in CONTROL_BODIES.items()}))
-    result = subprocess.run([sglang_python, str(CHECKER), str(wire_log), str(bodies)],
-                            capture_output=True, text=True, timeout=120)
+    bodies.write_text(
+        json.dumps(
+            {
+                cls: {k: "<required>" if v is REQUIRED else v for k, v in fields.items()}
+                for cls, fields in CONTROL_BODIES.items()
+            }
+        )
+    )
+    result = subprocess.run(
+        [sglang_python, str(CHECKER), str(wire_log), str(bodies)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     print(result.stdout, result.stderr)
     assert result.returncode == 0, result.stdout + result.stderr
-    for check in ("generate request + reply decode", "generate refusal message", "model_info reply decode",
-                  "server_info reply decode", "abort_request body decode", "control body fields/defaults"):
+    for check in (
+        "generate request + reply decode",
+        "generate refusal message",
+        "model_info reply decode",
+        "server_info reply decode",
+        "abort_request body decode",
+        "control body fields/defaults",
+    ):
         assert check in result.stdout

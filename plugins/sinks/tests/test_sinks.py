@@ -24,8 +24,16 @@ def write_metrics(run_dir, records):
 def run_records(steps=5, policies=()):
     records = [{"step": 0, "eval/accuracy": 0.1}]
     for s in range(1, steps + 1):
-        record = {"step": s, "reward/mean": s / 10, "policy/entropy": 1 - s / 20, "optim/grad_norm": 1.0,
-                  "time/rollout": 2.0, "time/train": 1.0, "time/sync": 0.1, "time/total": 3.1}
+        record = {
+            "step": s,
+            "reward/mean": s / 10,
+            "policy/entropy": 1 - s / 20,
+            "optim/grad_norm": 1.0,
+            "time/rollout": 2.0,
+            "time/train": 1.0,
+            "time/sync": 0.1,
+            "time/total": 3.1,
+        }
         record.update({f"reward/mean@{p}": s / (10 + i) for i, p in enumerate(policies)})
         records.append(record)
     records.append({"step": steps, "eval/accuracy": 0.6})
@@ -41,7 +49,9 @@ def test_dashboard_renders_from_metrics(tmp_path):
 
 def test_a_run_with_several_policies_gets_a_line_per_policy(tmp_path):
     records = run_records(policies=("solver", "proposer"))
-    (tmp_path / "config.toml").write_text('[policies.solver]\nroles = ["solver"]\n[policies.proposer]\nroles = ["proposer"]\n')
+    (tmp_path / "config.toml").write_text(
+        '[policies.solver]\nroles = ["solver"]\n[policies.proposer]\nroles = ["proposer"]\n'
+    )
     assert policy_names(tmp_path) == ["solver", "proposer"]
     write_metrics(tmp_path, records)
     single = tmp_path / "single"

@@ -42,16 +42,23 @@ def tinker_url(tinker_server: tuple[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def tinker_server(tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+def tinker_server(
+    tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Any]]:
     """(base URL, the server's TinkerApp)."""
     from plait_tinker.app import build_app
     from plait_tinker.config import TinkerServerConfig
 
-    config = structure(TinkerServerConfig, {
-        "models": {BASE: {"model": str(tiny_qwen3.path)}},
-        "server": {"poll_s": 2.0, "max_samplers": 3, "session_timeout_s": 20.0},
-        "tenants": [{"name": name, "api_key": key, "max_training_runs": 3} for name, key in KEYS.items()],
-    })
+    config = structure(
+        TinkerServerConfig,
+        {
+            "models": {BASE: {"model": str(tiny_qwen3.path)}},
+            "server": {"poll_s": 2.0, "max_samplers": 3, "session_timeout_s": 20.0},
+            "tenants": [
+                {"name": name, "api_key": key, "max_training_runs": 3} for name, key in KEYS.items()
+            ],
+        },
+    )
     app = build_app(config, tmp_path_factory.mktemp("tinker-storage"))
     started, url = threading.Event(), []
     stop: list[asyncio.Event] = []

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.timeout(600)
 
 def datum(tokens: list[int], **inputs: list[float]) -> types.Datum:
     """Next-token data: the model reads tokens[:-1] and is scored on tokens[1:]."""
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], **inputs})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], **inputs},
+    )
 
 
 def sft(tokens: list[int]) -> types.Datum:
@@ -41,8 +43,13 @@ def test_the_whole_sequence_of_a_training_run(service_client, base_model: str) -
     old = first.loss_fn_outputs[0]["logprobs"].tolist()
     for loss in ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro"):
         data = [sft(PHRASE)] if loss == "cross_entropy" else [rl(PHRASE, old, 1.0)]
-        out = training.forward_backward(data, loss, {"beta": 0.1} if loss == "dro" else None).result()
-        assert len(out.loss_fn_outputs) == 1 and len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(PHRASE) - 1
+        out = training.forward_backward(
+            data, loss, {"beta": 0.1} if loss == "dro" else None
+        ).result()
+        assert (
+            len(out.loss_fn_outputs) == 1
+            and len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(PHRASE) - 1
+        )
         assert all(key.count(":") == 1 for key in out.metrics), out.metrics
     step = training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
     assert step.metrics is not None
@@ -50,32 +57,63 @@ def test_the_whole_sequence_of_a_training_run(service_client, base_model: str) -
         fb = training.forward_backward([sft(PHRASE)], "cross_entropy")
         opt = training.optim_step(types.AdamParams(learning_rate=5e-3))
         fb.result(), opt.result()
-    after = float(np.mean(training.forward([sft(PHRASE)], "cross_entropy").result()
-                          .loss_fn_outputs[0]["logprobs"].to_numpy()))
+    after = float(
+        np.mean(
+            training.forward([sft(PHRASE)], "cross_entropy")
+            .result()
+            .loss_fn_outputs[0]["logprobs"]
+            .to_numpy()
+        )
+    )
     assert after > start + 0.5, (start, after)
 
     # sampling from the trained weights
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(PHRASE[:6])
-    result = sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
-        max_tokens=6, temperature=1.0, stop=[])).result()
+    result = sampler.sample(
+        prompt,
+        num_samples=2,
+        sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, stop=[]),
+    ).result()
     assert len(result.sequences) == 2 and all(len(s.tokens) == 6 for s in result.sequences)
     assert all(s.sequence_id for s in result.sequences)
     prompt_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(PHRASE)).result()
     assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(PHRASE)
-    trained = training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
-    np.testing.assert_allclose(prompt_logprobs[1:], trained, atol=1e-4)  # the sampler has the adapter
+    trained = (
+        training.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist()
+    )
+    np.testing.assert_allclose(
+        prompt_logprobs[1:], trained, atol=1e-4
+    )  # the sampler has the adapter
 
     # save_state, more training, load_state with the optimizer: back where the state was
     saved = training.save_state("step-6").result().path
     assert saved == f"tinker://{training.model_id}/weights/step-6"
-    at_save = training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    at_save = (
+        training.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist()
+    )
     training.forward_backward([sft(PHRASE[::-1])], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
-    moved = training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    moved = (
+        training.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist()
+    )
     assert not np.allclose(moved, at_save, atol=1e-4)
     training.load_state_with_optimizer(saved).result()
-    back = training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    back = (
+        training.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist()
+    )
     np.testing.assert_allclose(back, at_save, atol=1e-5)
 
     # a new training client from the state, optimizer included: it continues as the first does
@@ -85,8 +123,16 @@ def test_the_whole_sequence_of_a_training_run(service_client, base_model: str) -
         client.forward_backward([sft(PHRASE)], "cross_entropy").result()
         client.optim_step(types.AdamParams(learning_rate=5e-3)).result()
     np.testing.assert_allclose(
-        resumed.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist(),
-        training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-5)
+        resumed.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist(),
+        training.forward([sft(PHRASE)], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .tolist(),
+        atol=1e-5,
+    )
 
     # REST: the run and its checkpoint are listed, and a checkpoint can be deleted
     rest = service_client.create_rest_client()
@@ -100,8 +146,9 @@ def test_the_whole_sequence_of_a_training_run(service_client, base_model: str) -
         service_client.create_training_client_from_state(saved).result()
 
 
-def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client, base_model: str,
-                                                               tinker_server) -> None:
+def test_named_sampler_weights_serve_a_sampling_client_by_path(
+    service_client, base_model: str, tinker_server
+) -> None:
     """Sampling from saved sampler weights; deleting them closes the engine that served them."""
     BASE = base_model
     training = service_client.create_lora_training_client(base_model=BASE, rank=4).result()
@@ -113,8 +160,10 @@ def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client, b
     by_path = service_client.create_sampling_client(model_path=path)
     base = service_client.create_sampling_client(base_model=BASE)
     tokens = types.ModelInput.from_ints(PHRASE)
-    trained, untrained = (np.nansum(np.array(c.compute_logprobs(tokens).result()[1:], dtype=float))
-                          for c in (by_path, base))
+    trained, untrained = (
+        np.nansum(np.array(c.compute_logprobs(tokens).result()[1:], dtype=float))
+        for c in (by_path, base)
+    )
     assert trained > untrained + 1.0
     engines = tinker_server[1].service._engines
     assert any(str(weights).endswith("sampler_weights/final") for _, weights in engines)
@@ -126,9 +175,15 @@ def test_bad_requests_fail_their_own_call_and_nothing_else(service_client, base_
     BASE = base_model
     training = service_client.create_lora_training_client(base_model=BASE, rank=4).result()
     with pytest.raises(Exception, match="target_tokens"):
-        training.forward_backward([types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                                               loss_fn_inputs={"weights": [1.0, 1.0, 1.0]})],
-                                  "cross_entropy").result()
+        training.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([1, 2, 3]),
+                    loss_fn_inputs={"weights": [1.0, 1.0, 1.0]},
+                )
+            ],
+            "cross_entropy",
+        ).result()
     with pytest.raises(Exception, match=r"151936|vocab"):
         training.forward([sft([1, 2, 10**7])], "cross_entropy").result()
     with pytest.raises(Exception, match="not served"):
@@ -136,29 +191,38 @@ def test_bad_requests_fail_their_own_call_and_nothing_else(service_client, base_
     assert len(training.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs) == 1
 
 
-def test_a_tenant_cannot_reach_another_tenants_runs(tinker_url: str, service_client, base_model: str,
-                                                    api_keys: dict[str, str]) -> None:
+def test_a_tenant_cannot_reach_another_tenants_runs(
+    tinker_url: str, service_client, base_model: str, api_keys: dict[str, str]
+) -> None:
     BASE, KEYS = base_model, api_keys
     alice = service_client.create_lora_training_client(base_model=BASE, rank=4).result()
     saved = alice.save_state("mine").result().path
     with tinker.ServiceClient(base_url=tinker_url, api_key=KEYS["bob"]) as bob:
         rest = bob.create_rest_client()
         assert all(r.model_owner == "bob" for r in rest.list_training_runs().result().training_runs)
-        for attempt in (lambda: rest.get_training_run(alice.model_id).result(),
-                        lambda: rest.list_checkpoints(alice.model_id).result(),
-                        lambda: rest.delete_checkpoint_from_tinker_path(saved).result(),
-                        lambda: bob.create_training_client_from_state(saved).result(),
-                        lambda: bob.create_sampling_client(model_path=saved).sample(
-                            types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=1)).result()):
+        for attempt in (
+            lambda: rest.get_training_run(alice.model_id).result(),
+            lambda: rest.list_checkpoints(alice.model_id).result(),
+            lambda: rest.delete_checkpoint_from_tinker_path(saved).result(),
+            lambda: bob.create_training_client_from_state(saved).result(),
+            lambda: (
+                bob.create_sampling_client(model_path=saved)
+                .sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=1))
+                .result()
+            ),
+        ):
             with pytest.raises(Exception, match="not found"):
                 attempt()
     with pytest.raises(Exception, match="unknown API key"):
         tinker.ServiceClient(base_url=tinker_url, api_key="tml-nobody").create_lora_training_client(
-            base_model=BASE, rank=4).result()
+            base_model=BASE, rank=4
+        ).result()
     assert alice.forward([sft(PHRASE)], "cross_entropy").result().loss_fn_outputs
 
 
-def test_a_call_split_into_chunks_comes_back_whole_and_in_order(service_client, base_model: str) -> None:
+def test_a_call_split_into_chunks_comes_back_whole_and_in_order(
+    service_client, base_model: str
+) -> None:
     """Over 1024 datums the SDK sends chunks concurrently, the first one last; the server runs
     them in seq_id order and the SDK joins the results."""
     training = service_client.create_lora_training_client(base_model=base_model, rank=4).result()
@@ -166,8 +230,11 @@ def test_a_call_split_into_chunks_comes_back_whole_and_in_order(service_client, 
     out = training.forward(data, "cross_entropy").result()
     assert len(out.loss_fn_outputs) == 1100
     alone = training.forward([data[1050]], "cross_entropy").result()
-    np.testing.assert_allclose(out.loss_fn_outputs[1050]["logprobs"].tolist(),
-                               alone.loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-5)
+    np.testing.assert_allclose(
+        out.loss_fn_outputs[1050]["logprobs"].tolist(),
+        alone.loss_fn_outputs[0]["logprobs"].tolist(),
+        atol=1e-5,
+    )
 
 
 def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_model: str) -> None:
@@ -181,12 +248,19 @@ def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_
 
     def train(seed: int, losses: list[float], barrier: threading.Barrier | None) -> None:
         with tinker.ServiceClient(base_url=url, api_key=keys) as client:
-            run = client.create_lora_training_client(base_model=base_model, rank=4, seed=seed).result()
+            run = client.create_lora_training_client(
+                base_model=base_model, rank=4, seed=seed
+            ).result()
             rng = np.random.default_rng(seed)
-            data = [sft(rng.integers(100, 5000, size=int(rng.integers(6, 14))).tolist()) for _ in range(3)]
+            data = [
+                sft(rng.integers(100, 5000, size=int(rng.integers(6, 14))).tolist())
+                for _ in range(3)
+            ]
             if barrier:
                 barrier.wait()
-            for _ in range(4):  # the step as the SDK's docs write it: both requests, then the results
+            for _ in range(
+                4
+            ):  # the step as the SDK's docs write it: both requests, then the results
                 out = run.forward_backward(data, "cross_entropy")
                 run.optim_step(types.AdamParams(learning_rate=1e-2)).result()
                 losses.append(out.result().metrics["loss:sum"])
@@ -198,13 +272,15 @@ def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_
     passes, calls, steps = batcher.passes, batcher.calls, batcher.step_batches
     together: list[list[float]] = [[] for _ in range(3)]
     barrier = threading.Barrier(3)
-    threads = [threading.Thread(target=train, args=(seed, together[seed], barrier)) for seed in range(3)]
+    threads = [
+        threading.Thread(target=train, args=(seed, together[seed], barrier)) for seed in range(3)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(300)
     np.testing.assert_allclose(together, alone, rtol=1e-4)
-    assert batcher.calls - calls == 12 and batcher.passes - passes <= 6, (batcher.passes - passes)
+    assert batcher.calls - calls == 12 and batcher.passes - passes <= 6, batcher.passes - passes
     assert batcher.step_batches - steps <= 6, batcher.step_batches - steps
 
 
@@ -222,8 +298,9 @@ with tinker.ServiceClient(base_url=url, api_key=key) as client:
 """
 
 
-def test_a_tenant_killed_mid_run_leaves_the_others_training(tinker_server, base_model: str,
-                                                             api_keys: dict[str, str], service_client) -> None:
+def test_a_tenant_killed_mid_run_leaves_the_others_training(
+    tinker_server, base_model: str, api_keys: dict[str, str], service_client
+) -> None:
     """Bob's training program is SIGKILLed while its requests are in flight: Alice's run goes on
     undisturbed, and Bob's run is unloaded once his session stops sending heartbeats."""
     import subprocess
@@ -232,8 +309,12 @@ def test_a_tenant_killed_mid_run_leaves_the_others_training(tinker_server, base_
 
     url, app = tinker_server
     alice = service_client.create_lora_training_client(base_model=base_model, rank=4).result()
-    bob = subprocess.Popen([sys.executable, "-c", CRASHING_CLIENT, url, api_keys["bob"], base_model],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    bob = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_CLIENT, url, api_keys["bob"], base_model],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         bob_run = bob.stdout.readline().strip()  # type: ignore[union-attr]
         assert bob_run.endswith(":train:0"), bob_run

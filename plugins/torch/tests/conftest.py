@@ -19,4 +19,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     """tiny-qwen3-moe (a random 2-layer Qwen3-MoE, 8 experts, 2 per token), built once per session."""
-    return materialize_model("tiny-qwen3-moe", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3-moe")
+    return materialize_model(
+        "tiny-qwen3-moe", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3-moe"
+    )

@@ -30,6 +30,7 @@ class TestTorchTrainer(TrainerEngineContract):
         lora = LoraOptions(rank=4, alpha=8.0) if request.param == "lora" else None
         options = TorchTrainerOptions(micro_batch_tokens=24, lora=lora)
         if request.param == "adapter":  # beside another adapter, which must not disturb it
+
             def opened() -> TrainerEngine:
                 host = TorchTrainer(model, options=options, seed=0)
                 host.open_adapter("neighbour", LoraConfig(rank=2, alpha=2.0), seed=1)

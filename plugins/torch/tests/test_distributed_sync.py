@@ -50,11 +50,25 @@ def free_port() -> int:
 
 
 class Receivers:
-    def __init__(self, model: ResolvedModel, port: int, world: int, tmp: Path, *, tp: bool = False) -> None:
+    def __init__(
+        self, model: ResolvedModel, port: int, world: int, tmp: Path, *, tp: bool = False
+    ) -> None:
         self.reports = [tmp / f"rank{r}.json" for r in range(1, world)]
         self.procs = [
-            subprocess.Popen([sys.executable, str(MAIN), str(model.path), model.dtype, str(port), str(r), str(world),
-                              str(r - 1 if tp else 0), str(self.reports[r - 1]), *(["store"] if tp else [])])
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(MAIN),
+                    str(model.path),
+                    model.dtype,
+                    str(port),
+                    str(r),
+                    str(world),
+                    str(r - 1 if tp else 0),
+                    str(self.reports[r - 1]),
+                    *(["store"] if tp else []),
+                ]
+            )
             for r in range(1, world)
         ]
 
@@ -73,7 +87,10 @@ class Receivers:
 
 def rl_step(trainer: TorchTrainer, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    data = [rl_datum(rng.integers(0, 1000, 12).tolist(), 6, [-2.0] * 6, float(rng.normal())) for _ in range(4)]
+    data = [
+        rl_datum(rng.integers(0, 1000, 12).tolist(), 6, [-2.0] * 6, float(rng.normal()))
+        for _ in range(4)
+    ]
     trainer.forward_backward(data, "importance_sampling")
     trainer.optim_step(AdamParams(learning_rate=1e-6))
 
@@ -85,8 +102,11 @@ def bf16_weights(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
 def test_delta_pushes_reach_every_receiver_bit_identical(trainer, bf16_model, tmp_path):
     port = free_port()
     receivers = Receivers(bf16_model, port, 3, tmp_path)
-    sync = DistributedSync(options=DistributedSyncOptions(payload="delta", dtype="bfloat16", receivers=2,
-                                                          master_port=port, timeout_s=120))
+    sync = DistributedSync(
+        options=DistributedSyncOptions(
+            payload="delta", dtype="bfloat16", receivers=2, master_port=port, timeout_s=120
+        )
+    )
 
     async def body() -> list:
         stats = [await sync.push(trainer, [], trainer.weight_version)]
@@ -111,8 +131,17 @@ def test_delta_pushes_reach_every_receiver_bit_identical(trainer, bf16_model, tm
 def test_tensor_parallel_receivers_get_only_their_shards(trainer, bf16_model, tmp_path):
     port = free_port()
     receivers = Receivers(bf16_model, port, 3, tmp_path, tp=True)
-    sync = DistributedSync(options=DistributedSyncOptions(payload="delta", dtype="bfloat16", layout="tp", tp_size=2,
-                                                          head_dim=32, receivers=2, master_port=port))
+    sync = DistributedSync(
+        options=DistributedSyncOptions(
+            payload="delta",
+            dtype="bfloat16",
+            layout="tp",
+            tp_size=2,
+            head_dim=32,
+            receivers=2,
+            master_port=port,
+        )
+    )
 
     async def body() -> list:
         stats = [await sync.push(trainer, [], trainer.weight_version)]
@@ -137,8 +166,11 @@ def test_tensor_parallel_receivers_get_only_their_shards(trainer, bf16_model, tm
 def test_a_hung_receiver_is_named_within_the_timeout(trainer, bf16_model, tmp_path):
     port = free_port()
     receivers = Receivers(bf16_model, port, 3, tmp_path)
-    sync = DistributedSync(options=DistributedSyncOptions(payload="delta", dtype="bfloat16", receivers=2,
-                                                          master_port=port, timeout_s=3))
+    sync = DistributedSync(
+        options=DistributedSyncOptions(
+            payload="delta", dtype="bfloat16", receivers=2, master_port=port, timeout_s=3
+        )
+    )
     hung = receivers.procs[1]
 
     async def body() -> float:

@@ -28,8 +28,15 @@ def test_logprobs_equal_a_plain_transformers_forward(tiny_model: ResolvedModel) 
     from transformers import AutoModelForCausalLM
 
     engine = TorchInferenceEngine(tiny_model)
-    response = run_with(lambda: engine, lambda e: e.sample(prompt(), 3, SamplingParams(max_tokens=6, stop=[], seed=4, temperature=1.5)))
-    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model.path), local_files_only=True).eval()
+    response = run_with(
+        lambda: engine,
+        lambda e: e.sample(
+            prompt(), 3, SamplingParams(max_tokens=6, stop=[], seed=4, temperature=1.5)
+        ),
+    )
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model.path), local_files_only=True
+    ).eval()
     for seq in response.sequences:
         ids = torch.tensor([prompt().to_ints() + list(seq.tokens)])
         with torch.no_grad():
@@ -57,7 +64,12 @@ def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None
     calls = count_forward_rows(engine)
 
     async def body(e: TorchInferenceEngine) -> list[tuple[int, ...]]:
-        group = await asyncio.gather(*[e.sample(prompt(), 1, SamplingParams(max_tokens=2, stop=[], seed=s)) for s in range(4)])
+        group = await asyncio.gather(
+            *[
+                e.sample(prompt(), 1, SamplingParams(max_tokens=2, stop=[], seed=s))
+                for s in range(4)
+            ]
+        )
         return [r.sequences[0].tokens for r in group]
 
     tokens = run_with(lambda: engine, body)
@@ -65,18 +77,25 @@ def test_identical_prompts_are_prefilled_once(tiny_model: ResolvedModel) -> None
     assert calls[1] == 4 and len(set(tokens)) == 4
 
 
-def test_the_output_projection_gets_contiguous_rows_in_every_pass(tiny_model: ResolvedModel) -> None:
+def test_the_output_projection_gets_contiguous_rows_in_every_pass(
+    tiny_model: ResolvedModel,
+) -> None:
     """A prefill of prompts of different lengths keeps each one's last position: a strided view,
     which made CPU bfloat16 matmul copy the whole 152k-row projection per row (a prefill of 19
     prompts took 2.5 s in the head alone); the engine hands the head contiguous rows."""
     engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(dtype="bfloat16"))
     contiguous: list[bool] = []
     engine.model.get_output_embeddings().register_forward_hook(
-        lambda _module, args, _out: contiguous.append(args[0].is_contiguous()))
+        lambda _module, args, _out: contiguous.append(args[0].is_contiguous())
+    )
 
     async def body(e: TorchInferenceEngine) -> None:
-        await asyncio.gather(*[e.sample(prompt(seed, length), 2, SamplingParams(max_tokens=3, stop=[], seed=seed))
-                               for seed, length in enumerate([5, 9, 12])])
+        await asyncio.gather(
+            *[
+                e.sample(prompt(seed, length), 2, SamplingParams(max_tokens=3, stop=[], seed=seed))
+                for seed, length in enumerate([5, 9, 12])
+            ]
+        )
 
     run_with(lambda: engine, body)
     assert len(contiguous) >= 3 and all(contiguous), contiguous
@@ -107,9 +126,16 @@ def staggered_batches(engine: TorchInferenceEngine) -> list[int]:
 
 
 def test_requests_arriving_over_milliseconds_share_one_batch(tiny_model: ResolvedModel) -> None:
-    assert staggered_batches(TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=500))) == [6]
+    assert staggered_batches(
+        TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=500))
+    ) == [6]
     # Waiting only for quiet event-loop turns, the first request starts a batch of its own.
-    assert staggered_batches(TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=0)))[0] < 6
+    assert (
+        staggered_batches(
+            TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(batch_wait_ms=0))
+        )[0]
+        < 6
+    )
 
 
 def test_all_compute_runs_on_one_worker_thread(tiny_model: ResolvedModel) -> None:
@@ -128,8 +154,12 @@ def test_all_compute_runs_on_one_worker_thread(tiny_model: ResolvedModel) -> Non
 
     async def body(e: TorchInferenceEngine) -> None:
         for seed in range(3):  # successive batches
-            await asyncio.gather(*(e.sample(prompt(seed + i), 2, SamplingParams(max_tokens=3, stop=[]))
-                                   for i in range(2)))
+            await asyncio.gather(
+                *(
+                    e.sample(prompt(seed + i), 2, SamplingParams(max_tokens=3, stop=[]))
+                    for i in range(2)
+                )
+            )
         await e.compute_logprobs(prompt())
 
     run_with(lambda: engine, body)
@@ -141,7 +171,10 @@ def test_a_prefix_every_prompt_shares_is_prefilled_once(tiny_model: ResolvedMode
     differently (1, 3 and 6 tokens): the 20 run once, then the three rests; tokens and logprobs
     are those of a prefill without sharing, so also of a plain forward (the test above)."""
     shared = random_tokens(7, 20, VOCAB)
-    prompts = [ModelInput.from_ints(shared + random_tokens(seed, length, VOCAB)) for seed, length in ((1, 1), (2, 3), (3, 6))]
+    prompts = [
+        ModelInput.from_ints(shared + random_tokens(seed, length, VOCAB))
+        for seed, length in ((1, 1), (2, 3), (3, 6))
+    ]
     params = SamplingParams(max_tokens=5, stop=[], seed=2, temperature=1.5)
 
     async def body(e: TorchInferenceEngine) -> list[Any]:
@@ -154,8 +187,15 @@ def test_a_prefix_every_prompt_shares_is_prefilled_once(tiny_model: ResolvedMode
     sharing = TorchInferenceEngine(tiny_model)
     calls = count_forward_rows(sharing)
     shared_run = run_with(lambda: sharing, body)
-    assert calls[:3] == [1, 3, 6], f"expected the prefix (1 row), the rests (3 rows), then decoding: {calls[:3]}"
-    plain = run_with(lambda: TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(prefix_sharing=False)), body)
+    assert calls[:3] == [1, 3, 6], (
+        f"expected the prefix (1 row), the rests (3 rows), then decoding: {calls[:3]}"
+    )
+    plain = run_with(
+        lambda: TorchInferenceEngine(
+            tiny_model, options=TorchInferenceOptions(prefix_sharing=False)
+        ),
+        body,
+    )
     for a, b in zip(shared_run, plain, strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
@@ -165,7 +205,9 @@ def test_max_model_len_bounds_prompt_and_completion(tiny_model: ResolvedModel) -
     engine = TorchInferenceEngine(tiny_model, options=TorchInferenceOptions(max_model_len=9))
 
     async def body(e: TorchInferenceEngine) -> None:
-        seq = (await e.sample(prompt(length=6), 1, SamplingParams(max_tokens=10, stop=[]))).sequences[0]
+        seq = (
+            await e.sample(prompt(length=6), 1, SamplingParams(max_tokens=10, stop=[]))
+        ).sequences[0]
         assert len(seq.tokens) == 3 and seq.stop_reason == "length"
         with pytest.raises(DataError, match="max_model_len 9"):
             await e.sample(prompt(length=9), 1, SamplingParams(max_tokens=1))
@@ -178,12 +220,21 @@ def test_a_cancelled_request_leaves_the_batch(tiny_model: ResolvedModel) -> None
     calls = count_forward_rows(engine)
 
     async def body(e: TorchInferenceEngine) -> None:
-        doomed = asyncio.ensure_future(e.sample(prompt(1), 2, SamplingParams(max_tokens=500, stop=[])))
+        doomed = asyncio.ensure_future(
+            e.sample(prompt(1), 2, SamplingParams(max_tokens=500, stop=[]))
+        )
         kept = asyncio.ensure_future(e.sample(prompt(2), 1, SamplingParams(max_tokens=12, stop=[])))
         await e.sample(prompt(3), 1, SamplingParams(max_tokens=1, stop=[]))  # the batch is running
         doomed.cancel()
         assert len((await kept).sequences[0].tokens) == 12
-        assert len((await e.sample(prompt(4), 1, SamplingParams(max_tokens=2, stop=[]))).sequences[0].tokens) == 2
+        assert (
+            len(
+                (await e.sample(prompt(4), 1, SamplingParams(max_tokens=2, stop=[])))
+                .sequences[0]
+                .tokens
+            )
+            == 2
+        )
         assert (await e.health()).ok
 
     run_with(lambda: engine, body)
@@ -197,7 +248,9 @@ def test_bad_weight_updates_are_rejected_whole(tiny_model: ResolvedModel) -> Non
     name = next(iter(weights))
 
     async def body(e: TorchInferenceEngine) -> None:
-        before = (await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))).sequences[0]
+        before = (
+            await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))
+        ).sequences[0]
         bad_updates = {
             "unknown": {**weights, "model.no_such.weight": weights[name]},
             "lacks": {k: v for k, v in weights.items() if k != name},
@@ -210,9 +263,15 @@ def test_bad_weight_updates_are_rejected_whole(tiny_model: ResolvedModel) -> Non
         with pytest.raises(EngineError, match="TensorPatch"):
             await e.apply_weights(WeightUpdate(7, weights, kind="delta"))
         assert e.weight_version == 0
-        after = (await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))).sequences[0]
-        assert after.tokens == before.tokens and after.logprobs == before.logprobs, "a rejected update changed weights"
-        await e.apply_weights(WeightUpdate(3, {k: v.numpy() for k, v in weights.items()}))  # numpy arrays work
+        after = (
+            await e.sample(prompt(), 1, SamplingParams(max_tokens=3, stop=[], seed=1))
+        ).sequences[0]
+        assert after.tokens == before.tokens and after.logprobs == before.logprobs, (
+            "a rejected update changed weights"
+        )
+        await e.apply_weights(
+            WeightUpdate(3, {k: v.numpy() for k, v in weights.items()})
+        )  # numpy arrays work
         assert e.weight_version == 3
 
     run_with(lambda: engine, body)
@@ -222,7 +281,9 @@ def test_close_fails_pending_requests(tiny_model: ResolvedModel) -> None:
     engine = TorchInferenceEngine(tiny_model)
 
     async def main() -> None:
-        pending = asyncio.ensure_future(engine.sample(prompt(), 1, SamplingParams(max_tokens=2000, stop=[])))
+        pending = asyncio.ensure_future(
+            engine.sample(prompt(), 1, SamplingParams(max_tokens=2000, stop=[]))
+        )
         await engine.sample(prompt(1), 1, SamplingParams(max_tokens=1, stop=[]))
         await engine.close()
         with pytest.raises(EngineError, match="closed"):

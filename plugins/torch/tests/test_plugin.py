@@ -12,7 +12,9 @@ import pytest
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_discovery_options_and_model_sources_import_no_torch() -> None:
@@ -41,9 +43,17 @@ def test_options_are_validated_with_dotted_paths() -> None:
     from plait.schema import structure
     from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
 
-    assert structure(TorchTrainerOptions, {"micro_batch_tokens": 512, "activation_checkpointing": True},
-                     "trainer.options").micro_batch_tokens == 512
-    with pytest.raises(ConfigError, match=r"trainer\.options\.micro_batch_token: unknown key .*did you mean"):
+    assert (
+        structure(
+            TorchTrainerOptions,
+            {"micro_batch_tokens": 512, "activation_checkpointing": True},
+            "trainer.options",
+        ).micro_batch_tokens
+        == 512
+    )
+    with pytest.raises(
+        ConfigError, match=r"trainer\.options\.micro_batch_token: unknown key .*did you mean"
+    ):
         structure(TorchTrainerOptions, {"micro_batch_token": 512}, "trainer.options")
     with pytest.raises(ConfigError, match=r"inference\.options\.device"):
         structure(TorchInferenceOptions, {"device": "tpu"}, "inference.options")
@@ -57,9 +67,22 @@ def test_discovery_sets_openmp_waiting_before_torch_loads_and_keeps_the_users() 
         print(json.dumps({k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}))
     """
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-                         env=env)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-                         env={**env, "OMP_WAIT_POLICY": "PASSIVE"})
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "OMP_WAIT_POLICY": "ACTIVE",
+        "GOMP_SPINCOUNT": "300000",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "OMP_WAIT_POLICY": "PASSIVE"},
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1])["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -12,11 +12,16 @@ GRID = 600  # evenly spaced uniforms: inverse-CDF sampling then hits each token 
 
 
 def params(rows: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> RowParams:
-    return RowParams(torch.full((rows,), temperature), torch.full((rows,), top_k, dtype=torch.long),
-                     torch.full((rows,), top_p))
+    return RowParams(
+        torch.full((rows,), temperature),
+        torch.full((rows,), top_k, dtype=torch.long),
+        torch.full((rows,), top_p),
+    )
 
 
-def grid_choice(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_choice(
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     uniforms = (torch.arange(GRID) + 0.5) / GRID
     return choose_tokens(LOGITS.expand(GRID, -1), params(GRID, temperature, top_k, top_p), uniforms)
 
@@ -52,7 +57,9 @@ def test_top_k_keeps_the_k_best() -> None:
 def test_top_p_keeps_the_nucleus() -> None:
     probs = torch.softmax(LOGITS, -1)  # 0.53, 0.20, 0.12, 0.07, ...
     tokens, _ = grid_choice(top_p=0.7)
-    assert set(tokens.tolist()) == {0, 1}, "the smallest set with mass >= 0.7 is the two best tokens"
+    assert set(tokens.tolist()) == {0, 1}, (
+        "the smallest set with mass >= 0.7 is the two best tokens"
+    )
     tokens, _ = grid_choice(top_p=float(probs[0]) - 0.01)
     assert set(tokens.tolist()) == {0}
 
@@ -60,12 +67,16 @@ def test_top_p_keeps_the_nucleus() -> None:
 def test_rows_do_not_influence_each_other() -> None:
     """The same logits and uniform give the same token whatever the rest of the batch is."""
     rows = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 3])
-    mixed = RowParams(torch.tensor([1.0, 0.0, 0.7]), torch.tensor([0, 0, 2]), torch.tensor([1.0, 1.0, 0.9]))
+    mixed = RowParams(
+        torch.tensor([1.0, 0.0, 0.7]), torch.tensor([0, 0, 2]), torch.tensor([1.0, 1.0, 0.9])
+    )
     uniforms = torch.tensor([0.61, 0.2, 0.99])
     together, lp_together = choose_tokens(rows, mixed, uniforms)
     for i in range(3):
-        single = RowParams(mixed.temperature[i:i + 1], mixed.top_k[i:i + 1], mixed.top_p[i:i + 1])
-        alone, lp_alone = choose_tokens(rows[i:i + 1], single, uniforms[i:i + 1])
+        single = RowParams(
+            mixed.temperature[i : i + 1], mixed.top_k[i : i + 1], mixed.top_p[i : i + 1]
+        )
+        alone, lp_alone = choose_tokens(rows[i : i + 1], single, uniforms[i : i + 1])
         assert alone.item() == together[i].item() and lp_alone.item() == lp_together[i].item()
 
 

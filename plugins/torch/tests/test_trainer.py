@@ -36,7 +36,9 @@ def test_entropy_tokens_and_flops_metrics_are_exact(tiny_model: ResolvedModel) -
     lengths = (11, 7, 4)
     sequences = [random_tokens(i, n + 1, VOCAB) for i, n in enumerate(lengths)]
     weights = [[float(i % 3 != 0) for i in range(n)] for n in lengths]  # some positions inactive
-    out = trainer.forward_backward([sft_datum(s, w) for s, w in zip(sequences, weights, strict=True)], "cross_entropy")
+    out = trainer.forward_backward(
+        [sft_datum(s, w) for s, w in zip(sequences, weights, strict=True)], "cross_entropy"
+    )
 
     reference = hf_model(tiny_model)
     entropies = []
@@ -48,12 +50,16 @@ def test_entropy_tokens_and_flops_metrics_are_exact(tiny_model: ResolvedModel) -
     assert out.metrics["entropy:mean"] == pytest.approx(np.mean(entropies), rel=1e-5)
     assert out.metrics["train_tokens:sum"] == sum(lengths)
 
-    params = sum(p.numel() for p in reference.parameters())  # tied: the output projection is the embedding
+    params = sum(
+        p.numel() for p in reference.parameters()
+    )  # tied: the output projection is the embedding
     config = reference.config
     width = config.num_attention_heads * config.head_dim
     expected = sum(n * (6 * params + 12 * config.num_hidden_layers * width * n) for n in lengths)
     assert out.metrics["model_flops:sum"] == pytest.approx(expected)
-    assert trainer.flops_per_token(100) == pytest.approx(6 * params + 12 * config.num_hidden_layers * width * 100)
+    assert trainer.flops_per_token(100) == pytest.approx(
+        6 * params + 12 * config.num_hidden_layers * width * 100
+    )
     forward = trainer.forward([sft_datum(s, w) for s, w in zip(sequences, weights, strict=True)])
     assert forward.metrics["model_flops:sum"] == pytest.approx(expected / 3)
     assert "train_tokens:sum" not in forward.metrics
@@ -69,14 +75,19 @@ def test_peak_flops_is_measured_once_per_process(tiny_model: ResolvedModel) -> N
 
 
 @pytest.mark.parametrize("checkpointing", [True, "selective"])
-def test_activation_checkpointing_recomputes_layers_and_keeps_the_gradients(tiny_model: ResolvedModel,
-                                                                             checkpointing: bool | str) -> None:
+def test_activation_checkpointing_recomputes_layers_and_keeps_the_gradients(
+    tiny_model: ResolvedModel, checkpointing: bool | str
+) -> None:
     data = [sft_datum(random_tokens(i, 10, VOCAB)) for i in range(2)]
     norms, passes = [], []
     for setting in (False, checkpointing):
-        trainer = TorchTrainer(tiny_model, options=TorchTrainerOptions(activation_checkpointing=setting))
+        trainer = TorchTrainer(
+            tiny_model, options=TorchTrainerOptions(activation_checkpointing=setting)
+        )
         calls = []
-        decoder_layers(trainer.model)[0].mlp.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+        decoder_layers(trainer.model)[0].mlp.register_forward_pre_hook(
+            lambda *_, calls=calls: calls.append(1)
+        )
         trainer.forward_backward(data, "cross_entropy")
         passes.append(len(calls))
         norms.append(trainer.optim_step(AdamParams()).metrics["grad_norm"])
@@ -91,7 +102,11 @@ def grpo_data(groups: int = 2, samples: int = 4, prompt: int = 24, response: int
         head = rng.integers(0, VOCAB, prompt + 3 * g).tolist()
         for j in range(samples):
             completion = rng.integers(0, VOCAB, response + j).tolist()
-            data.append(rl_datum(head + completion, len(head), [-11.0 - 0.1 * j] * len(completion), (-1.0) ** j))
+            data.append(
+                rl_datum(
+                    head + completion, len(head), [-11.0 - 0.1 * j] * len(completion), (-1.0) ** j
+                )
+            )
     return data
 
 
@@ -104,7 +119,10 @@ def test_packing_and_prefix_sharing_train_like_padded_rows(tiny_model: ResolvedM
         "default": TorchTrainerOptions(),
     }.items():
         trainer = TorchTrainer(tiny_model, options=options)
-        assert (trainer.capabilities.packing, trainer.capabilities.prefix_sharing) == (options.packing, options.prefix_sharing)
+        assert (trainer.capabilities.packing, trainer.capabilities.prefix_sharing) == (
+            options.packing,
+            options.prefix_sharing,
+        )
         forward = datum_logprobs(trainer.forward(data, "ppo"))
         out = trainer.forward_backward(data, "ppo")
         norm = trainer.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
@@ -127,7 +145,9 @@ def test_packing_and_prefix_sharing_train_like_padded_rows(tiny_model: ResolvedM
 def test_bfloat16_models_keep_float32_master_weights(tiny_model: ResolvedModel) -> None:
     data = [sft_datum(random_tokens(3, 10, VOCAB))]
     full = datum_logprobs(TorchTrainer(tiny_model).forward(data))[0]
-    bf16 = ResolvedModel(tiny_model.name, tiny_model.path, tiny_model.tokenizer_path, dtype="bfloat16")
+    bf16 = ResolvedModel(
+        tiny_model.name, tiny_model.path, tiny_model.tokenizer_path, dtype="bfloat16"
+    )
     mixed = TorchTrainer(bf16)
     assert {t.dtype for _, t in mixed.export_weights()} == {torch.float32}
     np.testing.assert_allclose(datum_logprobs(mixed.forward(data))[0], full, atol=0.1)
@@ -148,12 +168,16 @@ def test_non_finite_gradients_skip_the_update(tiny_model: ResolvedModel) -> None
     np.testing.assert_array_equal(datum_logprobs(trainer.forward(probe))[0], before)
 
 
-def test_saved_state_is_a_hugging_face_checkpoint(tiny_model: ResolvedModel, tmp_path: Path) -> None:
+def test_saved_state_is_a_hugging_face_checkpoint(
+    tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     trainer = TorchTrainer(tiny_model)
     trainer.forward_backward([sft_datum(random_tokens(0, 8, VOCAB))], "cross_entropy")
     trainer.optim_step(AdamParams(learning_rate=1e-2))
     trainer.save_state(tmp_path / "state")
-    reloaded = dict(hf_model(ResolvedModel("saved", tmp_path / "state", tiny_model.path)).named_parameters())
+    reloaded = dict(
+        hf_model(ResolvedModel("saved", tmp_path / "state", tiny_model.path)).named_parameters()
+    )
     for name, tensor in trainer.export_weights():
         assert torch.equal(reloaded[name], tensor), name
 
@@ -167,15 +191,26 @@ def test_loading_something_else_is_a_clear_error(tiny_model: ResolvedModel, tmp_
     meta = json.loads(meta_path.read_text())
     meta["parameters"]["model.norm.weight"] = [7]
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(ModelError, match=r"different model \(or other LoRA settings\): 1 parameters differ .*model\.norm\.weight"):
+    with pytest.raises(
+        ModelError,
+        match=r"different model \(or other LoRA settings\): 1 parameters differ .*model\.norm\.weight",
+    ):
         trainer.load_state(tmp_path / "state")
 
 
 def small_vocab_checkpoint(dest: Path, vocab: int) -> ResolvedModel:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        tie_word_embeddings=True,
+    )
     Qwen3ForCausalLM(config).save_pretrained(str(dest))
     for name in models.QWEN_TOKENIZER_FILES:
         shutil.copyfile(models.qwen3_tokenizer_dir() / name, dest / name)
@@ -205,8 +240,13 @@ def test_chunked_output_head_equals_the_full_logits_path(tiny_model: ResolvedMod
         if not chunked:
             trainer._runner.scorer = TokenScorer(trainer.model, chunked_head=False)
         out = trainer.forward_backward(data, "cross_entropy")
-        results.append((datum_logprobs(out), out.metrics["entropy:mean"],
-                        trainer.optim_step(AdamParams()).metrics["grad_norm"]))
+        results.append(
+            (
+                datum_logprobs(out),
+                out.metrics["entropy:mean"],
+                trainer.optim_step(AdamParams()).metrics["grad_norm"],
+            )
+        )
     (lp_a, ent_a, norm_a), (lp_b, ent_b, norm_b) = results
     for a, b in zip(lp_a, lp_b, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)

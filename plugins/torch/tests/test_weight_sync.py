@@ -41,7 +41,10 @@ def trainer(bf16_model: ResolvedModel) -> TorchTrainer:
 
 def rl_step(trainer: TorchTrainer, seed: int, learning_rate: float = 1e-6) -> None:
     rng = np.random.default_rng(seed)
-    data = [rl_datum(rng.integers(0, 1000, 12).tolist(), 6, [-2.0] * 6, float(rng.normal())) for _ in range(4)]
+    data = [
+        rl_datum(rng.integers(0, 1000, 12).tolist(), 6, [-2.0] * 6, float(rng.normal()))
+        for _ in range(4)
+    ]
     trainer.forward_backward(data, "importance_sampling")
     trainer.optim_step(AdamParams(learning_rate=learning_rate))
 
@@ -59,10 +62,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.mark.parametrize("bucket_mb", [256.0, 0.05])  # one update per push, or dozens (later ones after earlier ones applied)
+@pytest.mark.parametrize(
+    "bucket_mb", [256.0, 0.05]
+)  # one update per push, or dozens (later ones after earlier ones applied)
 def test_delta_sync_is_bit_identical_and_sends_a_few_percent(trainer, bf16_model, bucket_mb):
     engine = TorchInferenceEngine(bf16_model, seed=0)
-    sync = InProcessSync(options=InProcessSyncOptions(payload="delta", dtype="bfloat16", bucket_mb=bucket_mb))
+    sync = InProcessSync(
+        options=InProcessSyncOptions(payload="delta", dtype="bfloat16", bucket_mb=bucket_mb)
+    )
 
     async def body() -> list:
         stats = [await sync.push(trainer, [engine], trainer.weight_version)]
@@ -84,7 +91,10 @@ def test_delta_sync_is_bit_identical_and_sends_a_few_percent(trainer, bf16_model
 
 
 def test_an_engine_that_missed_a_version_gets_full_weights(trainer, bf16_model):
-    behind, current = TorchInferenceEngine(bf16_model, seed=0), TorchInferenceEngine(bf16_model, seed=0)
+    behind, current = (
+        TorchInferenceEngine(bf16_model, seed=0),
+        TorchInferenceEngine(bf16_model, seed=0),
+    )
     sync = InProcessSync(options=InProcessSyncOptions(payload="delta", dtype="bfloat16"))
 
     async def body() -> None:
@@ -97,7 +107,9 @@ def test_an_engine_that_missed_a_version_gets_full_weights(trainer, bf16_model):
             next(current.model.parameters()).view(-1)[0] += 1
         stats = await sync.push(trainer, [behind, current], trainer.weight_version)
         assert held(behind) == held(current) == served(trainer)
-        assert stats.bytes > stats.full_bytes / 2  # one full push (behind) plus delta+full (current)
+        assert (
+            stats.bytes > stats.full_bytes / 2
+        )  # one full push (behind) plus delta+full (current)
         await behind.close()
         await current.close()
 
@@ -106,8 +118,11 @@ def test_an_engine_that_missed_a_version_gets_full_weights(trainer, bf16_model):
 
 def test_bucketed_pushes_every_tensor_in_bounded_updates(trainer, bf16_model):
     engine = TorchInferenceEngine(bf16_model, seed=0)
-    sync = InProcessSync(options=InProcessSyncOptions(payload="bucketed", dtype="bfloat16", bucket_mb=0.1,
-                                                      checksum=True))
+    sync = InProcessSync(
+        options=InProcessSyncOptions(
+            payload="bucketed", dtype="bfloat16", bucket_mb=0.1, checksum=True
+        )
+    )
     applied: list[WeightUpdate] = []
     original = engine.apply_weights
 
@@ -124,7 +139,9 @@ def test_bucketed_pushes_every_tensor_in_bounded_updates(trainer, bf16_model):
         await engine.close()
 
     run(body())
-    assert len(applied) > 3 and all(u.version == trainer.weight_version and u.checksum for u in applied)
+    assert len(applied) > 3 and all(
+        u.version == trainer.weight_version and u.checksum for u in applied
+    )
     biggest = max(t.numel() * 2 for t in engine.model.parameters())
     assert all(weight_patch.update_nbytes(u) <= max(0.1 * 2**20, biggest) for u in applied)
 
@@ -150,7 +167,9 @@ def test_disk_delta_patches_files_and_receiver_checkpoints(trainer, bf16_model, 
     plain = TorchInferenceEngine(bf16_model, seed=0)
     loader = DiskLoadingEngine(bf16_model, seed=0)
     loader.loaded = []
-    sync = DiskSync(options=DiskSyncOptions(directory=str(tmp_path / "w"), payload="delta", dtype="bfloat16"))
+    sync = DiskSync(
+        options=DiskSyncOptions(directory=str(tmp_path / "w"), payload="delta", dtype="bfloat16")
+    )
 
     async def body() -> list:
         stats = [await sync.push(trainer, [plain, loader], trainer.weight_version)]
@@ -172,7 +191,9 @@ def test_disk_delta_patches_files_and_receiver_checkpoints(trainer, bf16_model, 
     assert stats[-1].bytes < 0.15 * stats[-1].full_bytes
     # a receiver checkpoint must hold the version (and bits) a patch was made against
     receiver = sync.receiver_dir(1)
-    with pytest.raises(WeightSyncError, match=f"other bits than the receiver, which holds version {version}"):
+    with pytest.raises(
+        WeightSyncError, match=f"other bits than the receiver, which holds version {version}"
+    ):
         apply_patch_to_checkpoint(tmp_path / "w" / f"v{version}", receiver)  # the same patch twice
     with pytest.raises(WeightSyncError, match="no checkpoint"):
         apply_patch_to_checkpoint(tmp_path / "w" / f"v{version}", tmp_path / "empty")
@@ -180,10 +201,14 @@ def test_disk_delta_patches_files_and_receiver_checkpoints(trainer, bf16_model, 
 
 def test_wrong_wire_dtype_is_named(trainer, bf16_model):
     engine = TorchInferenceEngine(bf16_model, seed=0)
-    sync = InProcessSync(options=InProcessSyncOptions(payload="delta"))  # float32 deltas for a bfloat16 engine
+    sync = InProcessSync(
+        options=InProcessSyncOptions(payload="delta")
+    )  # float32 deltas for a bfloat16 engine
 
     async def body() -> None:
-        with pytest.raises(WeightSyncError, match=r"checksum(.|\n)*sync.options.dtype .*\(bfloat16\)"):
+        with pytest.raises(
+            WeightSyncError, match=r"checksum(.|\n)*sync.options.dtype .*\(bfloat16\)"
+        ):
             await sync.push(trainer, [engine], trainer.weight_version)
         await engine.close()
 
@@ -200,7 +225,9 @@ def test_weights_change_under_requests_in_flight(trainer, bf16_model):
     async def body() -> None:
         await sync.push(trainer, [engine], trainer.weight_version)
         old = engine.weight_version
-        request = asyncio.create_task(engine.sample(prompt, 2, SamplingParams(max_tokens=40, stop=[], seed=3)))
+        request = asyncio.create_task(
+            engine.sample(prompt, 2, SamplingParams(max_tokens=40, stop=[], seed=3))
+        )
         while not engine._batch_active:  # decoding has begun
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
@@ -210,7 +237,11 @@ def test_weights_change_under_requests_in_flight(trainer, bf16_model):
         await engine.resume()
         for sequence in (await request).sequences:
             versions = sequence.versions()
-            assert len(versions) == 40 and versions[0] == old and versions[-1] == trainer.weight_version
+            assert (
+                len(versions) == 40
+                and versions[0] == old
+                and versions[-1] == trainer.weight_version
+            )
             assert list(versions) == sorted(versions)
         await engine.close()
 
@@ -224,8 +255,16 @@ def test_delta_sync_of_a_50m_model_after_adam_steps(tiny_model, tmp_path):
     one, and the engine always ends bit-identical to the trainer."""
     from plait_testing.models import build_resized_qwen3
 
-    model = build_resized_qwen3(tiny_model.path, tmp_path / "qwen3-50m", hidden_size=320, intermediate_size=960,
-                                num_hidden_layers=6, num_attention_heads=10, num_key_value_heads=5, head_dim=32)
+    model = build_resized_qwen3(
+        tiny_model.path,
+        tmp_path / "qwen3-50m",
+        hidden_size=320,
+        intermediate_size=960,
+        num_hidden_layers=6,
+        num_attention_heads=10,
+        num_key_value_heads=5,
+        head_dim=32,
+    )
     trainer = TorchTrainer(model, seed=0)
     assert 45e6 < sum(t.numel() for _, t in trainer.export_weights()) < 60e6
     engine = TorchInferenceEngine(attrs.evolve(model, dtype="bfloat16"), seed=0)
@@ -261,8 +300,13 @@ def test_an_aborted_sequence_is_continued_under_the_new_weights(trainer, bf16_mo
     async def body() -> None:
         await sync.push(trainer, [engine], trainer.weight_version)
         old = engine.weight_version
-        request = asyncio.create_task(sample_through_aborts(
-            engine, ModelInput.from_ints([1, 2, 3, 4]), SamplingParams(max_tokens=40, stop=[], seed=3)))
+        request = asyncio.create_task(
+            sample_through_aborts(
+                engine,
+                ModelInput.from_ints([1, 2, 3, 4]),
+                SamplingParams(max_tokens=40, stop=[], seed=3),
+            )
+        )
         while not engine._batch_active:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
@@ -272,7 +316,10 @@ def test_an_aborted_sequence_is_continued_under_the_new_weights(trainer, bf16_mo
         await engine.resume()
         sequence = await request
         versions = sequence.versions()
-        assert len(sequence.tokens) == len(sequence.logprobs) == 40 and sequence.stop_reason == "length"
+        assert (
+            len(sequence.tokens) == len(sequence.logprobs) == 40
+            and sequence.stop_reason == "length"
+        )
         assert versions[0] == old and versions[-1] == trainer.weight_version != old
         assert list(versions) == sorted(versions)
         await engine.close()

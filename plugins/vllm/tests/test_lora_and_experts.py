@@ -30,7 +30,9 @@ pytestmark = pytest.mark.vllm
 VOCAB = 151936
 
 
-def test_lora_adapters_load_sample_and_unload(vllm_python: str, tiny_model: ResolvedModel, tmp_path: Path) -> None:
+def test_lora_adapters_load_sample_and_unload(
+    vllm_python: str, tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     from plait_vllm.engine import VLLMEngine
     from plait_vllm.options import VLLMOptions
 
@@ -39,15 +41,29 @@ def test_lora_adapters_load_sample_and_unload(vllm_python: str, tiny_model: Reso
     greedy = SamplingParams(max_tokens=1, stop=[], temperature=0)
 
     async def body() -> None:
-        engine = VLLMEngine(tiny_model, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
-                                                           enable_lora=True, max_lora_rank=8,
-                                                           log_path=str(tmp_path / "server.log")), seed=0)
+        engine = VLLMEngine(
+            tiny_model,
+            options=VLLMOptions(
+                python=vllm_python,
+                dtype="float32",
+                max_model_len=512,
+                enable_lora=True,
+                max_lora_rank=8,
+                log_path=str(tmp_path / "server.log"),
+            ),
+            seed=0,
+        )
         try:
             base = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy)).sequences[0]
             await engine.load_lora_adapter("a1", str(tmp_path / "adapter"))
-            adapted = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy, lora="a1")).sequences[0]
-            np.testing.assert_allclose(adapted.logprobs[0], merged_logprob(tiny_model, deltas, [*prompt, *adapted.tokens]),
-                                       atol=2e-3)
+            adapted = (
+                await engine.sample(ModelInput.from_ints(prompt), 1, greedy, lora="a1")
+            ).sequences[0]
+            np.testing.assert_allclose(
+                adapted.logprobs[0],
+                merged_logprob(tiny_model, deltas, [*prompt, *adapted.tokens]),
+                atol=2e-3,
+            )
             assert adapted.logprobs != base.logprobs
             again = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy)).sequences[0]
             np.testing.assert_allclose(again.logprobs, base.logprobs, atol=1e-5)
@@ -66,23 +82,37 @@ def test_routed_experts_decode_vllm_encoding(vllm_python: str) -> None:
     ids = np.arange(5 * 2 * 3).reshape(5, 2, 3)
     arrays = {"uint8": ids * 8, "uint16": ids * 300, "int32": ids * 3000, "uint16 ": ids % 7}
     script = "import numpy as np; from vllm.utils.serial_utils import numpy2base64\n" + "".join(
-        f"print(numpy2base64(np.array({a.tolist()}, dtype='{dtype.strip()}')))\n" for dtype, a in arrays.items())
-    lines = subprocess.run([vllm_python, "-c", script], capture_output=True, text=True, check=True,
-                           timeout=300).stdout.strip().splitlines()[-len(arrays):]
+        f"print(numpy2base64(np.array({a.tolist()}, dtype='{dtype.strip()}')))\n"
+        for dtype, a in arrays.items()
+    )
+    lines = (
+        subprocess.run(
+            [vllm_python, "-c", script], capture_output=True, text=True, check=True, timeout=300
+        )
+        .stdout.strip()
+        .splitlines()[-len(arrays) :]
+    )
     for (dtype, routing), encoded in zip(arrays.items(), lines, strict=True):
         decoded = decode_routed_experts(encoded)
         np.testing.assert_array_equal(decoded.to_numpy(), routing, err_msg=dtype)
-        assert decoded.dtype == ("uint8" if dtype == "uint16 " else dtype) == decoded.to_numpy().dtype.name
+        assert (
+            decoded.dtype
+            == ("uint8" if dtype == "uint16 " else dtype)
+            == decoded.to_numpy().dtype.name
+        )
 
 
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     """tiny-qwen3-moe: a random 2-layer Qwen3-MoE, 8 experts, 2 per token."""
-    return materialize_model("tiny-qwen3-moe", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3-moe")
+    return materialize_model(
+        "tiny-qwen3-moe", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3-moe"
+    )
 
 
-def test_a_cpu_server_refuses_routed_experts_at_start_up_with_its_log(vllm_python: str, tiny_moe: ResolvedModel,
-                                                                      tmp_path: Path) -> None:
+def test_a_cpu_server_refuses_routed_experts_at_start_up_with_its_log(
+    vllm_python: str, tiny_moe: ResolvedModel, tmp_path: Path
+) -> None:
     """vLLM 0.32's CPU build has no Model Runner V2, which routed experts need: the server exits
     while starting (it validates its config before loading the model), and the engine's error
     carries the server's own reason."""
@@ -93,20 +123,33 @@ def test_a_cpu_server_refuses_routed_experts_at_start_up_with_its_log(vllm_pytho
         pytest.skip("a GPU build of vLLM serves routed experts (see the gpu test)")
 
     async def body() -> None:
-        engine = VLLMEngine(tiny_moe, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
-                                                         enable_return_routed_experts=True,
-                                                         log_path=str(tmp_path / "server.log")), seed=0)
+        engine = VLLMEngine(
+            tiny_moe,
+            options=VLLMOptions(
+                python=vllm_python,
+                dtype="float32",
+                max_model_len=512,
+                enable_return_routed_experts=True,
+                log_path=str(tmp_path / "server.log"),
+            ),
+            seed=0,
+        )
         try:
-            with pytest.raises(EngineError, match=r"(?s)exited with code .* while starting.*Model Runner V2"):
-                await engine.sample(ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[]))
+            with pytest.raises(
+                EngineError, match=r"(?s)exited with code .* while starting.*Model Runner V2"
+            ):
+                await engine.sample(
+                    ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[])
+                )
         finally:
             await engine.close()
 
     asyncio.run(asyncio.wait_for(body(), 300))
 
 
-def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(vllm_python: str, tiny_moe: ResolvedModel,
-                                                                       tmp_path: Path) -> None:
+def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(
+    vllm_python: str, tiny_moe: ResolvedModel, tmp_path: Path
+) -> None:
     """vLLM 0.32's CPU backend serves a mixture of experts but reloads its weights wrongly (the same
     checkpoint reloaded in place changes the logprobs; measured), so an update is refused with
     what to do instead, rather than leaving the sampler on a policy nobody trained."""
@@ -120,10 +163,20 @@ def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(vllm_python
         pytest.skip("a GPU build of vLLM")
 
     async def body() -> None:
-        engine = VLLMEngine(tiny_moe, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
-                                                         log_path=str(tmp_path / "server.log")), seed=0)
+        engine = VLLMEngine(
+            tiny_moe,
+            options=VLLMOptions(
+                python=vllm_python,
+                dtype="float32",
+                max_model_len=512,
+                log_path=str(tmp_path / "server.log"),
+            ),
+            seed=0,
+        )
         try:
-            sampled = await engine.sample(ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[]))
+            sampled = await engine.sample(
+                ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2, stop=[])
+            )
             assert len(sampled.sequences[0].tokens) == 2  # it serves the model
             same = load_file(str(next(Path(tiny_moe.path).glob("*.safetensors"))))
             with pytest.raises(EngineError, match="mixture-of-experts") as caught:
@@ -137,9 +190,12 @@ def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(vllm_python
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (and a GPU build of vLLM)")
-def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(vllm_python: str, tiny_moe: ResolvedModel,
-                                                                    tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (and a GPU build of vLLM)"
+)
+def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(
+    vllm_python: str, tiny_moe: ResolvedModel, tmp_path: Path
+) -> None:
     """R3 end to end: vLLM returns the experts of every token it ran but the last sampled one, and a
     float32 plait-torch trainer replaying them uses exactly those experts, which its own routers
     mostly agree with (both float32)."""
@@ -152,13 +208,24 @@ def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(vllm_python:
     prompt = random_tokens(5, 12, VOCAB)
 
     async def body() -> Any:
-        engine = VLLMEngine(tiny_moe, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
-                                                         enable_return_routed_experts=True,
-                                                         gpu_memory_utilization=0.3,
-                                                         log_path=str(tmp_path / "server.log")), seed=0)
+        engine = VLLMEngine(
+            tiny_moe,
+            options=VLLMOptions(
+                python=vllm_python,
+                dtype="float32",
+                max_model_len=512,
+                enable_return_routed_experts=True,
+                gpu_memory_utilization=0.3,
+                log_path=str(tmp_path / "server.log"),
+            ),
+            seed=0,
+        )
         try:
-            return (await engine.sample(ModelInput.from_ints(prompt), 1,
-                                        SamplingParams(max_tokens=8, stop=[], seed=1))).sequences[0]
+            return (
+                await engine.sample(
+                    ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=8, stop=[], seed=1)
+                )
+            ).sequences[0]
         finally:
             await engine.close()
 
@@ -170,11 +237,14 @@ def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(vllm_python:
     assert int(routed.to_numpy().max()) < 8
 
     full = [*prompt, *tokens]
-    datum = Datum(ModelInput.from_ints(full[:-1]), {
-        "target_tokens": full[1:],
-        "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(tokens),
-        "routed_experts": routed,
-    })
+    datum = Datum(
+        ModelInput.from_ints(full[:-1]),
+        {
+            "target_tokens": full[1:],
+            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(tokens),
+            "routed_experts": routed,
+        },
+    )
     trainer = TorchTrainer(tiny_moe, options=TorchTrainerOptions(routing_replay=True))
     try:
         output = trainer.forward([datum], "cross_entropy")

@@ -35,8 +35,13 @@ def test_seeded_long_prompts_under_contention_do_not_crash_the_server(make_attac
     async def body() -> None:
         engine = make_attached()
         try:
-            decoding = asyncio.ensure_future(engine.sample(ModelInput.from_ints(random_tokens(299, 5, VOCAB)), 1,
-                                                           SamplingParams(max_tokens=40, stop=[], seed=1)))
+            decoding = asyncio.ensure_future(
+                engine.sample(
+                    ModelInput.from_ints(random_tokens(299, 5, VOCAB)),
+                    1,
+                    SamplingParams(max_tokens=40, stop=[], seed=1),
+                )
+            )
             crowd = await asyncio.gather(*(engine.sample(p, 1, seeded) for p in prompts))
             await decoding
             for prompt, shared in zip(prompts, crowd, strict=True):
@@ -55,7 +60,10 @@ def engine_core_pid(server_pid: int) -> int:
         if not proc.name.isdigit():
             continue
         try:
-            if os.getpgid(int(proc.name)) == server_pid and b"EngineCore" in (proc / "cmdline").read_bytes():
+            if (
+                os.getpgid(int(proc.name)) == server_pid
+                and b"EngineCore" in (proc / "cmdline").read_bytes()
+            ):
                 return int(proc.name)
         except OSError:
             continue
@@ -64,7 +72,8 @@ def engine_core_pid(server_pid: int) -> int:
 
 @pytest.mark.slow
 def test_a_server_whose_engine_dies_mid_request_is_restarted_with_its_weights(
-        vllm_python: str, tiny_model: ResolvedModel, tmp_path: Path) -> None:
+    vllm_python: str, tiny_model: ResolvedModel, tmp_path: Path
+) -> None:
     """Issue 17, item 18, as the learning run saw it: vLLM's EngineCore dies under running
     requests (here SIGKILLed, while a server-side pause holds them), the API server answers 500
     and shuts itself down. The engine restarts the server, gives it the weights it had, and the
@@ -86,19 +95,36 @@ def test_a_server_whose_engine_dies_mid_request_is_restarted_with_its_weights(
     update = WeightUpdate(trainer.weight_version, dict(trainer.export_weights()))
 
     async def body() -> None:
-        engine = VLLMEngine(tiny_model, options=VLLMOptions(python=vllm_python, dtype="float32", max_model_len=512,
-                                                           log_path=str(tmp_path / "server.log")), seed=0)
+        engine = VLLMEngine(
+            tiny_model,
+            options=VLLMOptions(
+                python=vllm_python,
+                dtype="float32",
+                max_model_len=512,
+                log_path=str(tmp_path / "server.log"),
+            ),
+            seed=0,
+        )
         try:
             untrained = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy)).sequences[0]
             await engine.apply_weights(update)
             before = (await engine.sample(ModelInput.from_ints(prompt), 2, params)).sequences
-            await engine.http.request("POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
-            running = [asyncio.ensure_future(engine.sample(ModelInput.from_ints(prompt), 2, params)) for _ in range(2)]
+            await engine.http.request(
+                "POST", "/pause", params={"mode": "keep", "clear_cache": "false"}
+            )
+            running = [
+                asyncio.ensure_future(engine.sample(ModelInput.from_ints(prompt), 2, params))
+                for _ in range(2)
+            ]
             await asyncio.sleep(2.0)  # the requests reach the server and wait there
             dead = engine.server.pid
             os.kill(engine_core_pid(dead), signal.SIGKILL)
             replies = await asyncio.gather(*running)
-            assert engine.restarts == 1 and engine.server.pid != dead and engine.weight_version == update.version
+            assert (
+                engine.restarts == 1
+                and engine.server.pid != dead
+                and engine.weight_version == update.version
+            )
             assert_resampled_as_before(replies, before, update.version, atol=2e-3)
             after = (await engine.sample(ModelInput.from_ints(prompt), 1, greedy)).sequences[0]
             assert after.tokens == (target,) and after.tokens != untrained.tokens

@@ -52,7 +52,9 @@ def trainer_logprobs(trainer, tokens: list[int]) -> np.ndarray:
 
 
 async def greedy_step(engine, prompt: list[int]):
-    response = await engine.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=1, stop=[], temperature=0))
+    response = await engine.sample(
+        ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=1, stop=[], temperature=0)
+    )
     return response.sequences[0]
 
 
@@ -69,7 +71,9 @@ def test_update_by_disk_never_reuses_stale_prefix_cache(engine, trainer, salt: b
             cached = await greedy_step(eng, prompt)  # served from the prefix cache
             assert cached.tokens == first.tokens
             train_towards(trainer, prompt, (prompt[-1] + 3) % VOCAB)
-            await eng.apply_weights(WeightUpdate(trainer.weight_version, dict(trainer.export_weights())))
+            await eng.apply_weights(
+                WeightUpdate(trainer.weight_version, dict(trainer.export_weights()))
+            )
             after = await greedy_step(eng, prompt)
             assert after.token_versions == (trainer.weight_version,)
             expected = trainer_logprobs(trainer, [*prompt, *after.tokens])[-1]
@@ -91,13 +95,19 @@ def test_update_over_gloo_broadcast(engine, trainer) -> None:
         eng = engine()
         try:
             ranks = await eng.weight_broadcast_ranks()
-            group = BroadcastGroup("127.0.0.1", free_port(), rank_offset=1, world_size=1 + ranks, backend="gloo")
-            pg, _ = await asyncio.gather(asyncio.to_thread(open_group, group, 0), eng.join_weight_broadcast(group))
+            group = BroadcastGroup(
+                "127.0.0.1", free_port(), rank_offset=1, world_size=1 + ranks, backend="gloo"
+            )
+            pg, _ = await asyncio.gather(
+                asyncio.to_thread(open_group, group, 0), eng.join_weight_broadcast(group)
+            )
             for step in range(2):
                 train_towards(trainer, prompt, (prompt[-1] + 11 + step) % VOCAB)
                 tensors = dict(trainer.export_weights())
-                await asyncio.gather(eng.receive_weight_broadcast(tensor_metas(tensors), trainer.weight_version),
-                                     asyncio.to_thread(broadcast, pg, tensors))
+                await asyncio.gather(
+                    eng.receive_weight_broadcast(tensor_metas(tensors), trainer.weight_version),
+                    asyncio.to_thread(broadcast, pg, tensors),
+                )
                 assert eng.weight_version == trainer.weight_version
                 after = await greedy_step(eng, prompt)
                 assert after.tokens == ((prompt[-1] + 11 + step) % VOCAB,)
@@ -148,24 +158,44 @@ def test_grpo_engine_logprobs_track_the_trainer_after_every_sync(engine, trainer
             for step in range(3):
                 datums, sampled_lp, trained_lp = [], [], []
                 for i, prompt in enumerate(prompts):
-                    response = await eng.sample(ModelInput.from_ints(prompt), group_size,
-                                                SamplingParams(max_tokens=max_tokens, stop=[], seed=1000 * step + i))
-                    rewards = [float(np.mean([t % 2 == 0 for t in s.tokens])) for s in response.sequences]
-                    for seq, advantage in zip(response.sequences, group_advantages(rewards, "grpo"), strict=True):
+                    response = await eng.sample(
+                        ModelInput.from_ints(prompt),
+                        group_size,
+                        SamplingParams(max_tokens=max_tokens, stop=[], seed=1000 * step + i),
+                    )
+                    rewards = [
+                        float(np.mean([t % 2 == 0 for t in s.tokens])) for s in response.sequences
+                    ]
+                    for seq, advantage in zip(
+                        response.sequences, group_advantages(rewards, "grpo"), strict=True
+                    ):
                         assert seq.versions() == (trainer.weight_version,) * max_tokens
-                        datums.append(rl_datum([*prompt, *seq.tokens], len(prompt), seq.logprobs, float(advantage)))
+                        datums.append(
+                            rl_datum(
+                                [*prompt, *seq.tokens], len(prompt), seq.logprobs, float(advantage)
+                            )
+                        )
                         sampled_lp.extend(seq.logprobs)
-                        trained_lp.extend(trainer_logprobs(trainer, [*prompt, *seq.tokens])[-max_tokens:])
+                        trained_lp.extend(
+                            trainer_logprobs(trainer, [*prompt, *seq.tokens])[-max_tokens:]
+                        )
                 diff = np.asarray(trained_lp) - np.asarray(sampled_lp)
-                kls.append(float(np.mean(np.expm1(diff) - diff)))  # k3 estimate of KL(sampler || trainer)
+                kls.append(
+                    float(np.mean(np.expm1(diff) - diff))
+                )  # k3 estimate of KL(sampler || trainer)
                 trainer.forward_backward(datums, "importance_sampling")
                 trainer.optim_step(AdamParams(learning_rate=3e-2))
                 await sync.push(trainer, [eng], trainer.weight_version)
                 engine_lp = await eng.compute_logprobs(ModelInput.from_ints(fixed))
                 expected = trainer_logprobs(trainer, fixed)
                 mismatch = np.abs(np.asarray(engine_lp[1:]) - expected).max()
-                log.info("grpo step", step=step, version=eng.weight_version, fixed_seq_max_abs_diff=float(mismatch),
-                         sampled_mismatch_kl=kls[-1])
+                log.info(
+                    "grpo step",
+                    step=step,
+                    version=eng.weight_version,
+                    fixed_seq_max_abs_diff=float(mismatch),
+                    sampled_mismatch_kl=kls[-1],
+                )
                 assert eng.weight_version == trainer.weight_version == step + 1
                 np.testing.assert_allclose(engine_lp[1:], expected, atol=ATOL)
             return kls

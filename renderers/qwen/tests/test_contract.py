@@ -69,6 +69,7 @@ class TestQwen35NoThinking(TestQwen35):
 
 class TestQwen35KeepReasoning(TestQwen35):
     extends_generation_prompt = True
+
     @pytest.fixture
     def renderer(self, qwen3_tokenizer: Any) -> Qwen35KeepReasoningRenderer:
         return Qwen35KeepReasoningRenderer(qwen3_tokenizer)

@@ -35,23 +35,39 @@ CONVERSATIONS = pytest.mark.parametrize("conversation", FIXTURE_CONVERSATIONS, i
 THINKING = pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no_thinking"])
 
 
-def hf_ids(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec], generation: bool,
-           thinking: bool, template: str | None = None) -> list[int]:
+def hf_ids(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    generation: bool,
+    thinking: bool,
+    template: str | None = None,
+) -> list[int]:
     return tokenizer.apply_chat_template(
-        [m.to_hf() for m in messages], tools=[openai_tool(t) for t in tools] or None,
-        add_generation_prompt=generation, enable_thinking=thinking, chat_template=template,
-        tokenize=True, return_dict=False,
+        [m.to_hf() for m in messages],
+        tools=[openai_tool(t) for t in tools] or None,
+        add_generation_prompt=generation,
+        enable_thinking=thinking,
+        chat_template=template,
+        tokenize=True,
+        return_dict=False,
     )
 
 
-def assert_parity(renderer: Any, tokenizer: Any, conversation: Conversation, thinking: bool,
-                  template: str | None = None) -> int:
+def assert_parity(
+    renderer: Any,
+    tokenizer: Any,
+    conversation: Conversation,
+    thinking: bool,
+    template: str | None = None,
+) -> int:
     compared = 0
     for tools in (conversation.tools, ()) if conversation.tools else ((),):
         for history in generation_prefixes(conversation):
             expected = hf_ids(tokenizer, history, tools, True, thinking, template)
             assert renderer.build_generation_prompt(history, tools=tools).to_ints() == expected, (
-                f"generation prompt after {len(history)} messages, tools={bool(tools)}")
+                f"generation prompt after {len(history)} messages, tools={bool(tools)}"
+            )
             compared += 1
         expected = hf_ids(tokenizer, conversation.messages, tools, False, thinking, template)
         tokens, _ = renderer.build_supervised_example(conversation.messages, tools=tools)
@@ -73,8 +89,9 @@ def test_the_fixture_set_covers_the_cases() -> None:
 
 @CONVERSATIONS
 @THINKING
-def test_qwen3_matches_the_official_template(qwen3_tokenizer: Any, conversation: Conversation,
-                                             thinking: bool) -> None:
+def test_qwen3_matches_the_official_template(
+    qwen3_tokenizer: Any, conversation: Conversation, thinking: bool
+) -> None:
     renderer = Qwen3Renderer(qwen3_tokenizer, QwenOptions(enable_thinking=thinking))
     assert renderer.matches_official_template
     assert assert_parity(renderer, qwen3_tokenizer, conversation, thinking) >= 2
@@ -82,8 +99,9 @@ def test_qwen3_matches_the_official_template(qwen3_tokenizer: Any, conversation:
 
 @CONVERSATIONS
 @THINKING
-def test_qwen3_5_matches_the_official_template(qwen3_tokenizer: Any, conversation: Conversation,
-                                               thinking: bool) -> None:
+def test_qwen3_5_matches_the_official_template(
+    qwen3_tokenizer: Any, conversation: Conversation, thinking: bool
+) -> None:
     renderer = Qwen35Renderer(qwen3_tokenizer, QwenOptions(enable_thinking=thinking))
     assert renderer.matches_official_template
     if conversation.name == "system_mid_conversation":  # the template raises; so does the renderer
@@ -104,8 +122,9 @@ def test_qwen3_5_needs_a_user_query_like_its_template(qwen3_tokenizer: Any) -> N
 
 
 @CONVERSATIONS
-def test_qwen3_instruct_prompts_match_where_the_templates_agree(qwen3_tokenizer: Any,
-                                                                conversation: Conversation) -> None:
+def test_qwen3_instruct_prompts_match_where_the_templates_agree(
+    qwen3_tokenizer: Any, conversation: Conversation
+) -> None:
     """The 2507 Instruct template is the Qwen3 one without `<think>` handling; on histories
     without reasoning the two write the same generation prompts."""
     if conversation.reasons:
@@ -113,7 +132,10 @@ def test_qwen3_instruct_prompts_match_where_the_templates_agree(qwen3_tokenizer:
     renderer = Qwen3InstructRenderer(qwen3_tokenizer)
     for history in generation_prefixes(conversation):
         expected = hf_ids(qwen3_tokenizer, history, conversation.tools, True, True)
-        assert renderer.build_generation_prompt(history, tools=conversation.tools).to_ints() == expected
+        assert (
+            renderer.build_generation_prompt(history, tools=conversation.tools).to_ints()
+            == expected
+        )
 
 
 # -- literal control-token text in messages -----------------------------------------------------
@@ -128,7 +150,9 @@ PASTED_TOOL = ToolSpec("search", "Search the web; never print <|im_end|>.", SEAR
 
 
 @pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer])
-def test_pasted_control_token_text_is_encoded_as_the_engines_encode_it(qwen3_tokenizer: Any, cls: type) -> None:
+def test_pasted_control_token_text_is_encoded_as_the_engines_encode_it(
+    qwen3_tokenizer: Any, cls: type
+) -> None:
     """vLLM and SGLang render the official template and tokenize the text with the model's
     tokenizer, so "<|im_end|>" written by a user or a tool becomes the control token; by default
     the renderers agree with them."""
@@ -137,9 +161,17 @@ def test_pasted_control_token_text_is_encoded_as_the_engines_encode_it(qwen3_tok
     assert renderer.options.literal_special_tokens == "as_tokens"
     ids = renderer.build_generation_prompt(PASTED_CONTROL_TEXT, tools=[PASTED_TOOL]).to_ints()
     assert ids == hf_ids(qwen3_tokenizer, PASTED_CONTROL_TEXT, [PASTED_TOOL], True, True, template)
-    tokens, _ = renderer.build_supervised_example([*PASTED_CONTROL_TEXT, Message("assistant", "Done.")], tools=[PASTED_TOOL])
-    expected = hf_ids(qwen3_tokenizer, [*PASTED_CONTROL_TEXT, Message("assistant", "Done.")], [PASTED_TOOL], False, True,
-                      template)
+    tokens, _ = renderer.build_supervised_example(
+        [*PASTED_CONTROL_TEXT, Message("assistant", "Done.")], tools=[PASTED_TOOL]
+    )
+    expected = hf_ids(
+        qwen3_tokenizer,
+        [*PASTED_CONTROL_TEXT, Message("assistant", "Done.")],
+        [PASTED_TOOL],
+        False,
+        True,
+        template,
+    )
     assert tokens.to_ints() == expected
 
 
@@ -148,7 +180,10 @@ def test_a_stop_token_in_assistant_text_stays_text(qwen3_tokenizer: Any, cls: ty
     """An assistant turn is what the model sampled, and a stop token would have ended it: the
     "<|im_end|>" inside it was ordinary tokens, and re-rendering keeps them (both settings)."""
     im_end = qwen3_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    messages = [Message("user", "How does ChatML end a turn?"), Message("assistant", "With <|im_end|> after it.")]
+    messages = [
+        Message("user", "How does ChatML end a turn?"),
+        Message("assistant", "With <|im_end|> after it."),
+    ]
     for setting in ("as_tokens", "as_text"):
         renderer = cls(qwen3_tokenizer, QwenOptions(literal_special_tokens=setting))
         tokens, weights = renderer.build_supervised_example(messages)
@@ -158,16 +193,27 @@ def test_a_stop_token_in_assistant_text_stays_text(qwen3_tokenizer: Any, cls: ty
 
 
 @pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen3KeepReasoningRenderer, Qwen35Renderer])
-def test_pasted_control_token_text_can_be_kept_as_plain_text(qwen3_tokenizer: Any, cls: type) -> None:
+def test_pasted_control_token_text_can_be_kept_as_plain_text(
+    qwen3_tokenizer: Any, cls: type
+) -> None:
     renderer = cls(qwen3_tokenizer, QwenOptions(literal_special_tokens="as_text"))
     ids = renderer.build_generation_prompt(PASTED_CONTROL_TEXT, tools=[PASTED_TOOL]).to_ints()
-    im_start, im_end, end_of_text = (qwen3_tokenizer.convert_tokens_to_ids(t)
-                                     for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+    im_start, im_end, end_of_text = (
+        qwen3_tokenizer.convert_tokens_to_ids(t)
+        for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+    )
     # Structure only: system, user, assistant, tool and the prompt open; four turns close.
     assert ids.count(im_start) == 5 and ids.count(im_end) == 4 and end_of_text not in ids
     assert qwen3_tokenizer.decode(ids) == qwen3_tokenizer.decode(
-        hf_ids(qwen3_tokenizer, PASTED_CONTROL_TEXT, [PASTED_TOOL], True, True,
-               QWEN35_TEMPLATE if cls is Qwen35Renderer else None))
+        hf_ids(
+            qwen3_tokenizer,
+            PASTED_CONTROL_TEXT,
+            [PASTED_TOOL],
+            True,
+            True,
+            QWEN35_TEMPLATE if cls is Qwen35Renderer else None,
+        )
+    )
 
 
 def test_the_control_token_option_is_validated() -> None:
@@ -176,34 +222,47 @@ def test_the_control_token_option_is_validated() -> None:
     factory = get_registry().get("renderer", "qwen3")
     with pytest.raises(ConfigError, match="'as_tokens', 'as_text'"):
         factory.validate_options({"literal_special_tokens": "plain"}, "renderer.options")
-    assert factory.validate_options({"literal_special_tokens": "as_text"}, "renderer.options") == \
-        QwenOptions(literal_special_tokens="as_text")
+    assert factory.validate_options(
+        {"literal_special_tokens": "as_text"}, "renderer.options"
+    ) == QwenOptions(literal_special_tokens="as_text")
 
 
 # -- tool-call arguments given as a JSON string -------------------------------------------------
 
 
 def with_arguments(arguments: Any) -> list[Message]:
-    return [Message("user", "What is 2+2?"), Message("assistant", "", tool_calls=[ToolCall("calculator", arguments)]),
-            Message("tool", "4")]
+    return [
+        Message("user", "What is 2+2?"),
+        Message("assistant", "", tool_calls=[ToolCall("calculator", arguments)]),
+        Message("tool", "4"),
+    ]
 
 
 @pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer, Qwen3KeepReasoningRenderer])
 @pytest.mark.parametrize("arguments", ['{"expression": "2+2"}', '{ "expression" :"2+2" }'])
 def test_tool_call_arguments_given_as_a_json_string_render_as_the_object(
-        qwen3_tokenizer: Any, cls: type, arguments: str) -> None:
+    qwen3_tokenizer: Any, cls: type, arguments: str
+) -> None:
     """OpenAI-style clients send arguments as a JSON string; vLLM and SGLang parse it before the
     template writes the object (`tojson`), so the renderers write the object too."""
     renderer = cls(qwen3_tokenizer)
-    expected = renderer.build_generation_prompt(with_arguments({"expression": "2+2"}), tools=[CALCULATOR]).to_ints()
-    assert renderer.build_generation_prompt(with_arguments(arguments), tools=[CALCULATOR]).to_ints() == expected
+    expected = renderer.build_generation_prompt(
+        with_arguments({"expression": "2+2"}), tools=[CALCULATOR]
+    ).to_ints()
+    assert (
+        renderer.build_generation_prompt(with_arguments(arguments), tools=[CALCULATOR]).to_ints()
+        == expected
+    )
     if cls is Qwen3Renderer:
-        assert expected == hf_ids(qwen3_tokenizer, with_arguments({"expression": "2+2"}), [CALCULATOR], True, True)
+        assert expected == hf_ids(
+            qwen3_tokenizer, with_arguments({"expression": "2+2"}), [CALCULATOR], True, True
+        )
 
 
 @pytest.mark.parametrize("cls", [Qwen3Renderer, Qwen35Renderer])
 @pytest.mark.parametrize("arguments", ["2+2", '["2+2"]', '"2+2"', ""])
 def test_tool_call_arguments_that_are_not_a_json_object_are_refused(
-        qwen3_tokenizer: Any, cls: type, arguments: str) -> None:
+    qwen3_tokenizer: Any, cls: type, arguments: str
+) -> None:
     with pytest.raises(ValueError, match=r"calculator.*arguments.*JSON object"):
         cls(qwen3_tokenizer).build_generation_prompt(with_arguments(arguments), tools=[CALCULATOR])

@@ -161,7 +161,9 @@ class ORSEnvironment:
     def __init__(self, options: ORSOptions) -> None:
         self.options = options
         self.url = options.url.rstrip("/")
-        self.api_key = options.api_key if options.api_key is not None else os.environ.get("ORS_API_KEY")
+        self.api_key = (
+            options.api_key if options.api_key is not None else os.environ.get("ORS_API_KEY")
+        )
         self.name = options.env_name or "ors"
         self._env_name: str | None = options.env_name.lower() if options.env_name else None
         self.http = _HTTP(options.request_timeout_s)
@@ -176,7 +178,9 @@ class ORSEnvironment:
 
     # -- HTTP --------------------------------------------------------------------------------
 
-    def headers(self, sid: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def headers(
+        self, sid: str | None = None, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         headers = {"User-Agent": "plait-sdk"}
         if self.api_key:
             headers["X-API-Key"] = self.api_key
@@ -189,8 +193,16 @@ class ORSEnvironment:
         delay = min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempt - 1))
         await asyncio.sleep(max(delay, retry_after or 0.0))
 
-    async def request(self, method: str, path: str, *, sid: str | None = None, body: Any = None,
-                      extra_headers: Mapping[str, str] | None = None, conflict_after_retry: Any = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        sid: str | None = None,
+        body: Any = None,
+        extra_headers: Mapping[str, str] | None = None,
+        conflict_after_retry: Any = None,
+    ) -> Any:
         """One JSON request with retries; raises ServerError with the server's own message.
         A 409 answering a retry returns `conflict_after_retry` when given: an earlier attempt,
         whose answer was lost, did what was asked."""
@@ -198,8 +210,9 @@ class ORSEnvironment:
         started = time.monotonic()
         while True:
             try:
-                async with self.http.client().request(method, self.url + path, json=body,
-                                                      headers=self.headers(sid, extra_headers)) as response:
+                async with self.http.client().request(
+                    method, self.url + path, json=body, headers=self.headers(sid, extra_headers)
+                ) as response:
                     answer = await _read(response)
             except TransportError as exc:
                 failure: str = f"{type(exc).__name__}: {exc}"
@@ -215,18 +228,25 @@ class ORSEnvironment:
                     attempt = min(attempt, 1)
             attempt += 1
             if attempt > self.options.max_retries:
-                raise ServerError(f"ORS server {self.url} failed {method} {path} {attempt} times; last: {failure}",
-                                  0, fix="check that the server runs and is reachable")
+                raise ServerError(
+                    f"ORS server {self.url} failed {method} {path} {attempt} times; last: {failure}",
+                    0,
+                    fix="check that the server runs and is reachable",
+                )
             log.debug("retrying", method=method, path=path, attempt=attempt, failure=failure)
             await self._backoff(attempt, retry_after)
 
-    def _retryable(self, method: str, path: str, answer: _Answer, started: float) -> tuple[float | None, bool]:
+    def _retryable(
+        self, method: str, path: str, answer: _Answer, started: float
+    ) -> tuple[float | None, bool]:
         """For a failed answer worth retrying: its Retry-After, and whether the server is only
         starting (a 503 within setup_timeout_s: waited out, not counted as a failure). Raises
         ServerError for one that is not worth retrying."""
         if answer.status not in RETRY_STATUSES:
             raise self._error(method, path, answer.status, answer.detail())
-        starting = answer.status == 503 and time.monotonic() - started < self.options.setup_timeout_s
+        starting = (
+            answer.status == 503 and time.monotonic() - started < self.options.setup_timeout_s
+        )
         return retry_after_seconds(answer.headers.get("retry-after")), starting
 
     def _error(self, method: str, path: str, status: int, detail: str) -> ServerError:
@@ -235,24 +255,38 @@ class ORSEnvironment:
             fix = "set the server's API key (options.api_key or ORS_API_KEY)"
         elif status == 404 and "environment" in detail:
             fix = "check options.env_name against the server's GET /list_environments"
-        return ServerError(f"ORS server {self.url}: {method} {path} answered {status}: {detail}", status, fix=fix)
+        return ServerError(
+            f"ORS server {self.url}: {method} {path} answered {status}: {detail}", status, fix=fix
+        )
 
-    async def stream(self, path: str, body: Mapping[str, Any], *, sid: str | None = None,
-                     extra_headers: Mapping[str, str] | None = None) -> str:
+    async def stream(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        sid: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> str:
         """POST an SSE endpoint and return the joined result text; resumes a dropped stream."""
         task_id: str | None = None
         attempt = 0
         started = time.monotonic()
         # no limit on the whole call (a tool may run for long), only on silence between pings
-        timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.options.heartbeat_timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=10.0, sock_read=self.options.heartbeat_timeout_s
+        )
         while True:
             payload = dict(body)
             if task_id is not None:
                 payload["task_id"] = task_id
             retry_after = None
             try:
-                async with self.http.client().post(self.url + path, json=payload, timeout=timeout,
-                                                   headers=self.headers(sid, extra_headers)) as response:
+                async with self.http.client().post(
+                    self.url + path,
+                    json=payload,
+                    timeout=timeout,
+                    headers=self.headers(sid, extra_headers),
+                ) as response:
                     if response.status >= 400:
                         answer = await _read(response)
                         failure = f"HTTP {answer.status}: {answer.detail()}"
@@ -261,7 +295,9 @@ class ORSEnvironment:
                             attempt = min(attempt, 1)
                     elif "text/event-stream" not in response.headers.get("content-type", ""):
                         data = json.loads(await response.read() or b"null")
-                        return json.dumps(data)  # a server that answers plain JSON (the spec's docs do)
+                        return json.dumps(
+                            data
+                        )  # a server that answers plain JSON (the spec's docs do)
                     else:
                         pieces: list[str] = []
                         async for name, data in sse.parse_events(_lines(response)):
@@ -273,16 +309,25 @@ class ORSEnvironment:
                                 pieces.append(data)
                                 return "".join(pieces)
                             elif name == "error":
-                                raise _RemoteToolError(data or "the server reported an error without a message")
+                                raise _RemoteToolError(
+                                    data or "the server reported an error without a message"
+                                )
                         failure = "the stream ended before its end event"
             except TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             attempt += 1
             if attempt > self.options.max_retries:
-                raise ServerError(f"ORS server {self.url}: POST {path} failed {attempt} times; last: {failure}", 0,
-                                  fix="check that the server runs and is reachable")
-            log.debug("stream dropped; resuming" if task_id else "retrying", path=path, attempt=attempt,
-                      failure=failure)
+                raise ServerError(
+                    f"ORS server {self.url}: POST {path} failed {attempt} times; last: {failure}",
+                    0,
+                    fix="check that the server runs and is reachable",
+                )
+            log.debug(
+                "stream dropped; resuming" if task_id else "retrying",
+                path=path,
+                attempt=attempt,
+                failure=failure,
+            )
             await self._backoff(attempt, retry_after)
 
     # -- discovery ---------------------------------------------------------------------------
@@ -318,8 +363,10 @@ class ORSEnvironment:
         by_name = {s.name: s for s in found}
         missing = [n for n in self.options.splits if n not in by_name]
         if missing:
-            raise EnvironmentError_(f"ORS environment {self.name!r} has no split(s) {missing}; it has {sorted(by_name)}",
-                                    fix="fix env.options.splits")
+            raise EnvironmentError_(
+                f"ORS environment {self.name!r} has no split(s) {missing}; it has {sorted(by_name)}",
+                fix="fix env.options.splits",
+            )
         return [by_name[n] for n in self.options.splits]
 
     async def _check_split(self, split: str) -> None:
@@ -328,14 +375,20 @@ class ORSEnvironment:
 
     async def num_tasks(self, split: str) -> int:
         await self._check_split(split)
-        return int((await self.request("POST", await self.path("num_tasks"), body={"split": split}))["num_tasks"])
+        return int(
+            (await self.request("POST", await self.path("num_tasks"), body={"split": split}))[
+                "num_tasks"
+            ]
+        )
 
     async def get_task(self, split: str, index: int) -> dict[str, Any]:
         await self._check_split(split)
         if index < 0:
             raise IndexError(f"task index {index} is negative")
         try:
-            answer = await self.request("POST", await self.path("task"), body={"split": split, "index": index})
+            answer = await self.request(
+                "POST", await self.path("task"), body={"split": split, "index": index}
+            )
         except ServerError as exc:
             if exc.status == 400:
                 raise IndexError(exc.message) from exc
@@ -344,7 +397,9 @@ class ORSEnvironment:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> ORSSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> ORSSession:
         # ORS session ids are the client's to choose (/create_session only hands out a uuid4):
         # making one here saves an SSE round trip per episode.
         sid = uuid.uuid4().hex
@@ -361,8 +416,14 @@ class ORSEnvironment:
         try:
             # the id is this call's own (a fresh uuid4): a 409 answering a retry means an earlier
             # attempt made the session, its answer lost (e.g. timed out waiting for a slow setup)
-            created = await self.request("POST", "/create", sid=sid, body=body, extra_headers=extra,
-                                         conflict_after_retry={"sid": sid})
+            created = await self.request(
+                "POST",
+                "/create",
+                sid=sid,
+                body=body,
+                extra_headers=extra,
+                conflict_after_retry={"sid": sid},
+            )
             if isinstance(created, Mapping):
                 session.take_included(created)
         except BaseException:
@@ -397,14 +458,17 @@ class _HTTP:
             # trust_env: it reads ~/.netrc and the proxy variables in a thread on every request.
             self._client = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ssl=_ssl_context()),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=10.0))
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=10.0),
+            )
             self._loop = loop
         return self._client
 
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            with contextlib.suppress(RuntimeError):  # its event loop is gone; the sockets went with it
+            with contextlib.suppress(
+                RuntimeError
+            ):  # its event loop is gone; the sockets went with it
                 await client.close()
 
 
@@ -451,7 +515,9 @@ class ORSSession:
                 log.warning("ORS ping failed", sid=self.sid, error=exc.message)
 
     async def prompt(self) -> list[Block]:
-        return [block_from_wire(b) for b in await self._request("GET", await self.env.path("prompt"))]
+        return [
+            block_from_wire(b) for b in await self._request("GET", await self.env.path("prompt"))
+        ]
 
     async def _optional_route(self, suffix: str) -> Any:
         """GET an optional route; None if this server lacks it (learned once per server)."""
@@ -485,8 +551,13 @@ class ORSSession:
         terminal = listing.get("terminal_tool")
         self._terminal = None
         if isinstance(terminal, Mapping) and isinstance(terminal.get("name"), str):
-            self._terminal = terminal_tool_to_spec(TerminalToolSpec(
-                name=terminal["name"], arg=terminal.get("arg"), description=str(terminal.get("description") or "")))
+            self._terminal = terminal_tool_to_spec(
+                TerminalToolSpec(
+                    name=terminal["name"],
+                    arg=terminal.get("arg"),
+                    description=str(terminal.get("description") or ""),
+                )
+            )
 
     async def tools(self) -> list[ToolSpec]:
         if self._tools is None:
@@ -502,12 +573,18 @@ class ORSSession:
         if self.closed:
             return ToolError(f"{name!r} was not run: the session is closed", "episode_finished")
         if self.finished:
-            return ToolError(f"{name!r} was not run: the episode has finished (a tool returned finished=True)",
-                             "episode_finished")
+            return ToolError(
+                f"{name!r} was not run: the episode has finished (a tool returned finished=True)",
+                "episode_finished",
+            )
         if self.lost:
-            return ToolError(f"{name!r} was not run: the server lost the session ({self.lost})", "exception")
+            return ToolError(
+                f"{name!r} was not run: the server lost the session ({self.lost})", "exception"
+            )
         if not isinstance(input, Mapping):
-            return ToolError(f"tool input must be a JSON object, got {type(input).__name__}", "input_validation")
+            return ToolError(
+                f"tool input must be a JSON object, got {type(input).__name__}", "input_validation"
+            )
         self._first_messages = None  # a call may change what the session's messages are
         try:
             text = await self._stream("call", {"name": name, "input": dict(input)})
@@ -517,8 +594,10 @@ class ORSSession:
         except ServerError as exc:
             return ToolError(f"tool {name!r} could not be called: {exc.message}", "exception")
         except (ValueError, aiohttp.ClientError) as exc:
-            return ToolError(f"tool {name!r}: the server's answer could not be read: {type(exc).__name__}: {exc}",
-                             "exception")
+            return ToolError(
+                f"tool {name!r}: the server's answer could not be read: {type(exc).__name__}: {exc}",
+                "exception",
+            )
         if isinstance(result, ToolOutput) and result.finished:
             self.finished = True
         return result

@@ -41,8 +41,9 @@ from plait_sdk.types import (
 )
 
 _TOOL_ATTR = "_plait_tool"
-_TOOL_METHODS: weakref.WeakKeyDictionary[type, dict[str, tuple[Callable[..., Any], ToolInfo, type | None]]] = (
-    weakref.WeakKeyDictionary())
+_TOOL_METHODS: weakref.WeakKeyDictionary[
+    type, dict[str, tuple[Callable[..., Any], ToolInfo, type | None]]
+] = weakref.WeakKeyDictionary()
 
 
 @attrs.define
@@ -64,8 +65,13 @@ class ToolInfo:
         return self.exclusive or self.terminal
 
 
-def tool(fn: Callable[..., Any] | None = None, *, shared: bool = True, concurrent: bool = False,
-         exclusive: bool = False) -> Any:
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    shared: bool = True,
+    concurrent: bool = False,
+    exclusive: bool = False,
+) -> Any:
     """Mark a method as a tool.
 
     By default calls of one tool run one at a time per session (different tools overlap), so
@@ -120,7 +126,9 @@ def _input_model(real: Callable[..., Any]) -> type[pydantic.BaseModel] | None:
     fields: dict[str, Any] = {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"tool {real.__name__!r}: *args/**kwargs cannot be described by a schema")
+            raise TypeError(
+                f"tool {real.__name__!r}: *args/**kwargs cannot be described by a schema"
+            )
         fields[p.name] = (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
     model = pydantic.create_model(
         f"{real.__name__}_input", __config__=pydantic.ConfigDict(extra="forbid"), **fields
@@ -141,7 +149,11 @@ def takes_keywords(model: type[pydantic.BaseModel]) -> bool:
 
 def tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
     schema = _input_schema(inspect.unwrap(getattr(fn, "__func__", fn)))
-    return ToolSpec(name=name, description=inspect.cleandoc(fn.__doc__ or ""), input_schema=copy.deepcopy(schema))
+    return ToolSpec(
+        name=name,
+        description=inspect.cleandoc(fn.__doc__ or ""),
+        input_schema=copy.deepcopy(schema),
+    )
 
 
 @functools.cache
@@ -205,7 +217,9 @@ class Environment(ABC):
     """The (low, high) every reward lies in, when the environment declares one (checked by the
     contract kit)."""
 
-    def __init__(self, task_spec: JSONObject | None = None, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, task_spec: JSONObject | None = None, secrets: Mapping[str, str] | None = None
+    ) -> None:
         self.task_spec: JSONObject = dict(task_spec or {})
         self.secrets: Mapping[str, str] = dict(secrets or {})
         self._toolset_instances: dict[type, Any] = {}
@@ -241,15 +255,19 @@ class Environment(ABC):
         return tasks[index]
 
     @classmethod
-    async def get_task_range(cls, split: str, start: int | None = None, stop: int | None = None) -> list[JSONObject]:
+    async def get_task_range(
+        cls, split: str, start: int | None = None, stop: int | None = None
+    ) -> list[JSONObject]:
         """Tasks `start:stop` with Python slice semantics (negative indices count from the end)."""
         total = await cls.num_tasks(split)
         return [await cls.get_task(split, i) for i in range(*slice(start, stop).indices(total))]
 
     @classmethod
     def splits(cls) -> list[Split]:
-        return [s if isinstance(s, Split) else Split(s, s if s in SPLIT_TYPES else "validation")
-                for s in cls.list_splits()]
+        return [
+            s if isinstance(s, Split) else Split(s, s if s in SPLIT_TYPES else "validation")
+            for s in cls.list_splits()
+        ]
 
     # -- prompt ----------------------------------------------------------------------------
 
@@ -309,10 +327,14 @@ class Environment(ABC):
 
     @classmethod
     def terminal_tool_spec(cls) -> ToolSpec | None:
-        terminals = [(n, fn) for n, (fn, info, _) in sorted(cls._tool_methods().items()) if info.terminal]
+        terminals = [
+            (n, fn) for n, (fn, info, _) in sorted(cls._tool_methods().items()) if info.terminal
+        ]
         if len(terminals) > 1:
-            raise ValueError(f"{cls.__name__} has {len(terminals)} @terminal tools "
-                             f"({', '.join(n for n, _ in terminals)}); at most one is allowed")
+            raise ValueError(
+                f"{cls.__name__} has {len(terminals)} @terminal tools "
+                f"({', '.join(n for n, _ in terminals)}); at most one is allowed"
+            )
         return tool_spec(*terminals[0]) if terminals else None
 
     @classmethod
@@ -324,16 +346,24 @@ class Environment(ABC):
     def list_tools(cls) -> ListToolsOutput:
         """The shared tools (the terminal tool is advertised separately)."""
         return ListToolsOutput(
-            tools=[tool_spec(n, fn) for n, (fn, info, _) in sorted(cls._tool_methods().items())
-                   if info.shared and not info.terminal],
+            tools=[
+                tool_spec(n, fn)
+                for n, (fn, info, _) in sorted(cls._tool_methods().items())
+                if info.shared and not info.terminal
+            ],
             terminal_tool=cls.terminal_tool(),
             supports_score_group=cls.supports_score_group(),
         )
 
     def list_task_tools(self) -> ListToolsOutput | Sequence[ToolSpec]:
         """This task's own tools, beside the shared ones: by default the `@tool(shared=False)` ones."""
-        return ListToolsOutput(tools=[tool_spec(n, fn) for n, (fn, info, _) in sorted(self._tool_methods().items())
-                                      if not info.shared and not info.terminal])
+        return ListToolsOutput(
+            tools=[
+                tool_spec(n, fn)
+                for n, (fn, info, _) in sorted(self._tool_methods().items())
+                if not info.shared and not info.terminal
+            ]
+        )
 
     def bound_tool(self, name: str) -> tuple[Callable[..., Any], ToolInfo] | None:
         """The callable for tool `name`, bound to this environment or its toolset instance."""
@@ -352,19 +382,27 @@ class Environment(ABC):
         """Raise ValueError naming the problem if this class cannot be served."""
         methods = cls._tool_methods()  # raises on collisions
         if not methods:
-            raise ValueError(f"environment {cls.__name__!r} has no tools; mark at least one method with @tool")
+            raise ValueError(
+                f"environment {cls.__name__!r} has no tools; mark at least one method with @tool"
+            )
         if not cls.list_splits():
-            raise ValueError(f"environment {cls.__name__!r} has no splits; list_splits() must return at least one")
+            raise ValueError(
+                f"environment {cls.__name__!r} has no splits; list_splits() must return at least one"
+            )
         terminal_spec = cls.terminal_tool_spec()
         if terminal_spec is not None:
             fn, info, _ = methods[terminal_spec.name]
             if info.concurrent:
-                raise ValueError(f"@terminal tool {terminal_spec.name!r} is concurrent=True; a terminal tool grades "
-                                 "the episode, so it must run serialised")
+                raise ValueError(
+                    f"@terminal tool {terminal_spec.name!r} is concurrent=True; a terminal tool grades "
+                    "the episode, so it must run serialised"
+                )
             fields = list((terminal_spec.input_schema or {}).get("properties", {}))
             if len(fields) > 1:
-                raise ValueError(f"@terminal tool {terminal_spec.name!r} takes {len(fields)} fields {fields}; "
-                                 "it must take at most one (the message)")
+                raise ValueError(
+                    f"@terminal tool {terminal_spec.name!r} takes {len(fields)} fields {fields}; "
+                    "it must take at most one (the message)"
+                )
         for name, (fn, _, _) in methods.items():
             input_model(fn)  # raises on *args/**kwargs
             if name.startswith("_"):

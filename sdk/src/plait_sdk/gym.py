@@ -39,7 +39,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="plait-gym-loop")
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="plait-gym-loop"
+        )
         self.thread.start()
 
     def run(self, coro: Any, timeout: float | None) -> Any:
@@ -64,8 +66,15 @@ class PlaitGymEnv(gymnasium.Env):
 
     metadata = {"render_modes": ["ansi"]}
 
-    def __init__(self, env: Any, split: str = "train", *, max_steps: int = 16, call_timeout_s: float = 600.0,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        split: str = "train",
+        *,
+        max_steps: int = 16,
+        call_timeout_s: float = 600.0,
+        render_mode: str | None = None,
+    ) -> None:
         self.env = env
         self.split = split
         self.max_steps = max_steps
@@ -83,13 +92,19 @@ class PlaitGymEnv(gymnasium.Env):
     def _run(self, coro: Any) -> Any:
         return self._loop.run(coro, self.call_timeout_s)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_session()
         total = self._run(self.env.num_tasks(self.split))
         if total == 0:
             raise ValueError(f"split {self.split!r} of environment {self.env.name!r} has no tasks")
-        index = int(options["index"]) if options and "index" in options else int(self.np_random.integers(total))
+        index = (
+            int(options["index"])
+            if options and "index" in options
+            else int(self.np_random.integers(total))
+        )
         task = self._run(self.env.get_task(self.split, index))
         self._session = self._run(self.env.open(task))
         self._tools = self._run(self._session.tools())
@@ -112,8 +127,11 @@ class PlaitGymEnv(gymnasium.Env):
         if self._terminal is not None:
             fields = list((self._terminal.input_schema or {}).get("properties", {}))
             return self._terminal.name, {fields[0]: text} if fields else {}
-        return ToolError('an action must be {"name": tool, "input": {...}} (this environment has no terminal '
-                         "tool for plain text)", "input_validation")
+        return ToolError(
+            'an action must be {"name": tool, "input": {...}} (this environment has no terminal '
+            "tool for plain text)",
+            "input_validation",
+        )
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._session is None:
@@ -122,10 +140,18 @@ class PlaitGymEnv(gymnasium.Env):
         result = parsed if isinstance(parsed, ToolError) else self._run(self._session.call(*parsed))
         self._steps += 1
         if isinstance(result, ToolError):
-            observation, reward, terminated = f"error: {result.error}", 0.0, result.reason == "episode_finished"
+            observation, reward, terminated = (
+                f"error: {result.error}",
+                0.0,
+                result.reason == "episode_finished",
+            )
             info: dict[str, Any] = {"tool_error": result}
         else:
-            observation, reward, terminated = result.text, float(result.reward or 0.0), result.finished
+            observation, reward, terminated = (
+                result.text,
+                float(result.reward or 0.0),
+                result.finished,
+            )
             info = {"metadata": result.metadata, "reward_given": result.reward is not None}
         truncated = not terminated and self._steps >= self.max_steps
         self._last_text = observation
@@ -155,7 +181,11 @@ def parse_action(space: spaces.Space, text: str) -> Any:
         value = text
     else:
         value = json.loads(text)
-        value = np.asarray(value, dtype=space.dtype) if isinstance(space, spaces.Box | spaces.MultiDiscrete) else value
+        value = (
+            np.asarray(value, dtype=space.dtype)
+            if isinstance(space, spaces.Box | spaces.MultiDiscrete)
+            else value
+        )
     if not space.contains(value):
         raise ValueError(f"{text!r} is not in the action space {space}")
     return value
@@ -178,11 +208,17 @@ def observation_text(env: gymnasium.Env, observation: Any) -> str:
         rendered = env.render()
         if rendered:
             return ansi_to_text(str(rendered)).strip("\n")
-    return json.dumps(observation.tolist()) if isinstance(observation, np.ndarray) else str(observation)
+    return (
+        json.dumps(observation.tolist())
+        if isinstance(observation, np.ndarray)
+        else str(observation)
+    )
 
 
 class _GymSession:
-    def __init__(self, owner: GymnasiumEnvironment, gym_env: gymnasium.Env, observation: str) -> None:
+    def __init__(
+        self, owner: GymnasiumEnvironment, gym_env: gymnasium.Env, observation: str
+    ) -> None:
         self.owner = owner
         self.gym_env = gym_env
         self.observation = observation
@@ -207,7 +243,11 @@ class _GymSession:
             return ToolError(f"{name!r} was not run: the episode has finished", "episode_finished")
         if name != "act":
             return ToolError(f"{name!r} is not a valid tool; the only tool is 'act'", "not_found")
-        if not isinstance(input, Mapping) or set(input) != {"action"} or not isinstance(input["action"], str):
+        if (
+            not isinstance(input, Mapping)
+            or set(input) != {"action"}
+            or not isinstance(input["action"], str)
+        ):
             return ToolError('act takes exactly {"action": string}', "input_validation")
         try:
             action = parse_action(self.gym_env.action_space, input["action"])
@@ -217,16 +257,26 @@ class _GymSession:
             if self.finished:
                 return ToolError("'act' was not run: the episode has finished", "episode_finished")
             try:
-                obs, reward, terminated, truncated, info = await asyncio.to_thread(self.gym_env.step, action)
+                obs, reward, terminated, truncated, info = await asyncio.to_thread(
+                    self.gym_env.step, action
+                )
             except Exception as exc:  # the gym env's bug costs this call, not the caller
-                return ToolError(f"the gymnasium environment raised {type(exc).__name__}: {exc}", "exception")
+                return ToolError(
+                    f"the gymnasium environment raised {type(exc).__name__}: {exc}", "exception"
+                )
             self.observation = await asyncio.to_thread(observation_text, self.gym_env, obs)
             self.finished = bool(terminated or truncated)
         reward = float(reward)
-        return ToolOutput(blocks=[TextBlock(self.observation)], reward=reward if math.isfinite(reward) else None,
-                          finished=self.finished,
-                          metadata={"terminated": bool(terminated), "truncated": bool(truncated),
-                                    "info": _jsonable(info)})
+        return ToolOutput(
+            blocks=[TextBlock(self.observation)],
+            reward=reward if math.isfinite(reward) else None,
+            finished=self.finished,
+            metadata={
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": _jsonable(info),
+            },
+        )
 
     async def close(self) -> None:
         if not self.closed:
@@ -245,11 +295,20 @@ def _jsonable(value: Any) -> Any:
 class GymnasiumEnvironment:
     """A gymnasium environment as a plait environment: tasks are seeds, actions are text."""
 
-    def __init__(self, make_env: Callable[[], gymnasium.Env], *, name: str,
-                 splits: Mapping[str, Sequence[int]] | None = None, instructions: str = "") -> None:
+    def __init__(
+        self,
+        make_env: Callable[[], gymnasium.Env],
+        *,
+        name: str,
+        splits: Mapping[str, Sequence[int]] | None = None,
+        instructions: str = "",
+    ) -> None:
         self.make_env = make_env
         self.name = name
-        self.seeds = {k: list(v) for k, v in (splits or {"train": range(100), "test": range(100, 120)}).items()}
+        self.seeds = {
+            k: list(v)
+            for k, v in (splits or {"train": range(100), "test": range(100, 120)}).items()
+        }
         self.instructions = instructions
         probe = make_env()
         try:
@@ -258,16 +317,25 @@ class GymnasiumEnvironment:
             probe.close()
 
     def tool_spec(self) -> ToolSpec:
-        return ToolSpec("act", f"Take one action in the environment; the action space is {self.action_space}.",
-                        {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"],
-                         "additionalProperties": False})
+        return ToolSpec(
+            "act",
+            f"Take one action in the environment; the action space is {self.action_space}.",
+            {
+                "type": "object",
+                "properties": {"action": {"type": "string"}},
+                "required": ["action"],
+                "additionalProperties": False,
+            },
+        )
 
     async def splits(self) -> list[Split]:
         return [Split(n, n if n in SPLIT_TYPES else "validation") for n in self.seeds]
 
     def _seeds(self, split: str) -> list[int]:
         if split not in self.seeds:
-            raise KeyError(f"environment {self.name!r} has no split {split!r}; it has {sorted(self.seeds)}")
+            raise KeyError(
+                f"environment {self.name!r} has no split {split!r}; it has {sorted(self.seeds)}"
+            )
         return self.seeds[split]
 
     async def num_tasks(self, split: str) -> int:
@@ -276,13 +344,17 @@ class GymnasiumEnvironment:
     async def get_task(self, split: str, index: int) -> dict[str, Any]:
         seeds = self._seeds(split)
         if not 0 <= index < len(seeds):
-            raise IndexError(f"task index {index} is out of range for split {split!r} ({len(seeds)} tasks)")
+            raise IndexError(
+                f"task index {index} is out of range for split {split!r} ({len(seeds)} tasks)"
+            )
         return {"seed": seeds[index]}
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> _GymSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> _GymSession:
         seed = task.get("seed")
         if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"a {self.name} task is {{\"seed\": int}}, got {dict(task)!r}")
+            raise ValueError(f'a {self.name} task is {{"seed": int}}, got {dict(task)!r}')
         gym_env = await asyncio.to_thread(self.make_env)
         try:
             observation, _ = await asyncio.to_thread(gym_env.reset, seed=seed)

@@ -53,7 +53,9 @@ class LocalEnvironment:
         self._check_split(split)
         total = await self.env_cls.num_tasks(split)
         if not 0 <= index < total:
-            raise IndexError(f"task index {index} is out of range for split {split!r} ({total} tasks)")
+            raise IndexError(
+                f"task index {index} is out of range for split {split!r} ({total} tasks)"
+            )
         return dict(await self.env_cls.get_task(split, index))
 
     async def shared_tools(self) -> tuple[list[ToolSpec], ToolSpec | None]:
@@ -68,18 +70,26 @@ class LocalEnvironment:
         if split not in names:
             raise KeyError(f"environment {self.name!r} has no split {split!r}; it has {names}")
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> LocalSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> LocalSession:
         try:
-            env = await construct_env(self.env_cls, task_spec=dict(task), secrets=dict(secrets or {}))
+            env = await construct_env(
+                self.env_cls, task_spec=dict(task), secrets=dict(secrets or {})
+            )
         except Exception as exc:
-            raise EnvironmentError_(f"environment {self.name!r} could not be built for task {dict(task)!r}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise EnvironmentError_(
+                f"environment {self.name!r} could not be built for task {dict(task)!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         session = LocalSession(env)
         try:
             await run_env_method(env, "setup")
         except Exception as exc:
             await session.close()
-            raise EnvironmentError_(f"environment {self.name!r} setup failed: {type(exc).__name__}: {exc}") from exc
+            raise EnvironmentError_(
+                f"environment {self.name!r} setup failed: {type(exc).__name__}: {exc}"
+            ) from exc
         return session
 
     async def close(self) -> None:
@@ -126,8 +136,11 @@ class _ExclusiveGate:
 
 
 def _finished_error(name: str) -> ToolError:
-    return ToolError(f"{name!r} was not run: the episode has finished (a tool returned finished=True), "
-                     "so no further tool calls are accepted", "episode_finished")
+    return ToolError(
+        f"{name!r} was not run: the episode has finished (a tool returned finished=True), "
+        "so no further tool calls are accepted",
+        "episode_finished",
+    )
 
 
 class LocalSession:
@@ -168,8 +181,16 @@ class LocalSession:
 
     async def score_group(self, candidates: Sequence[Mapping[str, Any]]) -> list[float]:
         scores = await run_user_callable(self.env.score_group, list(candidates))
-        return [float(s if isinstance(s, int | float) else s["reward"] if isinstance(s, Mapping) else s.reward)
-                for s in scores]
+        return [
+            float(
+                s
+                if isinstance(s, int | float)
+                else s["reward"]
+                if isinstance(s, Mapping)
+                else s.reward
+            )
+            for s in scores
+        ]
 
     async def call(self, name: str, input: Mapping[str, Any]) -> ToolOutput | ToolError:
         if self.closed:
@@ -184,14 +205,21 @@ class LocalSession:
             return ToolError(f"{name!r} is not a valid tool of this environment", "not_found")
         fn, info = bound
         if not isinstance(input, Mapping):
-            return ToolError(f"tool input must be a JSON object, got {type(input).__name__}", "input_validation")
+            return ToolError(
+                f"tool input must be a JSON object, got {type(input).__name__}", "input_validation"
+            )
         model = input_model(fn)
         if model is None and input:
-            return ToolError(f"tool {name!r} takes no input, got keys {sorted(input)}", "input_validation")
+            return ToolError(
+                f"tool {name!r} takes no input, got keys {sorted(input)}", "input_validation"
+            )
         try:
             parsed = model.model_validate(dict(input)) if model is not None else None
         except pydantic.ValidationError as exc:
-            return ToolError(f"Tool input validation error for {name!r}: {_validation_summary(exc)}", "input_validation")
+            return ToolError(
+                f"Tool input validation error for {name!r}: {_validation_summary(exc)}",
+                "input_validation",
+            )
         try:
             return await self._run(name, fn, info, parsed)
         except Exception as exc:  # a tool bug costs this call, never the caller
@@ -210,13 +238,17 @@ class LocalSession:
         async with self._tool_locks.setdefault(name, asyncio.Lock()), self._gate.shared():
             return await self._invoke_unless_finished(name, fn, parsed)
 
-    async def _invoke_unless_finished(self, name: str, fn: Any, parsed: Any) -> ToolOutput | ToolError:
+    async def _invoke_unless_finished(
+        self, name: str, fn: Any, parsed: Any
+    ) -> ToolOutput | ToolError:
         if self.finished or self.closed:  # the call we queued behind ended the episode
             return _finished_error(name)
         if parsed is None:
             result = await run_user_callable(fn)
         elif takes_keywords(type(parsed)):
-            result = await run_user_callable(fn, **{k: getattr(parsed, k) for k in type(parsed).model_fields})
+            result = await run_user_callable(
+                fn, **{k: getattr(parsed, k) for k in type(parsed).model_fields}
+            )
         else:
             result = await run_user_callable(fn, parsed)
         output = as_tool_output(name, result)
@@ -233,8 +265,11 @@ class LocalSession:
         try:
             await run_env_method(self.env, "teardown")
         except Exception as exc:  # closing must always be safe; the failure is logged, not raised
-            log.warning("environment teardown failed", env=type(self.env).__name__,
-                        error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "environment teardown failed",
+                env=type(self.env).__name__,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
 
 def _validation_summary(exc: pydantic.ValidationError) -> str:

@@ -12,8 +12,12 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_envs(register: Any) -> None:
-    register("ors", "plait_sdk.client:ORSEnvironment.from_options", options="plait_sdk.client:ORSOptions",
-             description="any Open Reward Standard server (options: url, env_name, api_key, splits)")
+    register(
+        "ors",
+        "plait_sdk.client:ORSEnvironment.from_options",
+        options="plait_sdk.client:ORSOptions",
+        description="any Open Reward Standard server (options: url, env_name, api_key, splits)",
+    )
 
 
 def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -28,14 +32,18 @@ def build_environment(name: str, options: dict[str, Any]) -> Any:
     from plait.targets import load_target
 
     if ":" in name:
-        if options:  # fail like a registered environment given an unknown option, not serve without it
+        if (
+            options
+        ):  # fail like a registered environment given an unknown option, not serve without it
             from plait.errors import ConfigError
 
-            raise ConfigError(f"env.options.{sorted(options)[0]}",
-                              f"unknown key; {name} is given as module:Class, which takes no options "
-                              f"(got {', '.join(sorted(options))})",
-                              fix="leave out -o, or register the environment in a plugin with an options "
-                                  "class and serve it by name")
+            raise ConfigError(
+                f"env.options.{sorted(options)[0]}",
+                f"unknown key; {name} is given as module:Class, which takes no options "
+                f"(got {', '.join(sorted(options))})",
+                fix="leave out -o, or register the environment in a plugin with an options "
+                "class and serve it by name",
+            )
         return load_target(name)
     return build("env", name, options=options, options_path="env.options")
 
@@ -48,33 +56,68 @@ def plait_register_commands(cli: Any) -> None:
 
     @env.command()
     @click.argument("name")
-    @click.option("-o", "--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
-                  help="An option of the environment (its env.options), e.g. -o max_turns=4.")
-    @click.option("--host", default="127.0.0.1", show_default=True,
-                  help="Address to bind; anything but loopback needs --api-key.")
+    @click.option(
+        "-o",
+        "--option",
+        "option_pairs",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An option of the environment (its env.options), e.g. -o max_turns=4.",
+    )
+    @click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address to bind; anything but loopback needs --api-key.",
+    )
     @click.option("--port", default=8080, show_default=True, type=int)
-    @click.option("--api-key", envvar="PLAIT_ORS_API_KEY", default=None,
-                  help="Require this key in X-API-Key (env PLAIT_ORS_API_KEY).")
-    @click.option("--session-ttl", default=900.0, show_default=True, type=float,
-                  help="Seconds without a request after which a session is deleted.")
-    def serve(name: str, option_pairs: tuple[str, ...], host: str, port: int, api_key: str | None,
-              session_ttl: float) -> None:
+    @click.option(
+        "--api-key",
+        envvar="PLAIT_ORS_API_KEY",
+        default=None,
+        help="Require this key in X-API-Key (env PLAIT_ORS_API_KEY).",
+    )
+    @click.option(
+        "--session-ttl",
+        default=900.0,
+        show_default=True,
+        type=float,
+        help="Seconds without a request after which a session is deleted.",
+    )
+    def serve(
+        name: str,
+        option_pairs: tuple[str, ...],
+        host: str,
+        port: int,
+        api_key: str | None,
+        session_ttl: float,
+    ) -> None:
         """Serve environment NAME (a registered name, or module:Class) over ORS."""
         from plait_sdk.server import Server, ServerOptions
 
         environment = build_environment(name, _options(option_pairs))
-        Server([environment], options=ServerOptions(api_key=api_key, session_ttl_s=session_ttl)).run(host, port)
+        Server(
+            [environment], options=ServerOptions(api_key=api_key, session_ttl_s=session_ttl)
+        ).run(host, port)
 
     @env.command()
     @click.argument("name")
-    @click.option("--dir", "parent", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
-                  show_default=True, help="Where to create the plait-NAME folder.")
+    @click.option(
+        "--dir",
+        "parent",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("."),
+        show_default=True,
+        help="Where to create the plait-NAME folder.",
+    )
     def new(name: str, parent: Path) -> None:
         """Create a pip-installable environment plugin named NAME."""
         from plait_sdk.scaffold import scaffold
 
         root = scaffold(name, parent)
-        click.echo(f"created {root}\n  pip install -e {root}\n  pytest {root}\n  plait env serve {name}")
+        click.echo(
+            f"created {root}\n  pip install -e {root}\n  pytest {root}\n  plait env serve {name}"
+        )
 
     @env.command(name="list")
     def list_envs() -> None:

@@ -29,14 +29,27 @@ def first_role(task: Mapping[str, Any], role: str) -> dict[str, Any]:
     return {**task, ROLE_KEY: role}
 
 
-def hand_over(role: str, text: str, *, rewards: Mapping[str, float] | None = None,
-              metadata: Mapping[str, Any] | None = None) -> ToolOutput:
+def hand_over(
+    role: str,
+    text: str,
+    *,
+    rewards: Mapping[str, float] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> ToolOutput:
     """Give the turn to `role`, telling it `text`; optionally with rewards for the roles so far."""
     extra = {REWARDS_KEY: dict(rewards)} if rewards is not None else {}
-    return ToolOutput(blocks=[TextBlock(text)], metadata={**(metadata or {}), ROLE_KEY: role, **extra})
+    return ToolOutput(
+        blocks=[TextBlock(text)], metadata={**(metadata or {}), ROLE_KEY: role, **extra}
+    )
 
 
-def finish(text: str, rewards: Mapping[str, float], *, metadata: Mapping[str, Any] | None = None) -> ToolOutput:
+def finish(
+    text: str, rewards: Mapping[str, float], *, metadata: Mapping[str, Any] | None = None
+) -> ToolOutput:
     """End the episode with each role's reward; a plain client sees their mean as the reward."""
-    return ToolOutput(blocks=[TextBlock(text)], reward=sum(rewards.values()) / max(len(rewards), 1), finished=True,
-                      metadata={**(metadata or {}), REWARDS_KEY: dict(rewards)})
+    return ToolOutput(
+        blocks=[TextBlock(text)],
+        reward=sum(rewards.values()) / max(len(rewards), 1),
+        finished=True,
+        metadata={**(metadata or {}), REWARDS_KEY: dict(rewards)},
+    )

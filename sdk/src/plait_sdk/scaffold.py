@@ -169,8 +169,10 @@ def test_solving_earns_reward() -> None:
 def scaffold(name: str, parent: Path) -> Path:
     """Write the plugin for environment `name` into `parent/plait-NAME/`; returns that folder."""
     if not _NAME.match(name) or keyword.iskeyword(name):
-        raise PlaitError(f"environment name {name!r} is not usable as a Python package name",
-                         fix="use lower-case letters, digits and underscores, starting with a letter (e.g. myenv)")
+        raise PlaitError(
+            f"environment name {name!r} is not usable as a Python package name",
+            fix="use lower-case letters, digits and underscores, starting with a letter (e.g. myenv)",
+        )
     root = parent / f"plait-{name.replace('_', '-')}"
     if root.exists():
         raise PlaitError(f"{root} already exists", fix="choose another name or remove the folder")

@@ -75,8 +75,10 @@ KEEP_ALIVE_S = 60
 """How long plait's servers keep an idle connection: longer than a training step, so that the
 next step's requests reuse it."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
-ENDPOINTS = ("/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
-             "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)")
+ENDPOINTS = (
+    "/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
+    "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)"
+)
 
 
 @attrs.frozen
@@ -183,7 +185,11 @@ def _finite_float(text: str) -> float:
 
 
 def _nests_deeper_than(raw: bytes | str, data: Any, max_depth: int) -> bool:
-    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    brackets = (
+        raw.count(b"[") + raw.count(b"{")
+        if isinstance(raw, bytes)
+        else raw.count("[") + raw.count("{")
+    )
     if brackets <= max_depth:
         return False  # the usual small body: too few brackets to nest that deep, no walk needed
     stack: list[tuple[Any, int]] = [(data, 1)] if isinstance(data, dict | list) else []
@@ -250,8 +256,10 @@ def _as_protocol_env(env: Any) -> Any:
     if isinstance(env, Environment):
         return LocalEnvironment(type(env))
     if not isinstance(env, EnvironmentProtocol):
-        raise TypeError(f"{env!r} is neither a plait_sdk.Environment subclass nor a plait environment "
-                        "(plait.protocols.Environment)")
+        raise TypeError(
+            f"{env!r} is neither a plait_sdk.Environment subclass nor a plait environment "
+            "(plait.protocols.Environment)"
+        )
     return env
 
 
@@ -266,8 +274,17 @@ async def serving(app: Any, host: str, port: int, name: str = "server") -> Async
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                       lifespan="off", timeout_keep_alive=KEEP_ALIVE_S))
+    server = QuietServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -286,6 +303,7 @@ def serve_group(cli: Any) -> Any:
     """The `plait serve` command group, made by the first plugin that adds a service to it."""
     group = cli.commands.get("serve")
     if group is None:
+
         @cli.group()
         def serve() -> None:
             """Run one of plait's services on its own."""
@@ -306,8 +324,13 @@ def is_loopback(host: str) -> bool:
 class Server:
     """Serves environments over ORS. The first environment is the default one."""
 
-    def __init__(self, environments: Sequence[Any], return_errors: str = "exception", *,
-                 options: ServerOptions | None = None) -> None:
+    def __init__(
+        self,
+        environments: Sequence[Any],
+        return_errors: str = "exception",
+        *,
+        options: ServerOptions | None = None,
+    ) -> None:
         if not environments:
             raise ValueError("Server needs at least one environment")
         self.options = options or ServerOptions()
@@ -317,7 +340,9 @@ class Server:
             proto = _as_protocol_env(env)
             key = str(proto.name).lower()
             if key in self.envs:
-                raise ValueError(f"two environments are named {key!r}; names must be unique (case-insensitive)")
+                raise ValueError(
+                    f"two environments are named {key!r}; names must be unique (case-insensitive)"
+                )
             self.envs[key] = _Served(key, proto)
         self.default_env = next(iter(self.envs))
         self.sessions: dict[str, _Session] = {}
@@ -351,7 +376,11 @@ class Server:
         cutoff = time.monotonic() - self.options.session_ttl_s
         stale = [s for s in self.sessions.values() if s.last_seen < cutoff]
         for session in stale:
-            log.info("session expired", sid=session.sid, idle_s=round(time.monotonic() - session.last_seen))
+            log.info(
+                "session expired",
+                sid=session.sid,
+                idle_s=round(time.monotonic() - session.last_seen),
+            )
             await self._delete(session)
         for sid, created in list(self.reserved.items()):
             if created < cutoff:
@@ -385,15 +414,20 @@ class Server:
         name = (self.default_env if env_name is None else env_name).lower()
         served = self.envs.get(name)
         if served is None:
-            raise RequestError(404, f"unknown environment {env_name!r}; this server serves {sorted(self.envs)}")
+            raise RequestError(
+                404, f"unknown environment {env_name!r}; this server serves {sorted(self.envs)}"
+            )
         return served
 
     @staticmethod
     def _sid(request: _Request) -> str:
         sid = request.headers.get("x-session-id", "").strip()
         if not sid:
-            raise RequestError(400, "the X-Session-ID header is required for this endpoint "
-                                    "(get a session id from POST /create_session)")
+            raise RequestError(
+                400,
+                "the X-Session-ID header is required for this endpoint "
+                "(get a session id from POST /create_session)",
+            )
         if len(sid) > 256 or not sid.isprintable():
             raise RequestError(400, "X-Session-ID must be at most 256 printable characters")
         return sid
@@ -402,63 +436,85 @@ class Server:
         sid = self._sid(request)
         session = self.sessions.get(sid)
         if session is None:
-            hint = ("POST /create has not been called for it yet" if sid in self.reserved
-                    else "it was never created, was deleted, or expired after "
-                         f"{self.options.session_ttl_s:g} s without requests")
+            hint = (
+                "POST /create has not been called for it yet"
+                if sid in self.reserved
+                else "it was never created, was deleted, or expired after "
+                f"{self.options.session_ttl_s:g} s without requests"
+            )
             raise RequestError(404, f"no active session {sid!r}: {hint}")
         if env_name is not None and env_name.lower() != session.env_name:
             self._env(env_name)  # an unknown environment is a 404 of its own
-            raise RequestError(400, f"session {sid!r} belongs to environment {session.env_name!r}, "
-                                    f"not {env_name!r}")
+            raise RequestError(
+                400,
+                f"session {sid!r} belongs to environment {session.env_name!r}, not {env_name!r}",
+            )
         session.last_seen = time.monotonic()
         return session
 
     async def _ready(self, session: _Session) -> EnvSession:
         """The open environment session, waiting for setup up to `setup_wait_s`."""
         opening = session.opening
-        if not opening.done():  # (asyncio.wait neither cancels the setup nor mistakes its own errors)
+        if (
+            not opening.done()
+        ):  # (asyncio.wait neither cancels the setup nor mistakes its own errors)
             await asyncio.wait((opening,), timeout=self.options.setup_wait_s)
             if not opening.done():
-                raise RequestError(503, f"session {session.sid!r} is still running setup(); retry after "
-                                        f"{self.options.retry_after_s} s",
-                                   {"Retry-After": str(self.options.retry_after_s),
-                                    "X-Backend-State": "starting"})
+                raise RequestError(
+                    503,
+                    f"session {session.sid!r} is still running setup(); retry after "
+                    f"{self.options.retry_after_s} s",
+                    {"Retry-After": str(self.options.retry_after_s), "X-Backend-State": "starting"},
+                )
         try:
             return opening.result()
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             if session.task_from_client:
-                raise RequestError(422, f"the environment could not open the task_spec sent to /create: "
-                                        f"{message}") from exc
+                raise RequestError(
+                    422, f"the environment could not open the task_spec sent to /create: {message}"
+                ) from exc
             raise _EnvironmentFailure(f"environment setup failed: {message}") from exc
 
     async def _body(self, request: _Request, model: type[_Body]) -> Any:
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.options.max_body_bytes):
-            raise RequestError(413, f"request body is larger than {self.options.max_body_bytes} bytes")
+        if length is not None and (
+            not length.isdigit() or int(length) > self.options.max_body_bytes
+        ):
+            raise RequestError(
+                413, f"request body is larger than {self.options.max_body_bytes} bytes"
+            )
         raw = await request.body(self.options.max_body_bytes)
         fields = ", ".join(model.model_fields)
         if not raw.strip():
-            raise RequestError(422, f"{request.method} {request.path} needs a JSON object body "
-                                    f"(fields: {fields})")
+            raise RequestError(
+                422, f"{request.method} {request.path} needs a JSON object body (fields: {fields})"
+            )
         try:
             data = parse_json(raw, self.options.max_json_depth)
         except ValueError as exc:
-            raise RequestError(422, f"request body is not valid JSON ({exc}); send a JSON object "
-                                    f"(fields: {fields})") from None
+            raise RequestError(
+                422,
+                f"request body is not valid JSON ({exc}); send a JSON object (fields: {fields})",
+            ) from None
         if not isinstance(data, dict):
-            raise RequestError(422, f"request body must be a JSON object (fields: {fields}), "
-                                    f"got {type(data).__name__}")
+            raise RequestError(
+                422,
+                f"request body must be a JSON object (fields: {fields}), got {type(data).__name__}",
+            )
         try:
             return model.model_validate(data)
         except pydantic.ValidationError as exc:
-            raise RequestError(422, f"invalid body for {request.method} {request.path}: "
-                                    f"{_validation_message(exc)}") from None
+            raise RequestError(
+                422, f"invalid body for {request.method} {request.path}: {_validation_message(exc)}"
+            ) from None
 
     async def _check_split(self, served: _Served, split: str) -> None:
         names = [s.name for s in await served.env.splits()]
         if split not in names:
-            raise RequestError(400, f"environment {served.name!r} has no split {split!r}; its splits are {names}")
+            raise RequestError(
+                400, f"environment {served.name!r} has no split {split!r}; its splits are {names}"
+            )
 
     async def _num_tasks(self, served: _Served, split: str) -> int:
         await self._check_split(served, split)
@@ -467,8 +523,11 @@ class Server:
     async def _task(self, served: _Served, split: str, index: int) -> dict[str, Any]:
         total = await self._num_tasks(served, split)
         if not 0 <= index < total:
-            raise RequestError(400, f"task index {index} is out of range for split {split!r} "
-                                    f"(it has {total} tasks: 0..{total - 1})")
+            raise RequestError(
+                400,
+                f"task index {index} is out of range for split {split!r} "
+                f"(it has {total} tasks: 0..{total - 1})",
+            )
         return dict(await served.env.get_task(split, index))
 
     async def _shared_tools(self, served: _Served) -> tuple[list[ToolSpec], ToolSpec | None]:
@@ -497,16 +556,22 @@ class Server:
         try:
             payload = parse_json(base64.b64decode(raw, validate=True), self.options.max_json_depth)
         except ValueError as exc:  # binascii.Error is a ValueError too
-            raise RequestError(400, f"the X-Secrets header must be base64 of a JSON object ({exc})") from None
+            raise RequestError(
+                400, f"the X-Secrets header must be base64 of a JSON object ({exc})"
+            ) from None
         if not isinstance(payload, dict):
-            raise RequestError(400, "the X-Secrets header must encode a JSON object {NAME: {\"value\": ...}}")
+            raise RequestError(
+                400, 'the X-Secrets header must encode a JSON object {NAME: {"value": ...}}'
+            )
         for key, value in payload.items():
             if isinstance(value, dict) and isinstance(value.get("value"), str):
                 secrets[key] = value["value"]
             elif isinstance(value, str):
                 secrets[key] = value
             else:
-                raise RequestError(400, f"X-Secrets entry {key!r} must be a string or {{\"value\": str}}")
+                raise RequestError(
+                    400, f'X-Secrets entry {key!r} must be a string or {{"value": str}}'
+                )
         return secrets
 
     def _stream(self, session: _Session, call: _Call) -> _EventStream:
@@ -537,7 +602,9 @@ class Server:
             error = call.error()
             if error is not None and not call.task.cancelled():
                 log.warning("call failed", sid=session.sid, error=error)
-            asyncio.get_running_loop().call_later(self.options.result_linger_s, session.calls.pop, task_id, None)
+            asyncio.get_running_loop().call_later(
+                self.options.result_linger_s, session.calls.pop, task_id, None
+            )
 
         call.task.add_done_callback(finish)
         session.calls[task_id] = call
@@ -546,9 +613,12 @@ class Server:
     def _resume(self, session: _Session, task_id: str) -> _Call:
         call = session.calls.get(task_id)
         if call is None:
-            raise RequestError(404, f"unknown task_id {task_id!r} for session {session.sid!r}: results are "
-                                    f"kept {self.options.result_linger_s:g} s after a call ends; send the "
-                                    "call again without task_id")
+            raise RequestError(
+                404,
+                f"unknown task_id {task_id!r} for session {session.sid!r}: results are "
+                f"kept {self.options.result_linger_s:g} s after a call ends; send the "
+                "call again without task_id",
+            )
         return call
 
     # -- the ASGI application ----------------------------------------------------------------------
@@ -594,9 +664,14 @@ class Server:
             return
         except Exception as exc:
             # Only the environment's own code gets here: every request problem is a RequestError.
-            log.error("environment code failed", path=request.path, error=f"{type(exc).__name__}: {exc}")
-            detail = (f"the environment failed: {type(exc).__name__}: {exc}" if self.return_errors != "none"
-                      else "the environment failed")
+            log.error(
+                "environment code failed", path=request.path, error=f"{type(exc).__name__}: {exc}"
+            )
+            detail = (
+                f"the environment failed: {type(exc).__name__}: {exc}"
+                if self.return_errors != "none"
+                else "the environment failed"
+            )
             await _send_json(send, 500, _json({"detail": detail}))
             return
         if isinstance(result, _EventStream):
@@ -612,13 +687,19 @@ class Server:
         else:
             methods, env_name = (None if "/" in rest else self._env_routes.get(rest)), first
         if methods is None:
-            raise RequestError(404, f"no endpoint {request.method} {request.path}; ORS endpoints are "
-                                    f"{ENDPOINTS}; environments: {sorted(self.envs)}")
+            raise RequestError(
+                404,
+                f"no endpoint {request.method} {request.path}; ORS endpoints are "
+                f"{ENDPOINTS}; environments: {sorted(self.envs)}",
+            )
         handler = methods.get(request.method)
         if handler is None:
             allowed = ", ".join(methods)
-            raise RequestError(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
-                               {"Allow": allowed})
+            raise RequestError(
+                405,
+                f"{request.method} is not allowed on {request.path}; use {allowed}",
+                {"Allow": allowed},
+            )
         return handler, env_name
 
     def _routes(self) -> tuple[dict[str, dict[str, _Handler]], dict[str, dict[str, _Handler]]]:
@@ -661,8 +742,12 @@ class Server:
 
     async def _create_session(self, _request: _Request, _env_name: str | None) -> Any:
         if len(self.reserved) >= self.options.max_sessions:
-            raise RequestError(429, "too many session ids are outstanding; delete unused ones with "
-                                    "POST /delete_session", {"Retry-After": str(self.options.retry_after_s)})
+            raise RequestError(
+                429,
+                "too many session ids are outstanding; delete unused ones with "
+                "POST /delete_session",
+                {"Retry-After": str(self.options.retry_after_s)},
+            )
         sid = str(uuid.uuid4())
         self.reserved[sid] = time.monotonic()
 
@@ -675,8 +760,11 @@ class Server:
         sid = self._sid(request)
         body: CreateBody = await self._body(request, CreateBody)
         if body.toolset_name is not None:
-            raise RequestError(400, f"toolset_name {body.toolset_name!r} is not supported: this server "
-                                    "has no platform toolsets; leave it out")
+            raise RequestError(
+                400,
+                f"toolset_name {body.toolset_name!r} is not supported: this server "
+                "has no platform toolsets; leave it out",
+            )
         has_spec = body.task_spec is not None
         has_index = body.split is not None or body.index is not None
         if has_spec == has_index:
@@ -684,21 +772,36 @@ class Server:
         if (body.split is None) != (body.index is None):
             raise RequestError(422, "split and index must be given together")
         served = self._env(body.env_name)
-        task = (body.task_spec if body.task_spec is not None
-                else await self._task(served, body.split or "", body.index or 0))
+        task = (
+            body.task_spec
+            if body.task_spec is not None
+            else await self._task(served, body.split or "", body.index or 0)
+        )
         secrets = self._secrets(request, body)
         # Checked here, after the last await, so that no concurrent /create with the same id can
         # pass the check too: a second environment would be built and never torn down.
         if sid in self.sessions:
-            raise RequestError(409, f"session {sid!r} already exists; POST /delete it first or use a new id")
+            raise RequestError(
+                409, f"session {sid!r} already exists; POST /delete it first or use a new id"
+            )
         if len(self.sessions) >= self.options.max_sessions:
-            raise RequestError(429, f"this server holds {len(self.sessions)} sessions, its limit; "
-                                    "delete finished ones", {"Retry-After": str(self.options.retry_after_s)})
+            raise RequestError(
+                429,
+                f"this server holds {len(self.sessions)} sessions, its limit; delete finished ones",
+                {"Retry-After": str(self.options.retry_after_s)},
+            )
         opening = asyncio.ensure_future(served.env.open(task, secrets))
         opening.add_done_callback(_consume_exception)
-        session = self.sessions[sid] = _Session(sid, served.name, has_spec, opening, time.monotonic())
-        wanted = [name.strip() for name in request.headers.get(INCLUDE_HEADER.lower(), "").split(",")]
-        return {"sid": sid, **await self._included(session, [name for name in INCLUDABLE if name in wanted])}
+        session = self.sessions[sid] = _Session(
+            sid, served.name, has_spec, opening, time.monotonic()
+        )
+        wanted = [
+            name.strip() for name in request.headers.get(INCLUDE_HEADER.lower(), "").split(",")
+        ]
+        return {
+            "sid": sid,
+            **await self._included(session, [name for name in INCLUDABLE if name in wanted]),
+        }
 
     async def _included(self, session: _Session, names: list[str]) -> dict[str, Any]:
         """The answers of the routes `names` for a new session (the X-Plait-Include extension):
@@ -706,15 +809,21 @@ class Server:
         if not names:
             return {}
         await asyncio.wait((session.opening,), timeout=self.options.setup_wait_s)
-        if (session.deleted or not session.opening.done() or session.opening.cancelled()
-                or session.opening.exception()):
+        if (
+            session.deleted
+            or not session.opening.done()
+            or session.opening.cancelled()
+            or session.opening.exception()
+        ):
             return {}
         env_session = session.opening.result()
         answers = {"messages": self._messages_wire, "task_tools": self._tools_wire}
         try:
             return {name: await answers[name](env_session) for name in names}
         except Exception as exc:  # the route reports it when the client asks
-            log.debug("create could not include the routes' answers", sid=session.sid, error=repr(exc))
+            log.debug(
+                "create could not include the routes' answers", sid=session.sid, error=repr(exc)
+            )
             return {}
 
     async def _ping(self, request: _Request, _env_name: str | None) -> Any:
@@ -733,8 +842,11 @@ class Server:
         if session is not None:
             await self._delete(session)
         elif not known:
-            raise RequestError(404, f"no session id {sid!r}: it was never handed out by /create_session, "
-                                    "or was already deleted")
+            raise RequestError(
+                404,
+                f"no session id {sid!r}: it was never handed out by /create_session, "
+                "or was already deleted",
+            )
         return {"sid": sid}
 
     async def _splits(self, _request: _Request, env_name: str | None) -> Any:
@@ -744,8 +856,10 @@ class Server:
         served = self._env(env_name)
         body: SplitBody = await self._body(request, SplitBody)
         total = await self._num_tasks(served, body.split)
-        return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in range(total)],
-                "env_name": served.name}
+        return {
+            "tasks": [dict(await served.env.get_task(body.split, i)) for i in range(total)],
+            "env_name": served.name,
+        }
 
     async def _num_tasks_route(self, request: _Request, env_name: str | None) -> Any:
         served = self._env(env_name)
@@ -762,8 +876,10 @@ class Server:
         body: TaskRangeBody = await self._body(request, TaskRangeBody)
         total = await self._num_tasks(served, body.split)
         indices = range(*slice(body.start, body.stop).indices(total))
-        return {"tasks": [dict(await served.env.get_task(body.split, i)) for i in indices],
-                "env_name": served.name}
+        return {
+            "tasks": [dict(await served.env.get_task(body.split, i)) for i in indices],
+            "env_name": served.name,
+        }
 
     async def _tools(self, _request: _Request, env_name: str | None) -> Any:
         served = self._env(env_name)
@@ -777,7 +893,9 @@ class Server:
     @staticmethod
     async def _tools_wire(env_session: EnvSession) -> Any:
         supports = getattr(env_session, "supports_score_group", lambda: False)()
-        return list_tools_to_wire(await env_session.tools(), await env_session.terminal_tool(), supports)
+        return list_tools_to_wire(
+            await env_session.tools(), await env_session.terminal_tool(), supports
+        )
 
     async def _prompt(self, request: _Request, env_name: str | None) -> Any:
         env_session = await self._ready(self._session(request, env_name))
@@ -810,13 +928,17 @@ class Server:
             return self._stream(session, self._resume(session, body.task_id))
         env_session = await self._ready(session)
         if not getattr(env_session, "supports_score_group", lambda: False)():
-            raise RequestError(404, f"environment {session.env_name!r} does not implement score_group")
+            raise RequestError(
+                404, f"environment {session.env_name!r} does not implement score_group"
+            )
 
         async def work() -> dict[str, Any]:
             scores = await env_session.score_group(body.candidates)  # type: ignore[attr-defined]
             if len(scores) != len(body.candidates):
-                raise ValueError(f"score_group returned {len(scores)} scores for "
-                                 f"{len(body.candidates)} candidates")
+                raise ValueError(
+                    f"score_group returned {len(scores)} scores for "
+                    f"{len(body.candidates)} candidates"
+                )
             return {"scores": [{"reward": s, "metadata": None} for s in scores]}
 
         return self._stream(session, self._start_call(session, work))
@@ -836,14 +958,22 @@ class Server:
 
         # loop and http stay "auto": uvloop and httptools when installed (plait-sdk depends on
         # them where they exist), the pure-Python ones elsewhere.
-        return uvicorn.Config(self.app, interface="asgi3", log_level="warning", access_log=False,
-                              timeout_keep_alive=KEEP_ALIVE_S, **settings)
+        return uvicorn.Config(
+            self.app,
+            interface="asgi3",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            **settings,
+        )
 
     def _check_host(self, host: str) -> None:
         if not is_loopback(host) and not self.options.api_key:
-            raise PlaitError(f"refusing to serve on {host}, which is not a loopback address, without an API key",
-                             fix="set an API key (plait env serve --api-key / ServerOptions(api_key=...)) "
-                                 "or serve on 127.0.0.1")
+            raise PlaitError(
+                f"refusing to serve on {host}, which is not a loopback address, without an API key",
+                fix="set an API key (plait env serve --api-key / ServerOptions(api_key=...)) "
+                "or serve on 127.0.0.1",
+            )
 
     @contextlib.contextmanager
     def serve_in_thread(self, host: str = "127.0.0.1") -> Iterator[str]:
@@ -858,8 +988,9 @@ class Server:
         sock.bind((host, 0))
         port = sock.getsockname()[1]
         server = uvicorn.Server(self._uvicorn_config(lifespan="on"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                  name=f"ors-server-{port}")
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"ors-server-{port}"
+        )
         thread.start()
         deadline = time.monotonic() + 30
         while not server.started:
@@ -883,7 +1014,10 @@ class _Request:
     def __init__(self, scope: Any, receive: Any) -> None:
         self.method: str = scope["method"]
         self.path: str = scope["path"].rstrip("/") or "/"
-        self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        self.headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in scope["headers"]
+        }
         self._receive = receive
 
     async def body(self, limit: int) -> bytes:
@@ -904,8 +1038,10 @@ class _Request:
 
 
 _Handler = Callable[[_Request, str | None], Awaitable[Any]]
-_SSE_RAW_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                    *((name.lower().encode(), value.encode()) for name, value in SSE_HEADERS.items())]
+_SSE_RAW_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    *((name.lower().encode(), value.encode()) for name, value in SSE_HEADERS.items()),
+]
 
 
 class _EventStream:
@@ -925,9 +1061,17 @@ def _json(data: Any) -> bytes:
     return dumps(data).encode()
 
 
-async def _send_json(send: Any, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw_headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+async def _send_json(
+    send: Any, status: int, body: bytes, headers: Mapping[str, str] | None = None
+) -> None:
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    raw_headers += [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in (headers or {}).items()
+    ]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
 

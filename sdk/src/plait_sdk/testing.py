@@ -50,8 +50,13 @@ class _Counts:
             setattr(self, field, getattr(self, field) + 1)
 
 
-def _counted(env_cls: type[Environment], counts: _Counts, *, setup_fails: bool = False,
-             raising_tool: bool = False) -> type[Environment]:
+def _counted(
+    env_cls: type[Environment],
+    counts: _Counts,
+    *,
+    setup_fails: bool = False,
+    raising_tool: bool = False,
+) -> type[Environment]:
     """A subclass (same name) that counts setup/teardown, optionally failing setup or adding a
     tool that raises."""
 
@@ -65,8 +70,13 @@ def _counted(env_cls: type[Environment], counts: _Counts, *, setup_fails: bool =
         counts.add("teardowns")
         await run_user_callable(super(subclass, self).teardown)
 
-    namespace: dict[str, Any] = {"setup": setup, "teardown": teardown, "__module__": env_cls.__module__}
+    namespace: dict[str, Any] = {
+        "setup": setup,
+        "teardown": teardown,
+        "__module__": env_cls.__module__,
+    }
     if raising_tool:
+
         def plait_contract_raises(self: Any) -> ToolOutput:
             """A tool that always raises (added by the contract kit)."""
             raise RuntimeError("contract kit: deliberate tool failure")
@@ -86,10 +96,14 @@ async def _raising_tool_is_returned(env: Any, task: Mapping[str, Any], where: st
         try:
             result = await session.call("plait_contract_raises", {})
         except Exception as exc:
-            raise _fail("tool errors are returned, not raised", f"{where}: a raising tool raised "
-                                                                 f"{type(exc).__name__}: {exc}") from exc
+            raise _fail(
+                "tool errors are returned, not raised",
+                f"{where}: a raising tool raised {type(exc).__name__}: {exc}",
+            ) from exc
         if not isinstance(result, ToolError) or "deliberate tool failure" not in result.error:
-            raise _fail("tool errors are returned, not raised", f"{where}: a raising tool gave {result!r}")
+            raise _fail(
+                "tool errors are returned, not raised", f"{where}: a raising tool gave {result!r}"
+            )
         await session.prompt()  # the session is still usable
     finally:
         await session.close()
@@ -102,7 +116,9 @@ async def _same_view(local: Any, remote: Any) -> None:
             raise _fail("in-process and HTTP agree", f"num_tasks({split.name!r}) differs")
         for index in range(min(total, 2)):
             if await local.get_task(split.name, index) != await remote.get_task(split.name, index):
-                raise _fail("in-process and HTTP agree", f"get_task({split.name!r}, {index}) differs")
+                raise _fail(
+                    "in-process and HTTP agree", f"get_task({split.name!r}, {index}) differs"
+                )
     task = await local.get_task((await local.splits())[0].name, 0)
     sessions = [await local.open(task), await remote.open(task)]
     try:
@@ -116,9 +132,14 @@ async def _same_view(local: Any, remote: Any) -> None:
             await session.close()
 
 
-async def check_sdk_environment_async(env_cls: type[Environment], *, reward_range: tuple[float, float] | None = None,
-                                      solve: Solver | None = None, over_http: bool = True,
-                                      **kit_options: Any) -> SDKReport:
+async def check_sdk_environment_async(
+    env_cls: type[Environment],
+    *,
+    reward_range: tuple[float, float] | None = None,
+    solve: Solver | None = None,
+    over_http: bool = True,
+    **kit_options: Any,
+) -> SDKReport:
     from plait_sdk.client import ORSEnvironment, ORSOptions
     from plait_sdk.server import Server
 
@@ -126,7 +147,9 @@ async def check_sdk_environment_async(env_cls: type[Environment], *, reward_rang
     Server([env_cls])  # the server accepts the class
     counts = _Counts()
     local = LocalEnvironment(_counted(env_cls, counts))
-    in_process = await check_environment(local, reward_range=reward_range, solve=solve, **kit_options)
+    in_process = await check_environment(
+        local, reward_range=reward_range, solve=solve, **kit_options
+    )
     task = await local.get_task((await local.splits())[0].name, 0)
 
     raising = LocalEnvironment(_counted(env_cls, counts, raising_tool=True))
@@ -148,7 +171,9 @@ async def check_sdk_environment_async(env_cls: type[Environment], *, reward_rang
             remote = ORSEnvironment(ORSOptions(url=url, ping_interval_s=1.0))
             raising_remote = ORSEnvironment(ORSOptions(url=raising_url))
             try:
-                over = await check_environment(remote, reward_range=reward_range, solve=solve, **kit_options)
+                over = await check_environment(
+                    remote, reward_range=reward_range, solve=solve, **kit_options
+                )
                 await _same_view(LocalEnvironment(_counted(env_cls, counts)), remote)
                 await _raising_tool_is_returned(raising_remote, task, "over HTTP")
             finally:
@@ -156,8 +181,10 @@ async def check_sdk_environment_async(env_cls: type[Environment], *, reward_rang
                 await raising_remote.close()
             await _settled(server, raising_server)
     if counts.setups != counts.teardowns:
-        raise _fail("teardown is always called",
-                    f"setup() ran {counts.setups} times but teardown() {counts.teardowns} times")
+        raise _fail(
+            "teardown is always called",
+            f"setup() ran {counts.setups} times but teardown() {counts.teardowns} times",
+        )
     return SDKReport(in_process, over, counts.setups, counts.teardowns)
 
 
@@ -168,7 +195,10 @@ async def _settled(*servers: Any) -> None:
             return
         await asyncio.sleep(0.01)
     leaked = {sid for server in servers for sid in server.sessions}
-    raise _fail("sessions are deleted", f"the server still holds sessions {sorted(leaked)} after the client closed them")
+    raise _fail(
+        "sessions are deleted",
+        f"the server still holds sessions {sorted(leaked)} after the client closed them",
+    )
 
 
 def check_sdk_environment(env_cls: type[Environment], **kwargs: Any) -> SDKReport:

@@ -99,7 +99,12 @@ RunToolOutput = RunToolSuccess | RunToolError
 
 def block_to_wire(block: Block) -> dict[str, Any]:
     if isinstance(block, ImageBlock):
-        return {"type": "image", "data": block.data, "mimeType": block.mimeType, "detail": block.detail}
+        return {
+            "type": "image",
+            "data": block.data,
+            "mimeType": block.mimeType,
+            "detail": block.detail,
+        }
     return {"type": "text", "text": block.text, "detail": block.detail}
 
 
@@ -118,7 +123,9 @@ def block_from_wire(data: Any) -> Block:
     if kind == "image":
         if not isinstance(data.get("data"), str) or not isinstance(data.get("mimeType"), str):
             raise ValueError("an image block needs string 'data' (base64) and 'mimeType'")
-        return ImageBlock(data=data["data"], mimeType=data["mimeType"], detail=dict(detail) if detail else None)
+        return ImageBlock(
+            data=data["data"], mimeType=data["mimeType"], detail=dict(detail) if detail else None
+        )
     raise ValueError(f"unknown block type {kind!r}; expected 'text' or 'image'")
 
 
@@ -129,7 +136,9 @@ def as_block(value: Any) -> Block:
     if isinstance(value, Mapping):
         return block_from_wire(value)
     if hasattr(value, "type"):  # a pydantic block from the ors / openreward packages
-        return block_from_wire({k: getattr(value, k, None) for k in ("type", "text", "data", "mimeType", "detail")})
+        return block_from_wire(
+            {k: getattr(value, k, None) for k in ("type", "text", "data", "mimeType", "detail")}
+        )
     raise TypeError(f"expected a TextBlock or ImageBlock, got {type(value).__name__}")
 
 
@@ -198,28 +207,39 @@ def tool_spec_to_wire(spec: ToolSpec) -> dict[str, Any]:
 
 def tool_spec_from_wire(data: Any) -> ToolSpec:
     if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        raise ValueError(f"a tool spec must be an object with a string 'name', got {str(data)[:200]}")
+        raise ValueError(
+            f"a tool spec must be an object with a string 'name', got {str(data)[:200]}"
+        )
     schema = data.get("input_schema")
-    return ToolSpec(name=data["name"], description=str(data.get("description") or ""),
-                    input_schema=dict(schema) if isinstance(schema, Mapping) else None)
+    return ToolSpec(
+        name=data["name"],
+        description=str(data.get("description") or ""),
+        input_schema=dict(schema) if isinstance(schema, Mapping) else None,
+    )
 
 
 def terminal_tool_from_spec(spec: ToolSpec) -> TerminalToolSpec:
     properties = list((spec.input_schema or {}).get("properties", {}))
-    return TerminalToolSpec(name=spec.name, arg=properties[0] if properties else None,
-                            description=spec.description)
+    return TerminalToolSpec(
+        name=spec.name, arg=properties[0] if properties else None, description=spec.description
+    )
 
 
 def terminal_tool_to_spec(terminal: TerminalToolSpec) -> ToolSpec:
     """A terminal tool as a core ToolSpec: one string argument (or none)."""
     schema: dict[str, Any] = {"type": "object", "properties": {}}
     if terminal.arg is not None:
-        schema = {"type": "object", "properties": {terminal.arg: {"type": "string"}}, "required": [terminal.arg]}
+        schema = {
+            "type": "object",
+            "properties": {terminal.arg: {"type": "string"}},
+            "required": [terminal.arg],
+        }
     return ToolSpec(name=terminal.name, description=terminal.description, input_schema=schema)
 
 
-def list_tools_to_wire(tools: Sequence[ToolSpec], terminal: ToolSpec | None,
-                       supports_score_group: bool = False) -> dict[str, Any]:
+def list_tools_to_wire(
+    tools: Sequence[ToolSpec], terminal: ToolSpec | None, supports_score_group: bool = False
+) -> dict[str, Any]:
     term = terminal_tool_from_spec(terminal) if terminal is not None else None
     return {
         "tools": [tool_spec_to_wire(t) for t in tools],
@@ -245,13 +265,23 @@ def split_from_wire(data: Any) -> Split:
 def message_to_wire(message: Message) -> dict[str, Any]:
     """A core chat message in the ORS (openreward) message shape: role plus blocks."""
     role = message.role if message.role in ("system", "user", "assistant") else "user"
-    return {"role": role, "blocks": [{"type": "text", "text": message.content, "detail": None}], "detail": None}
+    return {
+        "role": role,
+        "blocks": [{"type": "text", "text": message.content, "detail": None}],
+        "detail": None,
+    }
 
 
 def message_from_wire(data: Any) -> Message:
     if not isinstance(data, Mapping) or data.get("role") not in ("system", "user", "assistant"):
-        raise ValueError(f"a message must be an object with role system/user/assistant, got {str(data)[:200]}")
-    texts = [b.get("text", "") for b in data.get("blocks") or [] if isinstance(b, Mapping) and b.get("type") == "text"]
+        raise ValueError(
+            f"a message must be an object with role system/user/assistant, got {str(data)[:200]}"
+        )
+    texts = [
+        b.get("text", "")
+        for b in data.get("blocks") or []
+        if isinstance(b, Mapping) and b.get("type") == "text"
+    ]
     return Message(data["role"], "\n".join(texts))
 
 

@@ -74,8 +74,11 @@ class ArithEnv(Environment):
         """Get a hint (costs a little reward)."""
         self.hints += 1
         digits = len(self.task_spec["answer"])
-        return ToolOutput(blocks=[TextBlock(text=f"The answer has {digits} digit(s).")], reward=-0.1,
-                          metadata={"hints": self.hints})
+        return ToolOutput(
+            blocks=[TextBlock(text=f"The answer has {digits} digit(s).")],
+            reward=-0.1,
+            metadata={"hints": self.hints},
+        )
 
     @tool
     def whoami(self) -> ToolOutput:

@@ -20,7 +20,10 @@ async def episode(env, record, **session_args):
     async with env.session(**session_args) as session:
         prompt = await session.get_prompt()
         tools = await session.list_tools()
-        steps = [await session.call_tool("hint", {}), await session.call_tool("note", {"text": "carry the one"})]
+        steps = [
+            await session.call_tool("hint", {}),
+            await session.call_tool("note", {"text": "carry the one"}),
+        ]
         whoami = await session.call_tool("whoami", {})
         try:
             await session.call_tool("no_such_tool", {})
@@ -33,26 +36,33 @@ async def episode(env, record, **session_args):
         except Exception as exc:
             invalid = f"{type(exc).__name__}: {exc}"
         question = blocks_text(prompt)
-        answers = {"What is 17 + 25?": "42", "What is 9 * 8?": "72", "What is 100 - 37?": "63",
-                   "What is 144 / 12?": "12", "What is 6 * 7?": "42"}
+        answers = {
+            "What is 17 + 25?": "42",
+            "What is 9 * 8?": "72",
+            "What is 100 - 37?": "63",
+            "What is 144 / 12?": "12",
+            "What is 6 * 7?": "42",
+        }
         final = await session.call_tool("answer", {"answer": answers[question]})
         try:
             await session.call_tool("answer", {"answer": answers[question]})
             after_finished = "ran"
         except Exception as exc:
             after_finished = f"{type(exc).__name__}: {exc}"
-        record.append({
-            "prompt": question,
-            "tools": sorted(t.name for t in tools),
-            "rewards": [s.reward for s in steps] + [final.reward],
-            "finished": [s.finished for s in steps] + [final.finished],
-            "metadata": final.metadata,
-            "final_text": blocks_text(final.blocks),
-            "whoami": blocks_text(whoami.blocks),
-            "unknown_tool": unknown,
-            "invalid_input": invalid,
-            "after_finished": after_finished,
-        })
+        record.append(
+            {
+                "prompt": question,
+                "tools": sorted(t.name for t in tools),
+                "rewards": [s.reward for s in steps] + [final.reward],
+                "finished": [s.finished for s in steps] + [final.finished],
+                "metadata": final.metadata,
+                "final_text": blocks_text(final.blocks),
+                "whoami": blocks_text(whoami.blocks),
+                "unknown_tool": unknown,
+                "invalid_input": invalid,
+                "after_finished": after_finished,
+            }
+        )
 
 
 async def main():
@@ -95,7 +105,9 @@ async def main():
             messages = await session.get_messages()
             discovery["messages"] = [[m.role, blocks_text(m.blocks)] for m in messages]
             discovery["terminal"] = await session.is_assistant_message_final()
-        if len(sys.argv) > 3:  # a plait server that also serves an environment with a @terminal tool
+        if (
+            len(sys.argv) > 3
+        ):  # a plait server that also serves an environment with a @terminal tool
             term = api.get("finalanswerenv", variant="finalanswerenv")
             async with term.session(split="train", index=0) as session:
                 discovery["terminal_env"] = {

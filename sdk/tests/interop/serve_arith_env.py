@@ -1,6 +1,6 @@
 """Serve arith_env.py with ors-sdk's, openreward's or plait's own server (run with that SDK's python).
 
-    python serve_arith_env.py ors|openreward|plait PORT
+python serve_arith_env.py ors|openreward|plait PORT
 """
 
 import pathlib

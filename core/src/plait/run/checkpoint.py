@@ -41,11 +41,23 @@ def checkpoint_state(run: Run, held: Sequence[TrainedSample]) -> dict[str, objec
     """What a checkpoint holds beside the trainer state (taken in the event loop, so that it is
     consistent; written by `save_checkpoint`, possibly in a thread)."""
     s = run.state
-    return {"step": s.step, "samples_seen": s.samples_seen, "attempt": s.attempt,
-            "weight_versions": {p.name: p.trainer.weight_version for p in run.components.policies},
-            "eval_history": s.eval_history,
-            "completed": [{"position": h.position, "index": h.index, "task_index": h.task_index,
-                           "attempt": h.attempt, "trajectory": to_json(h.trajectory)} for h in held]}
+    return {
+        "step": s.step,
+        "samples_seen": s.samples_seen,
+        "attempt": s.attempt,
+        "weight_versions": {p.name: p.trainer.weight_version for p in run.components.policies},
+        "eval_history": s.eval_history,
+        "completed": [
+            {
+                "position": h.position,
+                "index": h.index,
+                "task_index": h.task_index,
+                "attempt": h.attempt,
+                "trajectory": to_json(h.trajectory),
+            }
+            for h in held
+        ],
+    }
 
 
 def trainer_dir(run: Run, policy: Policy) -> str:
@@ -71,7 +83,7 @@ def save_checkpoint(run: Run, state: dict[str, object]) -> Path:
     tmp.rename(final)
     fsync_dir(root)
     crash_point("checkpointed", step)
-    for old in sorted(root.glob("step_*"))[:-run.config.checkpoint.keep]:
+    for old in sorted(root.glob("step_*"))[: -run.config.checkpoint.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -98,10 +110,23 @@ def load_checkpoint(run: Run) -> list[TrainedSample] | None:
     s.eval_history = [(int(step), float(acc)) for step, acc in state.get("eval_history", [])]
     for name in (METRICS_FILE, LEDGER_FILE):
         _truncate_records(run.run_dir / name, s.step)
-    held = [TrainedSample(item["position"], item["index"], item["task_index"], item["attempt"],
-                          from_json(Trajectory, item["trajectory"]))
-            for item in state.get("completed", [])]
-    log.info("resumed from checkpoint", checkpoint=str(latest), step=s.step, attempt=s.attempt, held_samples=len(held))
+    held = [
+        TrainedSample(
+            item["position"],
+            item["index"],
+            item["task_index"],
+            item["attempt"],
+            from_json(Trajectory, item["trajectory"]),
+        )
+        for item in state.get("completed", [])
+    ]
+    log.info(
+        "resumed from checkpoint",
+        checkpoint=str(latest),
+        step=s.step,
+        attempt=s.attempt,
+        held_samples=len(held),
+    )
     return held
 
 
@@ -109,9 +134,15 @@ def record_trained(run: Run, samples: Sequence[TrainedSample], weight_version: i
     """Append what this step trained on (at `weight_version`) to trained.jsonl, numbered as its
     metrics (the step count after it); truncated with them on resume, so it lists exactly what
     the checkpointed weights have seen."""
-    record = {"step": run.state.step + 1, "weight_version": weight_version, "attempt": run.state.attempt,
-              "samples": [s.ledger_entry() for s in samples],  # and which replica sampled each turn (pools):
-              "replicas": [[turn.completion.replica for turn in s.trajectory.turns] for s in samples]}
+    record = {
+        "step": run.state.step + 1,
+        "weight_version": weight_version,
+        "attempt": run.state.attempt,
+        "samples": [
+            s.ledger_entry() for s in samples
+        ],  # and which replica sampled each turn (pools):
+        "replicas": [[turn.completion.replica for turn in s.trajectory.turns] for s in samples],
+    }
     with (run.run_dir / LEDGER_FILE).open("a") as f:
         f.write(json.dumps(record) + "\n")
 

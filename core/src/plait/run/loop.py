@@ -64,24 +64,45 @@ async def train_step(run: Run, schedule: Schedule) -> dict[str, float]:
     sync_seconds = time.perf_counter() - t2
 
     metrics = step_metrics(
-        groups, trained, times=StepTimes(rollout=rollout_seconds, stall=stall, train=train_seconds,
-                                         sync=sync_seconds, total=time.perf_counter() - t0),
-        schedule={**synced, **schedule.done(step)}, samples_before=run.state.samples_seen,
-        restored=sum(s.attempt != run.state.attempt for s in samples))
+        groups,
+        trained,
+        times=StepTimes(
+            rollout=rollout_seconds,
+            stall=stall,
+            train=train_seconds,
+            sync=sync_seconds,
+            total=time.perf_counter() - t0,
+        ),
+        schedule={**synced, **schedule.done(step)},
+        samples_before=run.state.samples_seen,
+        restored=sum(s.attempt != run.state.attempt for s in samples),
+    )
     run.state.samples_seen += len(samples)
     return metrics
 
 
-async def train_policy(run: Run, schedule: Schedule, policy: Policy, groups: list[list[Trajectory]]) -> dict[str, float]:
+async def train_policy(
+    run: Run, schedule: Schedule, policy: Policy, groups: list[list[Trajectory]]
+) -> dict[str, float]:
     """Prepare and train one policy on what it played of the batch; its metrics."""
     views = policy_groups(run, policy, groups)
     version = policy.trainer.weight_version
     start = time.perf_counter()
     prepared = await schedule.compute(lambda: prepare(run, policy, views))
-    trained = await schedule.compute(lambda: train(run, policy, prepared.datums, always_step=schedule.always_step))
-    return run.components.suffixed(policy, policy_metrics(
-        views, prepared=prepared.metrics, trained=trained, trainer=policy.trainer, trained_version=version,
-        train_seconds=time.perf_counter() - start))
+    trained = await schedule.compute(
+        lambda: train(run, policy, prepared.datums, always_step=schedule.always_step)
+    )
+    return run.components.suffixed(
+        policy,
+        policy_metrics(
+            views,
+            prepared=prepared.metrics,
+            trained=trained,
+            trainer=policy.trainer,
+            trained_version=version,
+            train_seconds=time.perf_counter() - start,
+        ),
+    )
 
 
 def log_metrics(run: Run, step: int, metrics: dict[str, float]) -> None:
@@ -96,7 +117,10 @@ async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, A
         if held is not None:
             schedule.restore(held)
             if state.step >= rl.steps:
-                log.info("this run is already complete; pass --no-resume to start it over", steps=state.step)
+                log.info(
+                    "this run is already complete; pass --no-resume to start it over",
+                    steps=state.step,
+                )
     await publish(run)  # engines start from exactly the trainer's weights
     run_start = time.perf_counter()
     with StepProgress(total=rl.steps, completed=state.step, title=run.config.run.name) as progress:
@@ -121,7 +145,9 @@ async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, A
                 every = run.config.checkpoint.every
                 if (every and state.step % every == 0) or state.step == rl.steps:
                     progress.phase("checkpoint")
-                    await asyncio.to_thread(save_checkpoint, run, checkpoint_state(run, schedule.held()))
+                    await asyncio.to_thread(
+                        save_checkpoint, run, checkpoint_state(run, schedule.held())
+                    )
     return summarize(run, time.perf_counter() - run_start)
 
 
@@ -129,10 +155,16 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
     history = run.state.eval_history
     first, last = (history[0][1], history[-1][1]) if history else (float("nan"), float("nan"))
     summary = {
-        "run": run.config.run.name, "run_dir": str(run.run_dir), "steps": run.state.step,
-        "seconds": round(seconds, 1), "eval_accuracy_start": first, "eval_accuracy_end": last,
-        "eval_accuracy_gain": last - first, "eval_history": history,
-        "model": run.components.policies[0].model.name, "env": run.config.env.name,
+        "run": run.config.run.name,
+        "run_dir": str(run.run_dir),
+        "steps": run.state.step,
+        "seconds": round(seconds, 1),
+        "eval_accuracy_start": first,
+        "eval_accuracy_end": last,
+        "eval_accuracy_gain": last - first,
+        "eval_history": history,
+        "model": run.components.policies[0].model.name,
+        "env": run.config.env.name,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -168,7 +200,9 @@ def run_training(config: RunConfig, *, resume: bool = True) -> str:
 
     async def main() -> dict[str, Any]:
         try:
-            sampler = TaskSampler(await components.env.num_tasks(config.env.train_split), config.run.seed)
+            sampler = TaskSampler(
+                await components.env.num_tasks(config.env.train_split), config.run.seed
+            )
             run = Run(config, components, run_dir, RunState(), sampler)
             return await run_loop(run, make_schedule(run), resume=resume)
         finally:

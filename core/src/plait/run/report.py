@@ -42,7 +42,9 @@ def union_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "reward") -> dict[str, float]:
+def rollout_metrics(
+    groups: Sequence[Sequence[Trajectory]], prefix: str = "reward"
+) -> dict[str, float]:
     """Reward, pass@1/pass@k and episode-shape metrics of a batch of groups."""
     trajectories = [t for g in groups for t in g]
     valid = [t for t in trajectories if t.error is None]
@@ -51,7 +53,9 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str = "rewar
         f"{prefix}/pass@1": mean([float(t.correct) for t in valid]),
     }
     valid_groups = [[t for t in g if t.error is None] for g in groups]
-    k = max((len(g) for g in groups), default=0)  # the group size; groups that lost samples to errors are left out
+    k = max(
+        (len(g) for g in groups), default=0
+    )  # the group size; groups that lost samples to errors are left out
     if k > 1 and any(len(v) >= k for v in valid_groups):
         metrics[f"{prefix}/pass@k"] = mean(
             [pass_at_k(len(v), sum(t.correct for t in v), k) for v in valid_groups if len(v) >= k]
@@ -81,35 +85,63 @@ class StepTimes:
     total: float
 
 
-def policy_metrics(groups: Sequence[Sequence[Trajectory]], *, prepared: Mapping[str, float],
-                   trained: Mapping[str, float], trainer: TrainerEngine, trained_version: int,
-                   train_seconds: float) -> dict[str, float]:
+def policy_metrics(
+    groups: Sequence[Sequence[Trajectory]],
+    *,
+    prepared: Mapping[str, float],
+    trained: Mapping[str, float],
+    trainer: TrainerEngine,
+    trained_version: int,
+    train_seconds: float,
+) -> dict[str, float]:
     """What a step reports of one policy: rewards and episode shape, data, policy and optimizer,
     off-policy staleness and training throughput."""
     trajectories = [t for g in groups for t in g]
     metrics = rollout_metrics(groups)
     metrics.update(prepared)
-    sampled_lp = [lp for t in trajectories if t.error is None for turn in t.turns for lp in turn.completion.logprobs]
+    sampled_lp = [
+        lp
+        for t in trajectories
+        if t.error is None
+        for turn in t.turns
+        for lp in turn.completion.logprobs
+    ]
     metrics["policy/entropy_sampled"] = -mean(sampled_lp) if sampled_lp else 0.0
     metrics.update({name: trained[key] for key, name in _TRAINER_METRICS.items() if key in trained})
     metrics.setdefault("policy/entropy", metrics["policy/entropy_sampled"])
     tokens = trained.get("train_tokens:sum", 0.0)
     if train_seconds > 0 and tokens:
         metrics["perf/tokens_per_s/train"] = tokens / train_seconds
-    if isinstance(trainer, MeasuresFlops) and trainer.peak_flops_per_s and train_seconds > 0 \
-            and "model_flops:sum" in trained:
+    if (
+        isinstance(trainer, MeasuresFlops)
+        and trainer.peak_flops_per_s
+        and train_seconds > 0
+        and "model_flops:sum" in trained
+    ):
         metrics["perf/mfu"] = trained["model_flops:sum"] / train_seconds / trainer.peak_flops_per_s
         metrics["perf/peak_flops"] = float(trainer.peak_flops_per_s)
-    staleness = np.asarray([trained_version - v for t in trajectories for turn in t.turns
-                            for v in turn.completion.versions()])
+    staleness = np.asarray(
+        [
+            trained_version - v
+            for t in trajectories
+            for turn in t.turns
+            for v in turn.completion.versions()
+        ]
+    )
     metrics["async/staleness_mean"] = float(staleness.mean()) if staleness.size else 0.0
     metrics["async/staleness_max"] = float(staleness.max()) if staleness.size else 0.0
     return metrics
 
 
-def step_metrics(groups: Sequence[Sequence[Trajectory]], policies: Sequence[Mapping[str, float]], *,
-                 times: StepTimes, schedule: Mapping[str, float], samples_before: int,
-                 restored: int) -> dict[str, float]:
+def step_metrics(
+    groups: Sequence[Sequence[Trajectory]],
+    policies: Sequence[Mapping[str, float]],
+    *,
+    times: StepTimes,
+    schedule: Mapping[str, float],
+    samples_before: int,
+    restored: int,
+) -> dict[str, float]:
     """Everything a step reports: each policy's (`policy_metrics`, named for it when there are
     several, beside the whole episodes' rewards), environment time, timing, rollout throughput,
     progress and the schedule's own (`schedule`)."""
@@ -118,16 +150,26 @@ def step_metrics(groups: Sequence[Sequence[Trajectory]], policies: Sequence[Mapp
     for part in policies:
         metrics.update(part)
     for role in sorted({r for t in trajectories if t.error is None for r in t.role_rewards}):
-        metrics[f"role/{role}/reward"] = mean([t.role_rewards[role] for t in trajectories
-                                                if t.error is None and role in t.role_rewards])
+        metrics[f"role/{role}/reward"] = mean(
+            [
+                t.role_rewards[role]
+                for t in trajectories
+                if t.error is None and role in t.role_rewards
+            ]
+        )
     generated = sum(t.completion_tokens for t in trajectories)
-    metrics.update({
-        "time/verify": union_seconds([iv for t in trajectories for iv in t.env_seconds]),
-        "time/rollout": times.rollout, "time/train": times.train, "time/sync": times.sync,
-        "time/stall": times.stall, "time/total": times.total,
-        "perf/tokens_per_s/rollout": generated / times.rollout if times.rollout else 0.0,
-        "progress/samples": float(samples_before + len(trajectories)),
-        "progress/restored": float(restored),
-    })
+    metrics.update(
+        {
+            "time/verify": union_seconds([iv for t in trajectories for iv in t.env_seconds]),
+            "time/rollout": times.rollout,
+            "time/train": times.train,
+            "time/sync": times.sync,
+            "time/stall": times.stall,
+            "time/total": times.total,
+            "perf/tokens_per_s/rollout": generated / times.rollout if times.rollout else 0.0,
+            "progress/samples": float(samples_before + len(trajectories)),
+            "progress/restored": float(restored),
+        }
+    )
     metrics.update(schedule)
     return metrics

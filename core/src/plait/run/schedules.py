@@ -155,8 +155,13 @@ class AsyncSchedule:
         task_index = run.sampler.index(position)
         start = time.perf_counter()
         try:
-            trajectory = await sample_episode(run, run.config.env.train_split, task_index,
-                                              run.config.rl.temperature, run.seed(position, index))
+            trajectory = await sample_episode(
+                run,
+                run.config.env.train_split,
+                task_index,
+                run.config.rl.temperature,
+                run.seed(position, index),
+            )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # an environment's own failures come back as trajectories
@@ -180,16 +185,24 @@ class AsyncSchedule:
         size = self.run.config.rl.group_size
 
         def ready() -> bool:
-            return self.failure is not None or all(len(self.completed.get(p, {})) == size for p in positions)
+            return self.failure is not None or all(
+                len(self.completed.get(p, {})) == size for p in positions
+            )
 
         async with self.changed:
             await self.changed.wait_for(ready)
         if self.failure is not None:
-            raise PlaitError(f"sampling failed: {type(self.failure).__name__}: {self.failure}",
-                             fix="see the error above; the run resumes from its last checkpoint") from self.failure
+            raise PlaitError(
+                f"sampling failed: {type(self.failure).__name__}: {self.failure}",
+                fix="see the error above; the run resumes from its last checkpoint",
+            ) from self.failure
         batch = [[self.completed[p][j] for j in range(size)] for p in positions]
-        times = [self.sample_times[(s.position, s.index)] for g in batch for s in g
-                 if (s.position, s.index) in self.sample_times]
+        times = [
+            self.sample_times[(s.position, s.index)]
+            for g in batch
+            for s in g
+            if (s.position, s.index) in self.sample_times
+        ]
         return batch, (max(e for _, e in times) - min(b for b, _ in times)) if times else 0.0
 
     async def compute(self, work: Callable[[], T]) -> T:
@@ -197,7 +210,9 @@ class AsyncSchedule:
 
     async def publish(self, step: int) -> dict[str, float]:
         """Pause every engine, push the new weights, resume; then let the producer go on."""
-        async with engines_paused([e for p in self.run.components.policies for e in p.engines], self.run.config.off_policy):
+        async with engines_paused(
+            [e for p in self.run.components.policies for e in p.engines], self.run.config.off_policy
+        ):
             metrics = await publish(self.run)
             crash_point("sync", step)
         async with self.changed:
@@ -209,13 +224,19 @@ class AsyncSchedule:
         for position in self.run.positions(step):
             for index in self.completed.pop(position, {}):
                 self.sample_times.pop((position, index), None)
-        return {"async/in_flight": float(len(self.in_flight)),
-                "async/buffered": float(sum(len(v) for v in self.completed.values()))}
+        return {
+            "async/in_flight": float(len(self.in_flight)),
+            "async/buffered": float(sum(len(v) for v in self.completed.values())),
+        }
 
     def held(self) -> list[TrainedSample]:
         first = self.run.positions(self.run.state.step).start
-        return [s for position in sorted(self.completed) if position >= first
-                for s in self.completed[position].values()]
+        return [
+            s
+            for position in sorted(self.completed)
+            if position >= first
+            for s in self.completed[position].values()
+        ]
 
     def restore(self, held: Sequence[TrainedSample]) -> None:
         self.completed = {}
@@ -225,14 +246,20 @@ class AsyncSchedule:
 
 
 @contextlib.asynccontextmanager
-async def engines_paused(engines: Sequence[InferenceEngine], off_policy: OffPolicySection) -> AsyncIterator[None]:
+async def engines_paused(
+    engines: Sequence[InferenceEngine], off_policy: OffPolicySection
+) -> AsyncIterator[None]:
     """`engines` paused (`update_pause`) for a weight update in flight, resumed whatever happens."""
+
     async def bounded(work: Awaitable[object], what: str) -> None:
         try:
             await asyncio.wait_for(work, off_policy.update_timeout_s)
         except TimeoutError:
-            raise EngineError(f"the inference engines did not {what} within {off_policy.update_timeout_s:g} s for a "
-                              "weight update", fix="raise off_policy.update_timeout_s, or use off_policy.update_pause = 'abort'") from None
+            raise EngineError(
+                f"the inference engines did not {what} within {off_policy.update_timeout_s:g} s for a "
+                "weight update",
+                fix="raise off_policy.update_timeout_s, or use off_policy.update_pause = 'abort'",
+            ) from None
 
     try:
         await bounded(asyncio.gather(*(e.pause(off_policy.update_pause) for e in engines)), "pause")

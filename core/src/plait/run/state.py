@@ -35,7 +35,9 @@ class TaskSampler:
 
     def __init__(self, num_tasks: int, seed: int) -> None:
         if num_tasks <= 0:
-            raise PlaitError("the training split has no tasks", fix="check env.train_split and env.options")
+            raise PlaitError(
+                "the training split has no tasks", fix="check env.train_split and env.options"
+            )
         self.num_tasks = num_tasks
         self.seed = seed
         self._cache: dict[int, np.ndarray] = {}
@@ -49,7 +51,9 @@ class TaskSampler:
                 stride += 1
             return (int(rng.integers(0, self.num_tasks)) + offset * stride) % self.num_tasks
         if epoch not in self._cache:
-            self._cache = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)}
+            self._cache = {
+                epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)
+            }
         return int(self._cache[epoch][offset])
 
     def batch(self, start: int, size: int) -> list[int]:

@@ -33,29 +33,54 @@ log = structlog.get_logger("plait.run")
 
 def episode_config(run: Run, temperature: float, seed: int) -> EpisodeConfig:
     rl = run.config.rl
-    sampling = SamplingParams(max_tokens=rl.max_tokens, temperature=temperature, top_p=rl.top_p,
-                              top_k=rl.top_k, seed=seed)
-    return EpisodeConfig(sampling=sampling, max_turns=rl.max_turns, reward_reduce=rl.reward_reduce,
-                         env_timeout_s=rl.env_timeout_s, max_episode_tokens=rl.max_episode_tokens)
+    sampling = SamplingParams(
+        max_tokens=rl.max_tokens, temperature=temperature, top_p=rl.top_p, top_k=rl.top_k, seed=seed
+    )
+    return EpisodeConfig(
+        sampling=sampling,
+        max_turns=rl.max_turns,
+        reward_reduce=rl.reward_reduce,
+        env_timeout_s=rl.env_timeout_s,
+        max_episode_tokens=rl.max_episode_tokens,
+    )
 
 
-async def sample_episode(run: Run, split: str, task_index: int, temperature: float, seed: int) -> Trajectory:
+async def sample_episode(
+    run: Run, split: str, task_index: int, temperature: float, seed: int
+) -> Trajectory:
     c = run.components
     task = await c.env.get_task(split, task_index)
-    return await run_episode(c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed), c.roles())
+    return await run_episode(
+        c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed), c.roles()
+    )
 
 
-async def sample_groups(run: Run, split: str, task_indices: Sequence[int], group_size: int, temperature: float,
-                        seed: Callable[[int, int], int]) -> list[list[Trajectory]]:
+async def sample_groups(
+    run: Run,
+    split: str,
+    task_indices: Sequence[int],
+    group_size: int,
+    temperature: float,
+    seed: Callable[[int, int], int],
+) -> list[list[Trajectory]]:
     """`group_size` episodes on each task, all running concurrently (the engine batches them);
     `seed(group, index)` seeds each."""
     c = run.components
     tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
-    flat = await asyncio.gather(*(
-        run_episode(c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed(g, j)), c.roles())
-        for g, task in enumerate(tasks) for j in range(group_size)
-    ))
-    return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
+    flat = await asyncio.gather(
+        *(
+            run_episode(
+                c.env,
+                task,
+                *c.policies[0].actor,
+                episode_config(run, temperature, seed(g, j)),
+                c.roles(),
+            )
+            for g, task in enumerate(tasks)
+            for j in range(group_size)
+        )
+    )
+    return [list(flat[g * group_size : (g + 1) * group_size]) for g in range(len(tasks))]
 
 
 async def collect(run: Run, step: int) -> Batch:
@@ -63,11 +88,21 @@ async def collect(run: Run, step: int) -> Batch:
     rl = run.config.rl
     positions = run.positions(step)
     indices = [run.sampler.index(p) for p in positions]
-    groups = await sample_groups(run, run.config.env.train_split, indices, rl.group_size, rl.temperature,
-                                 lambda g, j: run.seed(positions[g], j))
-    return [[TrainedSample(position, j, task_index, run.state.attempt, trajectory)
-             for j, trajectory in enumerate(group)]
-            for position, task_index, group in zip(positions, indices, groups, strict=True)]
+    groups = await sample_groups(
+        run,
+        run.config.env.train_split,
+        indices,
+        rl.group_size,
+        rl.temperature,
+        lambda g, j: run.seed(positions[g], j),
+    )
+    return [
+        [
+            TrainedSample(position, j, task_index, run.state.attempt, trajectory)
+            for j, trajectory in enumerate(group)
+        ]
+        for position, task_index, group in zip(positions, indices, groups, strict=True)
+    ]
 
 
 @attrs.frozen
@@ -78,7 +113,9 @@ class Prepared:
     metrics: dict[str, float]
 
 
-def policy_groups(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
+def policy_groups(
+    run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]
+) -> list[list[Trajectory]]:
     """What `policy` learns from: per group and role it plays, the episodes in which that role
     acted, each as that role saw it (`Trajectory.for_role`); the groups as they are in an
     environment without roles."""
@@ -103,19 +140,27 @@ def prepare(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) ->
             constant += 1
             continue
         kept += 1
-        for trajectory, advantage in zip(valid, group_advantages(rewards, rl.advantage), strict=True):
+        for trajectory, advantage in zip(
+            valid, group_advantages(rewards, rl.advantage), strict=True
+        ):
             datums.extend(trajectory_to_datums(trajectory, float(advantage)))
     action_tokens = sum(float(d.loss_fn_inputs["mask"].data.sum()) for d in datums)
     if datums and action_tokens:
         # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
         datums = [_scale_advantages(d, 1.0 / action_tokens) for d in datums]
-    metrics = {"data/datums": float(len(datums)), "data/action_tokens": action_tokens,
-               "data/groups_kept": float(kept), "data/groups_constant": float(constant)}
+    metrics = {
+        "data/datums": float(len(datums)),
+        "data/action_tokens": action_tokens,
+        "data/groups_kept": float(kept),
+        "data/groups_constant": float(constant),
+    }
     datums, correction = correct_off_policy(run, policy, datums)
     return Prepared(datums, {**metrics, **correction})
 
 
-def correct_off_policy(run: Run, policy: Policy, datums: Sequence[Datum]) -> tuple[list[Datum], dict[str, float]]:
+def correct_off_policy(
+    run: Run, policy: Policy, datums: Sequence[Datum]
+) -> tuple[list[Datum], dict[str, float]]:
     """`importance_correction` with the trainer's logprobs from one forward pass at the weights
     about to be updated; the data as they are when `off_policy.correction` is "none"."""
     if run.config.off_policy.correction == "none" or not datums:
@@ -123,26 +168,41 @@ def correct_off_policy(run: Run, policy: Policy, datums: Sequence[Datum]) -> tup
     rl = run.config.rl
     train_logprobs: list[np.ndarray] = []
     for start in range(0, len(datums), rl.micro_batch_size):
-        out = policy.trainer.forward(datums[start:start + rl.micro_batch_size], rl.loss, rl.loss_config)
+        out = policy.trainer.forward(
+            datums[start : start + rl.micro_batch_size], rl.loss, rl.loss_config
+        )
         train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
     return importance_correction(datums, train_logprobs, run.config.off_policy)
 
 
-def train(run: Run, policy: Policy, datums: Sequence[Datum], *, always_step: bool) -> dict[str, float]:
+def train(
+    run: Run, policy: Policy, datums: Sequence[Datum], *, always_step: bool
+) -> dict[str, float]:
     """forward_backward over micro-batches, then one optimizer step. Without data the step is
     skipped unless `always_step` (the async schedule counts on one version per step)."""
     rl, tc, trainer = run.config.rl, policy.config.trainer, policy.trainer
     if not datums and not always_step:
-        log.info("no learning signal this step (every group had equal rewards); skipping the update",
-                 step=run.state.step, policy=policy.name)
+        log.info(
+            "no learning signal this step (every group had equal rewards); skipping the update",
+            step=run.state.step,
+            policy=policy.name,
+        )
         return {}
     parts = []
     for start in range(0, len(datums), rl.micro_batch_size):
-        chunk = datums[start:start + rl.micro_batch_size]
+        chunk = datums[start : start + rl.micro_batch_size]
         out = trainer.forward_backward(chunk, rl.loss, rl.loss_config)
         parts.append((out.metrics, len(chunk)))
-    step = trainer.optim_step(AdamParams(learning_rate=tc.learning_rate, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
-                                         weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm))
+    step = trainer.optim_step(
+        AdamParams(
+            learning_rate=tc.learning_rate,
+            beta1=tc.beta1,
+            beta2=tc.beta2,
+            eps=tc.eps,
+            weight_decay=tc.weight_decay,
+            grad_clip_norm=tc.grad_clip_norm,
+        )
+    )
     return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
 
@@ -160,10 +220,17 @@ async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
             raise WeightSyncError(
                 f"inference engine #{index} ({type(engine).__name__}) of policy {policy.name!r} holds weight version "
                 f"{engine.weight_version} after sync method {policy.config.sync.method!r} pushed version {version}",
-                fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)")
-    return run.components.suffixed(policy, {
-        "sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
-        "sync/delta_fraction": stats.delta_fraction, "sync/full_bytes": float(stats.full_bytes)})
+                fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)",
+            )
+    return run.components.suffixed(
+        policy,
+        {
+            "sync/bytes": float(stats.bytes),
+            "sync/seconds": stats.seconds,
+            "sync/delta_fraction": stats.delta_fraction,
+            "sync/full_bytes": float(stats.full_bytes),
+        },
+    )
 
 
 async def evaluate(run: Run) -> dict[str, float]:
@@ -171,22 +238,44 @@ async def evaluate(run: Run) -> dict[str, float]:
     when `eval.samples_per_task` > 1."""
     ec, split, seed = run.config.eval, run.config.env.eval_split, run.config.run.seed
     indices = list(range(min(ec.tasks, await run.components.env.num_tasks(split))))
-    greedy = await sample_groups(run, split, indices, 1, 0.0, lambda g, _j: sample_seed(seed, EVAL_GREEDY, g))
-    metrics = {"eval/accuracy": mean([float(g[0].correct) for g in greedy]),
-               "eval/reward": mean([g[0].reward for g in greedy]),
-               "eval/errors": float(sum(g[0].error is not None for g in greedy)),
-               "eval/tasks": float(len(indices))}
+    greedy = await sample_groups(
+        run, split, indices, 1, 0.0, lambda g, _j: sample_seed(seed, EVAL_GREEDY, g)
+    )
+    metrics = {
+        "eval/accuracy": mean([float(g[0].correct) for g in greedy]),
+        "eval/reward": mean([g[0].reward for g in greedy]),
+        "eval/errors": float(sum(g[0].error is not None for g in greedy)),
+        "eval/tasks": float(len(indices)),
+    }
     if len(run.components.policies) > 1:  # and each policy's, over the roles it plays
         for policy in run.components.policies:
             views = [t for g in policy_groups(run, policy, greedy) for t in g if t.error is None]
-            metrics.update(run.components.suffixed(policy, {"eval/accuracy": mean([float(t.correct) for t in views]),
-                                                            "eval/reward": mean([t.reward for t in views])}))
+            metrics.update(
+                run.components.suffixed(
+                    policy,
+                    {
+                        "eval/accuracy": mean([float(t.correct) for t in views]),
+                        "eval/reward": mean([t.reward for t in views]),
+                    },
+                )
+            )
     if ec.samples_per_task > 1:
         k = ec.samples_per_task
-        sampled = await sample_groups(run, split, indices, k, ec.temperature,
-                                      lambda g, j: sample_seed(seed, EVAL_SAMPLED, g * k + j))
-        metrics.update({key: v for key, v in rollout_metrics(sampled, prefix="eval").items()
-                        if key.startswith("eval/")})
+        sampled = await sample_groups(
+            run,
+            split,
+            indices,
+            k,
+            ec.temperature,
+            lambda g, j: sample_seed(seed, EVAL_SAMPLED, g * k + j),
+        )
+        metrics.update(
+            {
+                key: v
+                for key, v in rollout_metrics(sampled, prefix="eval").items()
+                if key.startswith("eval/")
+            }
+        )
     return metrics
 
 
@@ -199,14 +288,37 @@ def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: in
             if not t.turns:
                 continue
             players = {r: next(p for p in c.policies if c.plays(p, r)) for r in t.acting_roles()}
-            f.write(json.dumps({
-                "step": run.state.step, "task": t.task, "reward": t.reward, "correct": t.correct, "error": t.error,
-                "completion": [players[turn.role].renderer.tokenizer.decode(list(turn.completion.tokens))
-                               for turn in t.turns],
-                **({"roles": [turn.role for turn in t.turns], "role_rewards": t.role_rewards} if t.role_rewards else {}),
-            }, default=str) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": run.state.step,
+                        "task": t.task,
+                        "reward": t.reward,
+                        "correct": t.correct,
+                        "error": t.error,
+                        "completion": [
+                            players[turn.role].renderer.tokenizer.decode(
+                                list(turn.completion.tokens)
+                            )
+                            for turn in t.turns
+                        ],
+                        **(
+                            {
+                                "roles": [turn.role for turn in t.turns],
+                                "role_rewards": t.role_rewards,
+                            }
+                            if t.role_rewards
+                            else {}
+                        ),
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
 
 
 def _scale_advantages(datum: Datum, factor: float) -> Datum:
     inputs = datum.loss_fn_inputs
-    return Datum(datum.model_input, {**inputs, "advantages": inputs["advantages"].to_numpy() * factor})
+    return Datum(
+        datum.model_input, {**inputs, "advantages": inputs["advantages"].to_numpy() * factor}
+    )

@@ -46,8 +46,10 @@ HEARTBEAT_S = 0.25
 DRAIN_AFTER_EXIT_S = 0.1
 STDIN_CHUNK = 65536
 # (file, key) pairs of cgroup event counters, v1 then v2; the first readable one counts.
-OOM_COUNTERS = (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
-                ("/sys/fs/cgroup/memory.events", "oom_kill"))
+OOM_COUNTERS = (
+    ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+    ("/sys/fs/cgroup/memory.events", "oom_kill"),
+)
 PIDS_COUNTERS = (("/sys/fs/cgroup/pids/pids.events", "max"), ("/sys/fs/cgroup/pids.events", "max"))
 PROGRAM_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -81,16 +83,29 @@ def beat():
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
 SYSCALL_NUMBERS = {  # name: (x86_64, aarch64)
-    "kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
-    "rt_tgsigqueueinfo": (297, 240), "prlimit64": (302, 261), "setpriority": (141, 140),
-    "sched_setaffinity": (203, 122), "sched_setparam": (142, 118), "sched_setscheduler": (144, 119),
-    "sched_setattr": (314, 274), "fcntl": (72, 25), "ioctl": (16, 29),
+    "kill": (62, 129),
+    "tkill": (200, 130),
+    "tgkill": (234, 131),
+    "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240),
+    "prlimit64": (302, 261),
+    "setpriority": (141, 140),
+    "sched_setaffinity": (203, 122),
+    "sched_setparam": (142, 118),
+    "sched_setscheduler": (144, 119),
+    "sched_setattr": (314, 274),
+    "fcntl": (72, 25),
+    "ioctl": (16, 29),
 }
 PRIO_PGRP, PRIO_USER = 1, 2
 F_SETOWN, F_SETOWN_EX = 8, 15
 FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
 BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
-SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_EPERM = 0x7FFF0000, 0x80000000, 0x00050000 | 1
+SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_EPERM = (
+    0x7FFF0000,
+    0x80000000,
+    0x00050000 | 1,
+)
 
 
 def guard_rules(runner_ids):
@@ -99,13 +114,29 @@ def guard_rules(runner_ids):
     as the kernel reads a pid_t or an int."""
     # 0 means the caller itself (or its process group) and stays allowed; -1 means every process
     targets = {i & 0xFFFFFFFF for pid in runner_ids if pid > 0 for i in (pid, -pid)} | {0xFFFFFFFF}
-    rules = [(name, 0, targets) for name in (
-        "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64",
-        "sched_setaffinity", "sched_setparam", "sched_setscheduler", "sched_setattr")]
-    rules += [("tgkill", 1, targets), ("rt_tgsigqueueinfo", 1, targets),
-              ("setpriority", 0, {PRIO_PGRP, PRIO_USER}), ("setpriority", 1, targets),
-              ("fcntl", 1, {F_SETOWN, F_SETOWN_EX}),  # then SIGIO (or any F_SETSIG) to the owner
-              ("ioctl", 1, {FIOSETOWN, SIOCSPGRP})]
+    rules = [
+        (name, 0, targets)
+        for name in (
+            "kill",
+            "tkill",
+            "tgkill",
+            "rt_sigqueueinfo",
+            "rt_tgsigqueueinfo",
+            "prlimit64",
+            "sched_setaffinity",
+            "sched_setparam",
+            "sched_setscheduler",
+            "sched_setattr",
+        )
+    ]
+    rules += [
+        ("tgkill", 1, targets),
+        ("rt_tgsigqueueinfo", 1, targets),
+        ("setpriority", 0, {PRIO_PGRP, PRIO_USER}),
+        ("setpriority", 1, targets),
+        ("fcntl", 1, {F_SETOWN, F_SETOWN_EX}),  # then SIGIO (or any F_SETSIG) to the owner
+        ("ioctl", 1, {FIOSETOWN, SIOCSPGRP}),
+    ]
     return rules
 
 
@@ -117,8 +148,12 @@ def guard_filter(runner_ids, machine=None):
     def op(code, k, jt=0, jf=0):
         return struct.pack("HBBI", code, jt, jf, k)
 
-    program = [op(BPF_LD_W_ABS, 4), op(BPF_JEQ_K, AUDIT_ARCH[machine], 1, 0), op(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
-               op(BPF_LD_W_ABS, 0)]
+    program = [
+        op(BPF_LD_W_ABS, 4),
+        op(BPF_JEQ_K, AUDIT_ARCH[machine], 1, 0),
+        op(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
+        op(BPF_LD_W_ABS, 0),
+    ]
     if machine == "x86_64":  # the x32 ABI's numbers would slip past the checks below
         program += [op(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1), op(BPF_RET_K, SECCOMP_RET_EPERM)]
     by_syscall = {}
@@ -129,10 +164,14 @@ def guard_filter(runner_ids, machine=None):
         for index, values in checks:
             block.append((BPF_LD_W_ABS, 16 + 8 * index))
             block += [(BPF_JEQ_K, value) for value in values]
-        program.append(op(BPF_JEQ_K, SYSCALL_NUMBERS[name][column], 0, len(block) + 2))  # else: skip it
+        program.append(
+            op(BPF_JEQ_K, SYSCALL_NUMBERS[name][column], 0, len(block) + 2)
+        )  # else: skip it
         for position, (code, k) in enumerate(block):
             # a match jumps over the rest of the block and "allow", to "refuse"
-            program.append(op(code, k, len(block) - position, 0) if code == BPF_JEQ_K else op(code, k))
+            program.append(
+                op(code, k, len(block) - position, 0) if code == BPF_JEQ_K else op(code, k)
+            )
         program += [op(BPF_RET_K, SECCOMP_RET_ALLOW), op(BPF_RET_K, SECCOMP_RET_EPERM)]
     program.append(op(BPF_RET_K, SECCOMP_RET_ALLOW))
     return b"".join(program)
@@ -149,8 +188,10 @@ def program_preexec(guard):
     set_dumpable(1)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
-    if (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(guard), 0, 0) != 0):
+    if (
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(guard), 0, 0) != 0
+    ):
         raise OSError(ctypes.get_errno(), "could not install the program's seccomp guard")
 
 
@@ -209,7 +250,7 @@ def kill_others():
 
 def empty_directory(top):
     """Remove everything inside `top`, however deep and whatever its permissions, without recursion
-    and without holding a descriptor per level: walk down with chdir, come back up with "..". """
+    and without holding a descriptor per level: walk down with chdir, come back up with ".."."""
     os.chdir(top)
     entered = []  # the directories walked into below top
     try:
@@ -246,9 +287,11 @@ def remove_ipc_objects():
     """Remove every System V IPC object of the container's (private) IPC namespace. Its owner may
     have been handed to another user with IPC_SET, but its creator can only have been the sandbox
     user, and the creator may always remove it."""
-    removers = {"shm": lambda i: libc.shmctl(i, IPC_RMID, None),
-                "msg": lambda i: libc.msgctl(i, IPC_RMID, None),
-                "sem": lambda i: libc.semctl(i, 0, IPC_RMID)}
+    removers = {
+        "shm": lambda i: libc.shmctl(i, IPC_RMID, None),
+        "msg": lambda i: libc.msgctl(i, IPC_RMID, None),
+        "sem": lambda i: libc.semctl(i, 0, IPC_RMID),
+    }
     for kind, remove in removers.items():
         for ipc_id in ipc_ids(kind):
             remove(ipc_id)
@@ -270,7 +313,9 @@ def wipe():
     remove_ipc_objects()
     left = [f"{WORK_DIR}/{name}" for name in os.listdir(WORK_DIR)]
     left += [f"{MQUEUE_DIR}/{name}" for name in os.listdir(MQUEUE_DIR)]
-    left += [f"System V {kind} {ipc_id}" for kind in ("shm", "msg", "sem") for ipc_id in ipc_ids(kind)]
+    left += [
+        f"System V {kind} {ipc_id}" for kind in ("shm", "msg", "sem") for ipc_id in ipc_ids(kind)
+    ]
     return left
 
 
@@ -325,7 +370,7 @@ def capture(proc, stdin_data, timeout_s, limit):
             for key, _ in events:
                 if key.fd == in_fd:
                     try:
-                        fed += os.write(in_fd, stdin_data[fed:fed + STDIN_CHUNK])
+                        fed += os.write(in_fd, stdin_data[fed : fed + STDIN_CHUNK])
                     except BlockingIOError:
                         continue
                     except OSError:  # the program closed its stdin (EPIPE): it has read enough
@@ -376,14 +421,24 @@ def run(spec):
     oom_before, pids_before = read_counter(OOM_COUNTERS), read_counter(PIDS_COUNTERS)
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-B", PROGRAM], cwd=WORK_DIR, env=PROGRAM_ENV,
-        stdin=subprocess.PIPE if stdin_data else subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True, preexec_fn=lambda: program_preexec(guard),
+        [sys.executable, "-B", PROGRAM],
+        cwd=WORK_DIR,
+        env=PROGRAM_ENV,
+        stdin=subprocess.PIPE if stdin_data else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: program_preexec(guard),
     )
-    stdout, stderr, reason = capture(proc, stdin_data, spec["timeout_s"], spec["output_limit_bytes"])
+    stdout, stderr, reason = capture(
+        proc, stdin_data, spec["timeout_s"], spec["output_limit_bytes"]
+    )
     duration = time.monotonic() - started
     if proc.poll() is None:
-        for target in (-proc.pid, proc.pid):  # its process group, and itself should it have left the group
+        for target in (
+            -proc.pid,
+            proc.pid,
+        ):  # its process group, and itself should it have left the group
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
     exit_code = wait_for(proc)

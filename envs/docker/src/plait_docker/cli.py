@@ -17,8 +17,12 @@ def docker_commands() -> None:
 
 @docker_commands.command("build-image")
 @click.option("--force", is_flag=True, help="Rebuild even if the image's tag exists.")
-@click.option("--mirror", default=None, metavar="URL",
-              help="Debian mirror for debootstrap (default: the one apt uses on this machine).")
+@click.option(
+    "--mirror",
+    default=None,
+    metavar="URL",
+    help="Debian mirror for debootstrap (default: the one apt uses on this machine).",
+)
 def build_image_command(force: bool, mirror: str | None) -> None:
     """Build the sandbox image locally (debootstrap + docker import); print its tag."""
     from plait.logs import ensure_configured
@@ -29,8 +33,12 @@ def build_image_command(force: bool, mirror: str | None) -> None:
 
 
 @docker_commands.command()
-@click.option("--all", "everything", is_flag=True,
-              help="Remove every sandbox container, also those of running processes.")
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Remove every sandbox container, also those of running processes.",
+)
 def janitor(everything: bool) -> None:
     """Remove sandbox containers left behind by processes that are gone."""
     from plait_docker.engine import connect
@@ -50,7 +58,9 @@ def status() -> None:
     tag = default_image()
     containers = client.containers.list(all=True, filters={"label": f"{LABEL_SANDBOX}=1"})
     click.echo(f"engine      Docker {client.version()['Version']} at {client.api.base_url}")
-    click.echo(f"image       {tag} ({'built' if image_exists(client, tag) else 'not built: run plait-docker build-image'})")
+    click.echo(
+        f"image       {tag} ({'built' if image_exists(client, tag) else 'not built: run plait-docker build-image'})"
+    )
     click.echo(f"containers  {len(containers)} sandbox container(s)")
 
 

@@ -73,8 +73,10 @@ class CodeEnv(Environment):
 
     def setup(self) -> None:
         if "task_id" not in self.task_spec:
-            raise EnvironmentError_(f"a code task needs a task_id, got {dict(self.task_spec)}",
-                                    fix="open the environment on a task from its task list")
+            raise EnvironmentError_(
+                f"a code task needs a task_id, got {dict(self.task_spec)}",
+                fix="open the environment on a task from its task list",
+            )
         self.task  # noqa: B018 - raises for an unknown task id
 
     def instructions(self) -> str:
@@ -90,8 +92,12 @@ class CodeEnv(Environment):
         # goes on, rather than scoring the answer for what the engine did.
         task = self.task
         grade = await grade_answer(self.sandbox, task, extract_code(answer, task.entry_point))
-        return ToolOutput(blocks=[TextBlock(grade.summary())], reward=grade.reward, finished=True,
-                          metadata={"task_id": task.task_id, **grade.metadata()})
+        return ToolOutput(
+            blocks=[TextBlock(grade.summary())],
+            reward=grade.reward,
+            finished=True,
+            metadata={"task_id": task.task_id, **grade.metadata()},
+        )
 
 
 class MultiTurnCodeEnv(CodeEnv):
@@ -99,7 +105,9 @@ class MultiTurnCodeEnv(CodeEnv):
 
     max_tool_calls: ClassVar[int]
 
-    def __init__(self, task_spec: Mapping[str, Any] | None = None, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, task_spec: Mapping[str, Any] | None = None, secrets: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(task_spec, secrets)
         self.tool_calls = 0
 
@@ -111,14 +119,21 @@ class MultiTurnCodeEnv(CodeEnv):
         """Run a Python 3.11 program in a sandbox (no network, standard library only, a few seconds
         of time) and return its exit status, stdout and stderr."""
         if self.tool_calls >= self.max_tool_calls:
-            return ToolOutput(blocks=[TextBlock(
-                f"run_python may be called at most {self.max_tool_calls} times; submit your answer now.")],
-                metadata={"execution": "refused"})
+            return ToolOutput(
+                blocks=[
+                    TextBlock(
+                        f"run_python may be called at most {self.max_tool_calls} times; submit your answer now."
+                    )
+                ],
+                metadata={"execution": "refused"},
+            )
         result = await self.sandbox.run(code)
         if result.engine_fault:  # not the model's doing: the call fails and is not counted
             raise SandboxFault(f"the sandbox failed: {result.detail}", fix="call run_python again")
         self.tool_calls += 1
-        return ToolOutput(blocks=[TextBlock(result.summary())], metadata={"execution": result.reason})
+        return ToolOutput(
+            blocks=[TextBlock(result.summary())], metadata={"execution": result.reason}
+        )
 
 
 class DockerEnvironment(LocalEnvironment):
@@ -132,10 +147,17 @@ class DockerEnvironment(LocalEnvironment):
         await asyncio.to_thread(self.sandbox.close)
 
 
-def _environment(name: str, base: type[CodeEnv], task_set: TaskSet, sandbox_options: SandboxOptions,
-                 **class_attrs: Any) -> DockerEnvironment:
+def _environment(
+    name: str,
+    base: type[CodeEnv],
+    task_set: TaskSet,
+    sandbox_options: SandboxOptions,
+    **class_attrs: Any,
+) -> DockerEnvironment:
     sandbox = Sandbox(sandbox_options)
-    env_cls = type(base.__name__, (base,), {"task_set": task_set, "sandbox": sandbox, **class_attrs})
+    env_cls = type(
+        base.__name__, (base,), {"task_set": task_set, "sandbox": sandbox, **class_attrs}
+    )
     return DockerEnvironment(env_cls, name=name)
 
 
@@ -151,11 +173,21 @@ def python(*, options: CodeEnvOptions | None = None) -> DockerEnvironment:
 
 def humaneval_multiturn(*, options: MultiTurnCodeEnvOptions | None = None) -> DockerEnvironment:
     options = options or MultiTurnCodeEnvOptions()
-    return _environment("code.humaneval_multiturn", MultiTurnCodeEnv, humaneval_tasks(), options.sandbox,
-                        max_tool_calls=options.max_tool_calls)
+    return _environment(
+        "code.humaneval_multiturn",
+        MultiTurnCodeEnv,
+        humaneval_tasks(),
+        options.sandbox,
+        max_tool_calls=options.max_tool_calls,
+    )
 
 
 def python_multiturn(*, options: MultiTurnCodeEnvOptions | None = None) -> DockerEnvironment:
     options = options or MultiTurnCodeEnvOptions()
-    return _environment("code.python_multiturn", MultiTurnCodeEnv, python_tasks(), options.sandbox,
-                        max_tool_calls=options.max_tool_calls)
+    return _environment(
+        "code.python_multiturn",
+        MultiTurnCodeEnv,
+        python_tasks(),
+        options.sandbox,
+        max_tool_calls=options.max_tool_calls,
+    )

@@ -55,8 +55,10 @@ def plan_tests(test_source: str) -> CheckPlan:
     if len(checks) != 1:
         raise ValueError("a task's test module must define exactly one function check(candidate)")
     prelude = ast.unparse([n for n in module.body if n is not checks[0]])
-    steps = tuple((ast.unparse(stmt), any(isinstance(n, ast.Assert) for n in ast.walk(stmt)))
-                  for stmt in checks[0].body)
+    steps = tuple(
+        (ast.unparse(stmt), any(isinstance(n, ast.Assert) for n in ast.walk(stmt)))
+        for stmt in checks[0].body
+    )
     if not any(is_test for _, is_test in steps):
         raise ValueError("check(candidate) contains no assert statement, so nothing can be graded")
     return CheckPlan(prelude, steps)
@@ -69,7 +71,11 @@ def extract_code(answer: str, entry_point: str) -> str:
     """The code in a model's answer: the last fenced block that defines `entry_point`, else the first
     Python (or unlabelled) fenced block, else the whole answer."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(answer)]
-    defining = [body for _, body in blocks if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", body, re.MULTILINE)]
+    defining = [
+        body
+        for _, body in blocks
+        if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", body, re.MULTILINE)
+    ]
     if defining:
         return defining[-1]
     python = [body for lang, body in blocks if lang in ("", "python", "py", "python3")]
@@ -81,7 +87,10 @@ def _defines_at_top_level(code: str, name: str) -> bool:
         module = ast.parse(code)
     except SyntaxError:
         return False
-    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name for n in module.body)
+    return any(
+        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+        for n in module.body
+    )
 
 
 def candidate_source(task: CodeTask, code: str) -> str:
@@ -93,7 +102,7 @@ def candidate_source(task: CodeTask, code: str) -> str:
     return task.prompt + code
 
 
-_DRIVER = '''\
+_DRIVER = """\
 import os as _os
 import traceback as _traceback
 
@@ -130,13 +139,18 @@ for _step, _is_test in {steps!r}:
             _emit("pass", _test_index)
     _test_index += _is_test
 _emit("done", _test_index)
-'''
+"""
 
 
 def grading_program(task: CodeTask, code: str, nonce: str) -> str:
     plan = plan_tests(task.test)
-    return _DRIVER.format(nonce=nonce, candidate=candidate_source(task, code), prelude=plan.prelude,
-                          entry_point=task.entry_point, steps=plan.steps)
+    return _DRIVER.format(
+        nonce=nonce,
+        candidate=candidate_source(task, code),
+        prelude=plan.prelude,
+        entry_point=task.entry_point,
+        steps=plan.steps,
+    )
 
 
 @attrs.frozen
@@ -155,8 +169,13 @@ class Grade:
         return self.tests_passed == self.tests_total and self.execution.ok
 
     def metadata(self) -> dict[str, Any]:
-        return {"passed": self.passed, "tests_passed": self.tests_passed, "tests_total": self.tests_total,
-                "execution": self.execution.reason, "execution_detail": self.execution.detail}
+        return {
+            "passed": self.passed,
+            "tests_passed": self.tests_passed,
+            "tests_total": self.tests_total,
+            "execution": self.execution.reason,
+            "execution_detail": self.execution.detail,
+        }
 
     def summary(self) -> str:
         head = f"{self.tests_passed}/{self.tests_total} hidden tests passed ({self.execution.reason}: {self.execution.detail})"
@@ -172,7 +191,7 @@ def read_grade(task: CodeTask, result: ExecutionResult, nonce: str) -> Grade:
     for line in result.stdout.splitlines():
         if not line.startswith(prefix):
             continue
-        kind, _, rest = line[len(prefix):].partition(" ")
+        kind, _, rest = line[len(prefix) :].partition(" ")
         index_text, _, text = rest.partition(" ")
         if kind == "load_error":
             failures.append(f"the answer failed to load: {text}")
@@ -189,7 +208,9 @@ def new_nonce() -> str:
     return "PLAIT-" + secrets.token_hex(8)
 
 
-async def grade_answer(sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s: float | None = None) -> Grade:
+async def grade_answer(
+    sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s: float | None = None
+) -> Grade:
     """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the sandbox.
 
     Raises `SandboxFault` when the sandbox failed (`ExecutionResult.engine_fault`): the answer's
@@ -197,6 +218,8 @@ async def grade_answer(sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s
     nonce = new_nonce()
     result = await sandbox.run(grading_program(task, code, nonce), timeout_s=timeout_s)
     if result.engine_fault:
-        raise SandboxFault(f"the sandbox failed while grading {task.task_id}: {result.detail}",
-                           fix="submit the answer again; if this repeats, check the Docker engine")
+        raise SandboxFault(
+            f"the sandbox failed while grading {task.task_id}: {result.detail}",
+            fix="submit the answer again; if this repeats, check the Docker engine",
+        )
     return read_grade(task, result, nonce)

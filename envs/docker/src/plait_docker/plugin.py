@@ -10,22 +10,42 @@ from typing import Any
 from plait.hookspecs import hookimpl
 
 _ENVS = (
-    ("code.humaneval", "humaneval", "CodeEnvOptions",
-     "HumanEval (164 tasks), graded by its hidden tests in a Docker sandbox; single turn"),
-    ("code.python", "python", "CodeEnvOptions",
-     "plait's own 20 Python tasks, graded by hidden tests in a Docker sandbox; single turn"),
-    ("code.humaneval_multiturn", "humaneval_multiturn", "MultiTurnCodeEnvOptions",
-     "HumanEval with a run_python tool before the final answer"),
-    ("code.python_multiturn", "python_multiturn", "MultiTurnCodeEnvOptions",
-     "plait's own Python tasks with a run_python tool before the final answer"),
+    (
+        "code.humaneval",
+        "humaneval",
+        "CodeEnvOptions",
+        "HumanEval (164 tasks), graded by its hidden tests in a Docker sandbox; single turn",
+    ),
+    (
+        "code.python",
+        "python",
+        "CodeEnvOptions",
+        "plait's own 20 Python tasks, graded by hidden tests in a Docker sandbox; single turn",
+    ),
+    (
+        "code.humaneval_multiturn",
+        "humaneval_multiturn",
+        "MultiTurnCodeEnvOptions",
+        "HumanEval with a run_python tool before the final answer",
+    ),
+    (
+        "code.python_multiturn",
+        "python_multiturn",
+        "MultiTurnCodeEnvOptions",
+        "plait's own Python tasks with a run_python tool before the final answer",
+    ),
 )
 
 
 @hookimpl
 def plait_register_envs(register: Any) -> None:
     for name, factory, options, description in _ENVS:
-        register(name, f"plait_docker.envs:{factory}", options=f"plait_docker.envs:{options}",
-                 description=description)
+        register(
+            name,
+            f"plait_docker.envs:{factory}",
+            options=f"plait_docker.envs:{options}",
+            description=description,
+        )
 
 
 @hookimpl

@@ -101,7 +101,9 @@ class SandboxOptions:
     """Limits and pool shape of a sandbox (the `sandbox` table of a code environment's options)."""
 
     image: str = ""  # default: the tag `plait-docker build-image` builds
-    pool_size: int = attrs.field(default=2, validator=positive)  # containers = concurrent executions
+    pool_size: int = attrs.field(
+        default=2, validator=positive
+    )  # containers = concurrent executions
     reuse_containers: bool = True  # False: a fresh container per execution (slower; for comparison)
     timeout_s: float = attrs.field(default=10.0, validator=positive)  # default per-execution limit
     max_timeout_s: float = attrs.field(default=120.0, validator=positive)
@@ -154,7 +156,11 @@ class ExecutionResult:
 
 
 def _clip(text: str, max_chars: int) -> str:
-    return text if len(text) <= max_chars else text[:max_chars] + f"\n... ({len(text) - max_chars} more characters)"
+    return (
+        text
+        if len(text) <= max_chars
+        else text[:max_chars] + f"\n... ({len(text) - max_chars} more characters)"
+    )
 
 
 def _failure(reason: str, detail: str = "", **fields: Any) -> ExecutionResult:
@@ -200,7 +206,9 @@ def janitor(client: docker.DockerClient, *, everything: bool = False) -> list[st
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": f"{LABEL_SANDBOX}=1"}):
         labels = container.labels
-        orphaned = labels.get(LABEL_OWNER_HOST) == host and not owner_alive(labels.get(LABEL_OWNER_PID, ""))
+        orphaned = labels.get(LABEL_OWNER_HOST) == host and not owner_alive(
+            labels.get(LABEL_OWNER_PID, "")
+        )
         if everything or orphaned:
             _remove_container(container)
             removed.append(container.name)
@@ -227,9 +235,14 @@ def _remove_pool_containers(client: docker.DockerClient, pool_id: str) -> None:
 def _ipc_sysctls(memory_mb: int) -> dict[str, str]:
     """Limits of the container's own IPC namespace: System V objects and POSIX queues."""
     shm_bytes = memory_mb * 2**20 // IPC_SHARE_OF_MEMORY
-    return {"kernel.shmmax": str(shm_bytes), "kernel.shmall": str(shm_bytes // os.sysconf("SC_PAGE_SIZE")),
-            "kernel.shmmni": "64", "kernel.msgmni": "16", "kernel.sem": "32 1024 32 16",
-            "fs.mqueue.queues_max": "16"}
+    return {
+        "kernel.shmmax": str(shm_bytes),
+        "kernel.shmall": str(shm_bytes // os.sysconf("SC_PAGE_SIZE")),
+        "kernel.shmmni": "64",
+        "kernel.msgmni": "16",
+        "kernel.sem": "32 1024 32 16",
+        "fs.mqueue.queues_max": "16",
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,21 +296,39 @@ def _pump(sock: Any, stdin: bytes | None, chunks: queue.Queue) -> None:
         chunks.put(_END)
 
 
-def _stream_exec(api: docker.APIClient, container_id: str, cmd: list[str], *, user: str, workdir: str,
-                 deadline: float, cancel: threading.Event | None, cap_bytes: int,
-                 stdin: bytes | None = None) -> _StreamOutcome:
+def _stream_exec(
+    api: docker.APIClient,
+    container_id: str,
+    cmd: list[str],
+    *,
+    user: str,
+    workdir: str,
+    deadline: float,
+    cancel: threading.Event | None,
+    cap_bytes: int,
+    stdin: bytes | None = None,
+) -> _StreamOutcome:
     """Start `cmd` in the container, send it `stdin`, and read its output until it ends, the
     deadline passes, the runner's heartbeat stops, `cancel` is set, or more than `cap_bytes`
     arrive. The caller closes the outcome (after resetting the container when the exec had to be
     stopped)."""
     try:
-        exec_id = api.exec_create(container_id, cmd, user=user, workdir=workdir, stdin=stdin is not None,
-                                  stdout=True, stderr=True)["Id"]
+        exec_id = api.exec_create(
+            container_id,
+            cmd,
+            user=user,
+            workdir=workdir,
+            stdin=stdin is not None,
+            stdout=True,
+            stderr=True,
+        )["Id"]
         sock = api.exec_start(exec_id, socket=True)
     except (docker.errors.APIError, requests.RequestException) as exc:
         raise _ContainerUnusable(str(exc)) from exc
     chunks: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_pump, args=(sock, stdin, chunks), daemon=True, name="sandbox-exec-reader")
+    reader = threading.Thread(
+        target=_pump, args=(sock, stdin, chunks), daemon=True, name="sandbox-exec-reader"
+    )
     reader.start()
     out, err = bytearray(), bytearray()
     host_reason = None
@@ -350,7 +381,9 @@ class Sandbox:
     containers (none with `reuse_containers=False`). Thread-safe; `run` is the asyncio form.
     """
 
-    def __init__(self, options: SandboxOptions | None = None, *, client: docker.DockerClient | None = None) -> None:
+    def __init__(
+        self, options: SandboxOptions | None = None, *, client: docker.DockerClient | None = None
+    ) -> None:
         self.options = options or SandboxOptions()
         self.client = client or connect(timeout_s=self.options.max_timeout_s + HOST_GRACE_S + 30)
         self.image = self.options.image_tag
@@ -365,7 +398,8 @@ class Sandbox:
         self._serial = 0
         self._closed = False
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.options.pool_size * 2, thread_name_prefix=f"sandbox-{self.pool_id}")
+            max_workers=self.options.pool_size * 2, thread_name_prefix=f"sandbox-{self.pool_id}"
+        )
         # Removes this pool's containers when the Sandbox is collected or the interpreter exits
         # without close(); after a crash, the next Sandbox's janitor does.
         self._finalizer = weakref.finalize(self, _remove_pool_containers, self.client, self.pool_id)
@@ -380,8 +414,13 @@ class Sandbox:
             except BaseException:
                 self.close()
                 raise
-        log.info("sandbox ready", pool=self.pool_id, image=self.image, pool_size=self.options.pool_size,
-                 reuse=self.options.reuse_containers)
+        log.info(
+            "sandbox ready",
+            pool=self.pool_id,
+            image=self.image,
+            pool_size=self.options.pool_size,
+            reuse=self.options.reuse_containers,
+        )
 
     # -- containers --------------------------------------------------------------------------
 
@@ -396,21 +435,29 @@ class Sandbox:
             detach=True,
             name=name,
             hostname="sandbox",
-            labels={LABEL_SANDBOX: "1", LABEL_POOL: self.pool_id, LABEL_OWNER_HOST: socket.gethostname(),
-                    LABEL_OWNER_PID: owner_label()},
+            labels={
+                LABEL_SANDBOX: "1",
+                LABEL_POOL: self.pool_id,
+                LABEL_OWNER_HOST: socket.gethostname(),
+                LABEL_OWNER_PID: owner_label(),
+            },
             user=f"{DEFAULT_RECIPE.init_uid}:{DEFAULT_RECIPE.init_uid}",
             network_mode="none",
             read_only=True,
-            tmpfs={work_dir: f"rw,noexec,nosuid,nodev,size={opts.work_dir_mb}m,nr_inodes={opts.work_dir_inodes},"
-                             f"mode=700,uid={self._uid},gid={self._uid}"},
+            tmpfs={
+                work_dir: f"rw,noexec,nosuid,nodev,size={opts.work_dir_mb}m,nr_inodes={opts.work_dir_inodes},"
+                f"mode=700,uid={self._uid},gid={self._uid}"
+            },
             mem_limit=f"{opts.memory_mb}m",
             memswap_limit=f"{opts.memory_mb}m",  # the same as mem_limit: no swap
             nano_cpus=int(opts.cpus * 1e9),
             pids_limit=opts.pids,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true", seccomp_security_opt()],
-            ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=256),
-                     docker.types.Ulimit(name="core", soft=0, hard=0)],
+            ulimits=[
+                docker.types.Ulimit(name="nofile", soft=256, hard=256),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+            ],
             ipc_mode="none",  # a private IPC namespace without a writable /dev/shm
             sysctls=_ipc_sysctls(opts.memory_mb),
             log_config=docker.types.LogConfig(type="none"),
@@ -429,7 +476,11 @@ class Sandbox:
         try:
             _remove_container(container)
         except (docker.errors.APIError, requests.RequestException) as exc:
-            log.warning("could not remove a sandbox container; the janitor will", container=container.name, error=str(exc))
+            log.warning(
+                "could not remove a sandbox container; the janitor will",
+                container=container.name,
+                error=str(exc),
+            )
         with self._cond:
             self._live -= 1
             self._cond.notify()
@@ -449,8 +500,10 @@ class Sandbox:
                     self._live += 1
                     break
                 if time.monotonic() > give_up:
-                    raise EngineError(f"no sandbox container became free within {self.options.acquire_timeout_s}s",
-                                      fix="raise sandbox.pool_size or sandbox.acquire_timeout_s")
+                    raise EngineError(
+                        f"no sandbox container became free within {self.options.acquire_timeout_s}s",
+                        fix="raise sandbox.pool_size or sandbox.acquire_timeout_s",
+                    )
                 self._cond.wait(timeout=0.05)
         return self._create_container_or_release_slot()
 
@@ -475,9 +528,15 @@ class Sandbox:
         while time.monotonic() < give_up:
             try:
                 outcome = _stream_exec(
-                    self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "reset"],
-                    user=f"{self._uid}:{self._uid}", workdir=DEFAULT_RECIPE.work_dir,
-                    deadline=give_up, cancel=None, cap_bytes=65536)
+                    self.client.api,
+                    container.id,
+                    ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "reset"],
+                    user=f"{self._uid}:{self._uid}",
+                    workdir=DEFAULT_RECIPE.work_dir,
+                    deadline=give_up,
+                    cancel=None,
+                    cap_bytes=65536,
+                )
             except _ContainerUnusable:
                 return False
             outcome.close()
@@ -496,7 +555,7 @@ class Sandbox:
         return not info.get("Running") and info.get("ExitCode") is not None
 
     def _container_state(self, container: Any) -> str:
-        """"running", "paused", "gone", or the status of a container that is not running."""
+        """ "running", "paused", "gone", or the status of a container that is not running."""
         try:
             container.reload()
         except docker.errors.NotFound:
@@ -512,27 +571,45 @@ class Sandbox:
 
     # -- executions --------------------------------------------------------------------------
 
-    def execute(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None,
-                cancel: threading.Event | None = None) -> ExecutionResult:
+    def execute(
+        self,
+        code: str,
+        *,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ExecutionResult:
         """Run the Python program `code` in a container, with `stdin` as its standard input (none:
         an empty one); never raises for anything the program does."""
         opts = self.options
         timeout = min(timeout_s if timeout_s is not None else opts.timeout_s, opts.max_timeout_s)
         if timeout <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        code = code.encode("utf-8", "replace").decode("utf-8")  # lone surrogates cannot be written out
+        code = code.encode("utf-8", "replace").decode(
+            "utf-8"
+        )  # lone surrogates cannot be written out
         stdin = (stdin or "").encode("utf-8", "replace").decode("utf-8")
         code_bytes, stdin_bytes = len(code.encode("utf-8")), len(stdin.encode("utf-8"))
         if code_bytes > opts.max_program_bytes:
-            return _failure("program_too_large",
-                            f"the program has {code_bytes} bytes; at most {opts.max_program_bytes} are allowed")
+            return _failure(
+                "program_too_large",
+                f"the program has {code_bytes} bytes; at most {opts.max_program_bytes} are allowed",
+            )
         if stdin_bytes > opts.max_stdin_bytes:
-            return _failure("program_too_large",
-                            f"the input (stdin) has {stdin_bytes} bytes; at most {opts.max_stdin_bytes} are allowed")
+            return _failure(
+                "program_too_large",
+                f"the input (stdin) has {stdin_bytes} bytes; at most {opts.max_stdin_bytes} are allowed",
+            )
         # The job goes to the runner on its stdin, never on a command line (which the host's process
         # list would show, hidden tests included).
-        payload = json.dumps({"code": code, "stdin": stdin, "timeout_s": timeout,
-                              "output_limit_bytes": opts.output_limit_bytes}).encode()
+        payload = json.dumps(
+            {
+                "code": code,
+                "stdin": stdin,
+                "timeout_s": timeout,
+                "output_limit_bytes": opts.output_limit_bytes,
+            }
+        ).encode()
         with self._cond:
             self._in_flight += 1
         try:
@@ -551,7 +628,9 @@ class Sandbox:
                     # nothing ran: the container broke before the exec started; retry once on another
                     self._discard(container)
                     if attempt == 2:
-                        return _failure("sandbox_error", f"the sandbox container is unusable: {exc}")
+                        return _failure(
+                            "sandbox_error", f"the sandbox container is unusable: {exc}"
+                        )
                     continue
                 except BaseException:
                     self._discard(container)
@@ -564,16 +643,24 @@ class Sandbox:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def _execute_in(self, container: Any, payload: bytes, timeout: float,
-                    cancel: threading.Event | None) -> tuple[ExecutionResult, bool]:
+    def _execute_in(
+        self, container: Any, payload: bytes, timeout: float, cancel: threading.Event | None
+    ) -> tuple[ExecutionResult, bool]:
         """(result, whether the container is clean and reusable)."""
         started = time.monotonic()
         # The runner's report holds at most two capped streams, JSON-escaped (at most 6 bytes a byte).
         cap = 12 * self.options.output_limit_bytes + 65536
         outcome = _stream_exec(
-            self.client.api, container.id, ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "run"],
-            user=f"{self._uid}:{self._uid}", workdir=DEFAULT_RECIPE.work_dir,
-            deadline=started + timeout + HOST_GRACE_S, cancel=cancel, cap_bytes=cap, stdin=payload)
+            self.client.api,
+            container.id,
+            ["python3", "-I", "-B", "-c", RUNNER_SOURCE, "run"],
+            user=f"{self._uid}:{self._uid}",
+            workdir=DEFAULT_RECIPE.work_dir,
+            deadline=started + timeout + HOST_GRACE_S,
+            cancel=cancel,
+            cap_bytes=cap,
+            stdin=payload,
+        )
         try:
             if outcome.host_reason in ("cancelled", "output_limit"):
                 clean = self._reset(container, outcome.exec_id)
@@ -582,9 +669,13 @@ class Sandbox:
                 try:
                     report = json.loads(outcome.stdout)
                     return ExecutionResult(
-                        reason=report["reason"], detail=REASON_DETAILS.get(report["reason"], report["reason"]),
-                        exit_code=report["exit_code"], stdout=report["stdout"], stderr=report["stderr"],
-                        duration_s=report["duration_s"], limits_hit=tuple(report["limits_hit"]),
+                        reason=report["reason"],
+                        detail=REASON_DETAILS.get(report["reason"], report["reason"]),
+                        exit_code=report["exit_code"],
+                        stdout=report["stdout"],
+                        stderr=report["stderr"],
+                        duration_s=report["duration_s"],
+                        limits_hit=tuple(report["limits_hit"]),
                     ), outcome.exit_code == 0
                 except (ValueError, KeyError, TypeError):
                     pass
@@ -596,7 +687,9 @@ class Sandbox:
         finally:
             outcome.close()
 
-    def _diagnose(self, container: Any, outcome: _StreamOutcome, timeout: float) -> tuple[str, bool]:
+    def _diagnose(
+        self, container: Any, outcome: _StreamOutcome, timeout: float
+    ) -> tuple[str, bool]:
         """What went wrong with a run that gave no report (and whether the container is clean again)."""
         state = self._container_state(container)
         clean = False
@@ -611,22 +704,33 @@ class Sandbox:
         if state.startswith("unknown"):
             return f"the engine did not say what became of the sandbox container: {state}", False
         if state != "running":
-            return f"the sandbox container stopped during the execution ({state}): killed or stopped from outside", False
+            return (
+                f"the sandbox container stopped during the execution ({state}): killed or stopped from outside",
+                False,
+            )
         if outcome.host_reason == "unresponsive":
-            return ("the sandbox runner stopped responding (no heartbeat for "
-                    f"{HEARTBEAT_LOSS_S:.0f}s): stopped from outside, or the engine stalled"), clean
+            return (
+                "the sandbox runner stopped responding (no heartbeat for "
+                f"{HEARTBEAT_LOSS_S:.0f}s): stopped from outside, or the engine stalled"
+            ), clean
         if outcome.host_reason == "timeout":
             return f"the sandbox runner gave no result within {timeout + HOST_GRACE_S:.0f}s", clean
         stderr_tail = outcome.stderr.decode("utf-8", "replace")[-500:]
-        return (f"the sandbox runner ended without a readable report (exit status {outcome.exit_code}): "
-                f"killed from outside, or it failed. {stderr_tail}").strip(), clean
+        return (
+            f"the sandbox runner ended without a readable report (exit status {outcome.exit_code}): "
+            f"killed from outside, or it failed. {stderr_tail}"
+        ).strip(), clean
 
-    async def run(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
+    async def run(
+        self, code: str, *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> ExecutionResult:
         """`execute` on a worker thread. Cancelling the awaiting task stops the execution; the
         cancellation propagates once the container has been cleaned up, so that when `run` returns
         or raises, nothing of the execution is left running."""
         cancel = threading.Event()
-        future = self._executor.submit(self.execute, code, stdin=stdin, timeout_s=timeout_s, cancel=cancel)
+        future = self._executor.submit(
+            self.execute, code, stdin=stdin, timeout_s=timeout_s, cancel=cancel
+        )
         wrapped = asyncio.wrap_future(future)
         try:
             return await asyncio.shield(wrapped)

@@ -30,7 +30,9 @@ class TaskSet:
         try:
             return self.by_id[task_id]
         except KeyError:
-            raise KeyError(f"unknown task id {task_id!r}; ids look like {self.tasks[0].task_id!r}") from None
+            raise KeyError(
+                f"unknown task id {task_id!r}; ids look like {self.tasks[0].task_id!r}"
+            ) from None
 
     def split(self, name: str) -> list[CodeTask]:
         return [self.tasks[i] for i in self.split_indices[name]]
@@ -41,8 +43,10 @@ def _every_fifth_held_out(tasks: Sequence[CodeTask]) -> TaskSet:
     return TaskSet(
         tasks=tuple(tasks),
         splits=(Split("train", "train"), Split("test", "test")),
-        split_indices={"train": tuple(i for i in range(len(tasks)) if i % 5),
-                       "test": tuple(i for i in range(len(tasks)) if i % 5 == 0)},
+        split_indices={
+            "train": tuple(i for i in range(len(tasks)) if i % 5),
+            "test": tuple(i for i in range(len(tasks)) if i % 5 == 0),
+        },
     )
 
 

@@ -43,7 +43,9 @@ _DECIMAL = rf"{_INTEGER}(?:\.[0-9]+)?"
 _STRICT_NUMBER = re.compile(rf"[+-]?{_DECIMAL}")
 # A number inside free text: a minus sign counts only where it cannot be a binary minus.
 _TEXT_NUMBER = re.compile(rf"(?:(?<![0-9A-Za-z)\]])-)?(?<![0-9.,])(?:{_DECIMAL}|\.[0-9]+)(?![0-9])")
-_TEXT_FRACTION = re.compile(rf"(?:(?<![0-9A-Za-z)\]])-)?(?<![0-9.,])({_DECIMAL})\s*/\s*({_DECIMAL})(?![0-9])")
+_TEXT_FRACTION = re.compile(
+    rf"(?:(?<![0-9A-Za-z)\]])-)?(?<![0-9.,])({_DECIMAL})\s*/\s*({_DECIMAL})(?![0-9])"
+)
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[0-9.,]+)\s*\}\s*\{\s*(-?[0-9.,]+)\s*\}")
 _LATEX_NOISE = re.compile(r"\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\[,;:!]|\\\$|\\left|\\right|\$")
 _DIGIT_COMMA = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
@@ -67,7 +69,7 @@ def parse_number_robust(text: str) -> Fraction | None:
     `$1,234.00` -> 1234, `18 dollars.` -> 18, `\\frac{36}{2}` -> 18, `3/4` -> 3/4, `-5` -> -5.
     """
     if len(text) > 10 * MAX_NUMBER_CHARS:  # the answer is at the end; keep the work bounded
-        text = text[-10 * MAX_NUMBER_CHARS:]
+        text = text[-10 * MAX_NUMBER_CHARS :]
     text = _LATEX_FRAC.sub(r"\1/\2", text)
     text = _LATEX_NOISE.sub(" ", text)
     text = _DIGIT_COMMA.sub("", text)
@@ -143,7 +145,7 @@ def _boxed_span(text: str, start: int) -> str | None:
     for brace in _BRACE.finditer(text, start + len(BOXED_OPEN)):
         depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[start + len(BOXED_OPEN):brace.start()]
+            return text[start + len(BOXED_OPEN) : brace.start()]
     return None
 
 
@@ -162,7 +164,10 @@ def find_marked(text: str, answer_format: str) -> Marked:
     if answer_format == "answer_tag":
         opens, closes = text.count(TAG_OPEN), text.count(TAG_CLOSE)
         if opens != 1 or closes != 1:
-            return Marked(None, f"expected exactly one {TAG_OPEN}...{TAG_CLOSE}, found {opens} opening and {closes} closing tags")
+            return Marked(
+                None,
+                f"expected exactly one {TAG_OPEN}...{TAG_CLOSE}, found {opens} opening and {closes} closing tags",
+            )
         start, end = text.index(TAG_OPEN) + len(TAG_OPEN), text.index(TAG_CLOSE)
         if end < start:
             return Marked(None, f"{TAG_CLOSE} comes before {TAG_OPEN}")
@@ -171,7 +176,7 @@ def find_marked(text: str, answer_format: str) -> Marked:
         at = text.rfind(HASH_MARK)
         if at == -1:
             return Marked(None, f"no {HASH_MARK} line")
-        return Marked(text[at + len(HASH_MARK):].split("\n", 1)[0])
+        return Marked(text[at + len(HASH_MARK) :].split("\n", 1)[0])
     raise ValueError(f"unknown answer format {answer_format!r}; expected one of {ANSWER_FORMATS}")
 
 
@@ -206,8 +211,14 @@ class Verdict:
         return f"Not accepted ({self.reason}); expected {self.expected}."
 
 
-def verify(text: Any, expected: Fraction, answer_format: str, *, robust: bool = False,
-           wrong_format_reward: float = 0.0) -> Verdict:
+def verify(
+    text: Any,
+    expected: Fraction,
+    answer_format: str,
+    *,
+    robust: bool = False,
+    wrong_format_reward: float = 0.0,
+) -> Verdict:
     """Check a model's final text against `expected`; never raises on any `text`.
 
     robust=False (arithmetic): the marked span must be exactly one number. robust=True (word
@@ -217,8 +228,15 @@ def verify(text: Any, expected: Fraction, answer_format: str, *, robust: bool = 
     """
     expected_text = format_number(expected)
     if not isinstance(text, str):
-        return Verdict(0.0, False, False, None, expected_text, None,
-                       f"the answer is a {type(text).__name__}, not text")
+        return Verdict(
+            0.0,
+            False,
+            False,
+            None,
+            expected_text,
+            None,
+            f"the answer is a {type(text).__name__}, not text",
+        )
     fallback = parse_number_robust(text)  # the last number anywhere in the reply
     fallback_text = None if fallback is None else format_number(fallback)
     marked = find_marked(text, answer_format)
@@ -227,11 +245,37 @@ def verify(text: Any, expected: Fraction, answer_format: str, *, robust: bool = 
         value = parse_number_robust(marked.span) if lenient else parse_number(marked.span)
         if value is not None:
             correct = value == expected
-            return Verdict(1.0 if correct else 0.0, correct, True, format_number(value), expected_text,
-                           fallback_text, "correct" if correct else "wrong value")
-        marked = Marked(None, "no number in the marked answer" if lenient
-                        else f"the {answer_format} answer is not exactly one number")
+            return Verdict(
+                1.0 if correct else 0.0,
+                correct,
+                True,
+                format_number(value),
+                expected_text,
+                fallback_text,
+                "correct" if correct else "wrong value",
+            )
+        marked = Marked(
+            None,
+            "no number in the marked answer"
+            if lenient
+            else f"the {answer_format} answer is not exactly one number",
+        )
     if fallback is not None and fallback == expected:
-        return Verdict(wrong_format_reward, False, False, None, expected_text, fallback_text,
-                       f"right value, wrong format: {marked.problem}")
-    return Verdict(0.0, False, False, None, expected_text, fallback_text, f"format not followed: {marked.problem}")
+        return Verdict(
+            wrong_format_reward,
+            False,
+            False,
+            None,
+            expected_text,
+            fallback_text,
+            f"right value, wrong format: {marked.problem}",
+        )
+    return Verdict(
+        0.0,
+        False,
+        False,
+        None,
+        expected_text,
+        fallback_text,
+        f"format not followed: {marked.problem}",
+    )

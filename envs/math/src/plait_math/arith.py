@@ -24,25 +24,71 @@ from plait_sdk import LocalEnvironment
 
 PromptStyle = Literal["instruct", "bare"]
 # How a worked example's answer is written in each format.
-EXAMPLE_ANSWERS = {"plain": "{}", "last_number": "{}", "boxed": "\\boxed{{{}}}", "answer_tag": "<answer>{}</answer>",
-                   "hash": "#### {}"}
+EXAMPLE_ANSWERS = {
+    "plain": "{}",
+    "last_number": "{}",
+    "boxed": "\\boxed{{{}}}",
+    "answer_tag": "<answer>{}</answer>",
+    "hash": "#### {}",
+}
 
 # Each preset fixes every knob; see the README for what each is for and how it was measured.
 ARITH_PRESETS: dict[str, dict[str, Any]] = {
     # SmolLM2-135M-Instruct's demo task: a+b after three worked examples as earlier chat turns; it
     # answers a bare number from the start (greedy ~0.2 right), so GRPO lifts accuracy in minutes.
-    "sums": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=["+"],
-                 negatives=False, answer_format="plain", prompt_style="bare", shots=3),
+    "sums": dict(
+        min_digits=1,
+        max_digits=1,
+        min_terms=2,
+        max_terms=2,
+        operators=["+"],
+        negatives=False,
+        answer_format="plain",
+        prompt_style="bare",
+        shots=3,
+    ),
     # A random-init ~10M model trained for minutes: single-digit a+b, prompt "3 + 5 =", bare number.
-    "tiny": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=2, operators=["+"],
-                 negatives=False, answer_format="plain", prompt_style="bare"),
+    "tiny": dict(
+        min_digits=1,
+        max_digits=1,
+        min_terms=2,
+        max_terms=2,
+        operators=["+"],
+        negatives=False,
+        answer_format="plain",
+        prompt_style="bare",
+    ),
     # Harder for SmolLM2-135M-Instruct: about a third right at first (README), little learnt in 40 steps.
-    "smollm": dict(min_digits=1, max_digits=1, min_terms=2, max_terms=3, operators=["+", "-"],
-                   negatives=False, answer_format="last_number", prompt_style="instruct"),
-    "default": dict(min_digits=1, max_digits=2, min_terms=2, max_terms=3, operators=["+", "-", "*"],
-                    negatives=False, answer_format="answer_tag", prompt_style="instruct"),
-    "hard": dict(min_digits=2, max_digits=3, min_terms=3, max_terms=5, operators=["+", "-", "*", "/"],
-                 negatives=True, answer_format="answer_tag", prompt_style="instruct"),
+    "smollm": dict(
+        min_digits=1,
+        max_digits=1,
+        min_terms=2,
+        max_terms=3,
+        operators=["+", "-"],
+        negatives=False,
+        answer_format="last_number",
+        prompt_style="instruct",
+    ),
+    "default": dict(
+        min_digits=1,
+        max_digits=2,
+        min_terms=2,
+        max_terms=3,
+        operators=["+", "-", "*"],
+        negatives=False,
+        answer_format="answer_tag",
+        prompt_style="instruct",
+    ),
+    "hard": dict(
+        min_digits=2,
+        max_digits=3,
+        min_terms=3,
+        max_terms=5,
+        operators=["+", "-", "*", "/"],
+        negatives=True,
+        answer_format="answer_tag",
+        prompt_style="instruct",
+    ),
 }
 
 
@@ -85,7 +131,10 @@ class ArithOptions:
             raise ValueError(f"preset {self.preset!r} is not one of {', '.join(self.PRESETS)}")
         if self.knob("shots") < 0:
             raise ValueError(f"shots must be >= 0, got {self.knob('shots')}")
-        if self.knob("prompt_style") == "bare" and self.knob("answer_format") not in ("plain", "last_number"):
+        if self.knob("prompt_style") == "bare" and self.knob("answer_format") not in (
+            "plain",
+            "last_number",
+        ):
             raise ValueError(
                 f"prompt_style 'bare' tells the model no answer format, so answer_format must be "
                 f"'plain' or 'last_number', not {self.knob('answer_format')!r}"
@@ -98,9 +147,12 @@ class ArithOptions:
 
     def problem_spec(self) -> ProblemSpec:
         return ProblemSpec(
-            min_digits=self.knob("min_digits"), max_digits=self.knob("max_digits"),
-            min_terms=self.knob("min_terms"), max_terms=self.knob("max_terms"),
-            operators=tuple(self.knob("operators")), negatives=self.knob("negatives"),
+            min_digits=self.knob("min_digits"),
+            max_digits=self.knob("max_digits"),
+            min_terms=self.knob("min_terms"),
+            max_terms=self.knob("max_terms"),
+            operators=tuple(self.knob("operators")),
+            negatives=self.knob("negatives"),
             test_fraction=self.test_fraction,
         )
 
@@ -127,8 +179,13 @@ class ArithEnvironment(MathEnvironment):
         answer_format = cls.options.knob("answer_format")
         for i in range(cls.options.knob("shots")):
             problem = generate(cls.options.problem_spec(), cls.options.seed, "train", -1 - i)
-            turns += [Message("user", cls.prompt_for(problem, answer_format)),
-                      Message("assistant", EXAMPLE_ANSWERS[answer_format].format(format_number(problem.answer)))]
+            turns += [
+                Message("user", cls.prompt_for(problem, answer_format)),
+                Message(
+                    "assistant",
+                    EXAMPLE_ANSWERS[answer_format].format(format_number(problem.answer)),
+                ),
+            ]
         return turns
 
     async def get_messages(self) -> list[Message]:
@@ -136,16 +193,23 @@ class ArithEnvironment(MathEnvironment):
 
     def judge(self, text: str, answer_format: str) -> ToolOutput:
         if self.options.verify_seconds:
-            time.sleep(self.options.verify_seconds)  # a slow verifier, on purpose (options.verify_seconds)
+            time.sleep(
+                self.options.verify_seconds
+            )  # a slow verifier, on purpose (options.verify_seconds)
         return super().judge(text, answer_format)
 
     @classmethod
     def make_task(cls, split: str, index: int) -> dict[str, Any]:
         problem = generate(cls.options.problem_spec(), cls.options.seed, split, index)
         answer_format = cls.options.knob("answer_format")
-        return make_task(prompt=cls.prompt_for(problem, answer_format), answer=problem.answer,
-                         answer_format=answer_format, split=split, index=index,
-                         expression=problem.expression)
+        return make_task(
+            prompt=cls.prompt_for(problem, answer_format),
+            answer=problem.answer,
+            answer_format=answer_format,
+            split=split,
+            index=index,
+            expression=problem.expression,
+        )
 
 
 def make_env(*, options: ArithOptions) -> LocalEnvironment:

@@ -38,7 +38,12 @@ def unit_interval(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
 
 
 def make_task(*, prompt: str, answer: Fraction, answer_format: str, **extra: Any) -> dict[str, Any]:
-    return {"prompt": prompt, "answer": format_number(answer), "answer_format": answer_format, **extra}
+    return {
+        "prompt": prompt,
+        "answer": format_number(answer),
+        "answer_format": answer_format,
+        **extra,
+    }
 
 
 class MathEnvironment(Environment):
@@ -77,11 +82,17 @@ class MathEnvironment(Environment):
     def setup(self) -> None:
         missing = [k for k in TASK_KEYS if k not in self.task_spec]
         if missing:
-            raise ValueError(f"task is missing {missing}; a {self.name()} task needs the keys {list(TASK_KEYS)}")
+            raise ValueError(
+                f"task is missing {missing}; a {self.name()} task needs the keys {list(TASK_KEYS)}"
+            )
         if not isinstance(self.task_spec["prompt"], str):
-            raise ValueError(f"task prompt must be a string, got {type(self.task_spec['prompt']).__name__}")
+            raise ValueError(
+                f"task prompt must be a string, got {type(self.task_spec['prompt']).__name__}"
+            )
         if self.task_spec["answer_format"] not in ANSWER_FORMATS:
-            raise ValueError(f"task answer_format {self.task_spec['answer_format']!r} is not one of {ANSWER_FORMATS}")
+            raise ValueError(
+                f"task answer_format {self.task_spec['answer_format']!r} is not one of {ANSWER_FORMATS}"
+            )
         self.expected = parse_expected(self.task_spec["answer"])
 
     def get_prompt(self) -> list[TextBlock]:
@@ -90,10 +101,19 @@ class MathEnvironment(Environment):
     def judge(self, text: str, answer_format: str) -> ToolOutput:
         """Verify a final answer and end the episode (reward 1.0 or 0.0, unless the options say
         to give credit for a right number in the wrong format)."""
-        verdict: Verdict = verify(text, self.expected, answer_format, robust=self.robust,
-                                  wrong_format_reward=self.options.wrong_format_reward)
-        return ToolOutput(blocks=[TextBlock(verdict.feedback())], reward=verdict.reward, finished=True,
-                          metadata=verdict.metadata())
+        verdict: Verdict = verify(
+            text,
+            self.expected,
+            answer_format,
+            robust=self.robust,
+            wrong_format_reward=self.options.wrong_format_reward,
+        )
+        return ToolOutput(
+            blocks=[TextBlock(verdict.feedback())],
+            reward=verdict.reward,
+            finished=True,
+            metadata=verdict.metadata(),
+        )
 
     @terminal
     def final_answer(self, text: str) -> ToolOutput:

@@ -60,7 +60,9 @@ def _check_shape(tree: ast.AST) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise CalculatorError(f"the expression nests deeper than {MAX_DEPTH} levels; split it into steps")
+            raise CalculatorError(
+                f"the expression nests deeper than {MAX_DEPTH} levels; split it into steps"
+            )
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
@@ -70,7 +72,9 @@ def _eval(node: ast.AST, source: str) -> Fraction:
         if isinstance(node.value, bool) or not isinstance(node.value, int | float):
             raise CalculatorError(f"{literal!r} is not a number")
         if len(literal) > MAX_LITERAL_CHARS:
-            raise CalculatorError(f"a number has {len(literal)} characters; the limit is {MAX_LITERAL_CHARS}")
+            raise CalculatorError(
+                f"a number has {len(literal)} characters; the limit is {MAX_LITERAL_CHARS}"
+            )
         try:
             return Fraction(literal)
         except ValueError:
@@ -81,7 +85,9 @@ def _eval(node: ast.AST, source: str) -> Fraction:
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left, source), _eval(node.right, source)
         return _bounded(_apply(node.op, left, right))
-    raise CalculatorError(f"{ast.get_source_segment(source, node)!r} is not arithmetic this calculator does")
+    raise CalculatorError(
+        f"{ast.get_source_segment(source, node)!r} is not arithmetic this calculator does"
+    )
 
 
 def _bits(value: Fraction) -> int:
@@ -90,7 +96,9 @@ def _bits(value: Fraction) -> int:
 
 def _bounded(value: Fraction) -> Fraction:
     if _bits(value) > MAX_RESULT_BITS:
-        raise CalculatorError(f"a result has more than {MAX_RESULT_BITS} bits (about 600 digits); use smaller numbers")
+        raise CalculatorError(
+            f"a result has more than {MAX_RESULT_BITS} bits (about 600 digits); use smaller numbers"
+        )
     return value
 
 
@@ -114,7 +122,9 @@ def _apply(op: ast.operator, left: Fraction, right: Fraction) -> Fraction:
         if left == 0 and exponent < 0:
             raise CalculatorError("division by zero (0 to a negative power)")
         if _bits(left) * abs(exponent) > MAX_RESULT_BITS and abs(left) != 1:
-            raise CalculatorError(f"the power is too large (more than {MAX_RESULT_BITS} bits); use smaller numbers")
+            raise CalculatorError(
+                f"the power is too large (more than {MAX_RESULT_BITS} bits); use smaller numbers"
+            )
         return left**exponent
     raise CalculatorError(f"the operator {type(op).__name__} is not supported; use + - * / ** only")
 

@@ -17,10 +17,26 @@ from plait_sdk import LocalEnvironment, TextBlock, ToolOutput, tool
 
 CALCULATOR_PRESETS: dict[str, dict[str, Any]] = {
     # Products of 2-3 digit numbers inside a sum: tedious by hand, one or two tool calls each.
-    "default": dict(min_digits=2, max_digits=3, min_terms=3, max_terms=4, operators=["+", "-", "*"],
-                    negatives=False, answer_format="answer_tag", prompt_style="instruct"),
-    "hard": dict(min_digits=3, max_digits=4, min_terms=4, max_terms=6, operators=["+", "-", "*", "/"],
-                 negatives=True, answer_format="answer_tag", prompt_style="instruct"),
+    "default": dict(
+        min_digits=2,
+        max_digits=3,
+        min_terms=3,
+        max_terms=4,
+        operators=["+", "-", "*"],
+        negatives=False,
+        answer_format="answer_tag",
+        prompt_style="instruct",
+    ),
+    "hard": dict(
+        min_digits=3,
+        max_digits=4,
+        min_terms=4,
+        max_terms=6,
+        operators=["+", "-", "*", "/"],
+        negatives=True,
+        answer_format="answer_tag",
+        prompt_style="instruct",
+    ),
 }
 
 
@@ -37,7 +53,9 @@ class CalculatorOptions(ArithOptions):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         if self.knob("prompt_style") == "bare":
-            raise ValueError("prompt_style 'bare' cannot explain the calculator tool; use 'instruct'")
+            raise ValueError(
+                "prompt_style 'bare' cannot explain the calculator tool; use 'instruct'"
+            )
         if self.max_calculator_calls < 0:
             raise ValueError(f"max_calculator_calls must be >= 0, got {self.max_calculator_calls}")
 

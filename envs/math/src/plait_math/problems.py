@@ -44,18 +44,26 @@ class ProblemSpec:
         if not 1 <= self.min_digits <= 18:
             raise ValueError(f"min_digits must be between 1 and 18, got {self.min_digits}")
         if not self.min_digits <= self.max_digits <= 18:
-            raise ValueError(f"max_digits must be between min_digits ({self.min_digits}) and 18, got {self.max_digits}")
+            raise ValueError(
+                f"max_digits must be between min_digits ({self.min_digits}) and 18, got {self.max_digits}"
+            )
         if not 2 <= self.min_terms <= 32:
             raise ValueError(f"min_terms must be between 2 and 32, got {self.min_terms}")
         if not self.min_terms <= self.max_terms <= 32:
-            raise ValueError(f"max_terms must be between min_terms ({self.min_terms}) and 32, got {self.max_terms}")
+            raise ValueError(
+                f"max_terms must be between min_terms ({self.min_terms}) and 32, got {self.max_terms}"
+            )
         if not self.operators:
             raise ValueError(f"operators must list at least one of {', '.join(OPERATORS)}")
         unknown = [op for op in self.operators if op not in OPERATORS]
         if unknown:
-            raise ValueError(f"operators: {unknown} not supported; use some of {', '.join(OPERATORS)}")
+            raise ValueError(
+                f"operators: {unknown} not supported; use some of {', '.join(OPERATORS)}"
+            )
         if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be strictly between 0 and 1, got {self.test_fraction}")
+            raise ValueError(
+                f"test_fraction must be strictly between 0 and 1, got {self.test_fraction}"
+            )
 
 
 @attrs.frozen
@@ -151,4 +159,3 @@ def generate(spec: ProblemSpec, seed: int, split: str, index: int) -> Problem:
         f"no {split} problem found in {MAX_DRAWS} draws: the problem space of {spec} is too small "
         "for test_fraction; widen the digits/terms/operators or change test_fraction"
     )
-

@@ -81,7 +81,9 @@ class ProposeSolve(Environment):
     def setup(self) -> None:
         target = self.task_spec.get("target")
         if not isinstance(target, int) or not 0 <= target <= MAX_TARGET:
-            raise ValueError(f"a math.propose task needs an integer target in 0..{MAX_TARGET}, got {target!r}")
+            raise ValueError(
+                f"a math.propose task needs an integer target in 0..{MAX_TARGET}, got {target!r}"
+            )
         self.target = target
         self.problem: tuple[int, int] | None = None
 
@@ -98,8 +100,11 @@ class ProposeSolve(Environment):
     def propose(self, text: str) -> ToolOutput:
         match = PROPOSAL.fullmatch(text) if isinstance(text, str) else None
         if match is None:
-            return finish('Not a problem: write it as "a + b" with two digits.', {"proposer": 0.0},
-                          metadata={"correct": False})
+            return finish(
+                'Not a problem: write it as "a + b" with two digits.',
+                {"proposer": 0.0},
+                metadata={"correct": False},
+            )
         self.problem = (int(match[1]), int(match[2]))
         return hand_over("solver", f"{self.problem[0]} + {self.problem[1]} =")
 
@@ -109,10 +114,15 @@ class ProposeSolve(Environment):
         verdict = verify(text, Fraction(a + b), "plain")
         solved = float(verdict.correct)
         proposed = solved if a + b == self.target else 0.0
-        return finish(verdict.feedback(), {"proposer": proposed, "solver": solved},
-                      metadata={"correct": proposed == 1.0, "on_target": a + b == self.target})
+        return finish(
+            verdict.feedback(),
+            {"proposer": proposed, "solver": solved},
+            metadata={"correct": proposed == 1.0, "on_target": a + b == self.target},
+        )
 
 
 def make_env(*, options: ProposeOptions) -> LocalEnvironment:
-    bound = type("propose", (ProposeSolve,), {"options": options, "__module__": ProposeSolve.__module__})
+    bound = type(
+        "propose", (ProposeSolve,), {"options": options, "__module__": ProposeSolve.__module__}
+    )
     return LocalEnvironment(bound, name="math.propose")

@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[4]
 
 def pytest_configure(config: pytest.Config) -> None:
     # The repository's pyproject.toml declares these; repeated here for a copy outside the repository.
-    config.addinivalue_line("markers", "vllm: needs the vLLM venv (scripts/ci/vllm.sh or $PLAIT_VLLM_VENV)")
+    config.addinivalue_line(
+        "markers", "vllm: needs the vLLM venv (scripts/ci/vllm.sh or $PLAIT_VLLM_VENV)"
+    )
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
@@ -82,7 +84,13 @@ class FakeServer:
 
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
-                    self.reply(200, {"object": "list", "data": [{"id": "fake-model", "object": "model", "max_model_len": 40}]})
+                    self.reply(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": "fake-model", "object": "model", "max_model_len": 40}],
+                        },
+                    )
                 else:
                     self.reply(404, {"detail": "Not Found"})
 
@@ -92,12 +100,32 @@ class FakeServer:
                 prompt = body["prompt"]
                 bad = [t for t in prompt if t >= 100]
                 if bad:
-                    self.reply(400, {"error": {"message": f"Token id {bad[0]} is out of vocabulary", "code": 400}})
+                    self.reply(
+                        400,
+                        {
+                            "error": {
+                                "message": f"Token id {bad[0]} is out of vocabulary",
+                                "code": 400,
+                            }
+                        },
+                    )
                 elif body.get("echo"):
                     tokens = [*prompt, 7]
-                    self.reply(200, {"choices": [{"index": 0, "finish_reason": "length", "logprobs": {
-                        "tokens": [f"token_id:{t}" for t in tokens],
-                        "token_logprobs": [None] + [-0.1 * t for t in tokens[1:]]}}]})
+                    self.reply(
+                        200,
+                        {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "length",
+                                    "logprobs": {
+                                        "tokens": [f"token_id:{t}" for t in tokens],
+                                        "token_logprobs": [None] + [-0.1 * t for t in tokens[1:]],
+                                    },
+                                }
+                            ]
+                        },
+                    )
                 else:
                     self.stream(body)
 
@@ -105,7 +133,11 @@ class FakeServer:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                n, max_tokens, stops = body["n"], body["max_tokens"] or 16, body.get("stop_token_ids") or []
+                n, max_tokens, stops = (
+                    body["n"],
+                    body["max_tokens"] or 16,
+                    body.get("stop_token_ids") or [],
+                )
                 base = sum(body["prompt"]) + body["seed"]
                 live = set(range(n))
                 fake.active += 1
@@ -115,9 +147,25 @@ class FakeServer:
                         choices = []
                         for j in sorted(live):
                             token = (base + j + i) % 100
-                            done = "stop" if token in stops else "length" if i == max_tokens - 1 else None
-                            choices.append({"index": j, "text": "", "finish_reason": done, "token_ids": [token],
-                                            "logprobs": {"tokens": [f"token_id:{token}"], "token_logprobs": [-0.5]}})
+                            done = (
+                                "stop"
+                                if token in stops
+                                else "length"
+                                if i == max_tokens - 1
+                                else None
+                            )
+                            choices.append(
+                                {
+                                    "index": j,
+                                    "text": "",
+                                    "finish_reason": done,
+                                    "token_ids": [token],
+                                    "logprobs": {
+                                        "tokens": [f"token_id:{token}"],
+                                        "token_logprobs": [-0.5],
+                                    },
+                                }
+                            )
                             if done:
                                 live.discard(j)
                         self.wfile.write(f"data: {json.dumps({'choices': choices})}\n\n".encode())
@@ -163,27 +211,52 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 
 
 @pytest.fixture(scope="module")  # stopped once the contract module is done
-def vllm_url(vllm_python: str, tiny_model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(
+    vllm_python: str, tiny_model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A plain vLLM OpenAI server on tiny-qwen3, in float32 so that its logprobs match the float32
     reference trainer. Starting it takes a minute or more on two cores."""
     import httpx
 
     port = free_port()
     log_path = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
-    argv = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model.path),
-            "--tokenizer", str(tiny_model.tokenizer_path), "--dtype", "float32", "--max-model-len", "1024",
-            "--host", "127.0.0.1", "--port", str(port), "--seed", "0", "--enforce-eager"]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of this venv leaks in
+    argv = [
+        vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model.path),
+        "--tokenizer",
+        str(tiny_model.tokenizer_path),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--seed",
+        "0",
+        "--enforce-eager",
+    ]
+    env = {
+        k: v for k, v in os.environ.items() if k != "PYTHONPATH"
+    }  # nothing of this venv leaks in
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     with open(log_path, "wb") as log:
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + float(os.environ.get("PLAIT_VLLM_STARTUP_S", "900"))
         while True:
             if server.poll() is not None:
-                pytest.fail(f"vLLM exited with code {server.returncode} while starting:\n"
-                            + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
+                pytest.fail(
+                    f"vLLM exited with code {server.returncode} while starting:\n"
+                    + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                     break

@@ -33,8 +33,12 @@ class TestOpenAIEngineOnVLLM(InferenceEngineContract):
         return lambda: OpenAIEngine(model, options=OpenAIOptions(url=vllm_url), seed=0)
 
     def test_max_tokens_none_fills_the_context(self, make_engine, vocab: int) -> None:
-        async def body(engine: InferenceEngine) -> None:  # the server runs with --max-model-len 1024
-            seq = (await engine.sample(self.prompt(vocab, length=1020), 1, SamplingParams(stop=[]))).sequences[0]
+        async def body(
+            engine: InferenceEngine,
+        ) -> None:  # the server runs with --max-model-len 1024
+            seq = (
+                await engine.sample(self.prompt(vocab, length=1020), 1, SamplingParams(stop=[]))
+            ).sequences[0]
             assert len(seq.tokens) == 4 and seq.stop_reason == "length"
 
         self.run(make_engine, body)

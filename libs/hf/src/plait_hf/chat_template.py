@@ -100,17 +100,24 @@ class ChatTemplateRenderer:
         if not isinstance(template, str):  # a dict of named templates: use the default one
             template = str(template.get("default", ""))
         self.tool_call_format: ToolCallFormat | None = (
-            detect_tool_call_format(template) if self.options.tool_call_format == "auto"
-            else None if self.options.tool_call_format == "none" else self.options.tool_call_format
+            detect_tool_call_format(template)
+            if self.options.tool_call_format == "auto"
+            else None
+            if self.options.tool_call_format == "none"
+            else self.options.tool_call_format
         )
         self._knows_reasoning = THINK_CLOSE in template
         self._stop_ids = self._find_stop_ids()
         probe = self._with_system([Message("user", "x")])
-        self._generation_suffix = self._render_text(probe, True)[len(self._render_text(probe, False)):]
+        self._generation_suffix = self._render_text(probe, True)[
+            len(self._render_text(probe, False)) :
+        ]
         self._prompt_opens_reasoning = self._generation_suffix.rstrip().endswith(THINK_OPEN)
 
     @classmethod
-    def from_model(cls, model: ResolvedModel, *, options: ChatTemplateOptions | None = None) -> ChatTemplateRenderer:
+    def from_model(
+        cls, model: ResolvedModel, *, options: ChatTemplateOptions | None = None
+    ) -> ChatTemplateRenderer:
         return cls(load_tokenizer(model.tokenizer_path), options)
 
     def _find_stop_ids(self) -> list[int]:
@@ -120,31 +127,44 @@ class ChatTemplateRenderer:
         # The end-of-turn token the template writes after an assistant message (e.g. <|im_end|>),
         # found by rendering a probe turn; it may differ from eos.
         probe = self._render_text([Message("user", "x"), Message("assistant", "PROBE")], False)
-        tail = probe[probe.rindex("PROBE") + len("PROBE"):]
+        tail = probe[probe.rindex("PROBE") + len("PROBE") :]
         for token_id in self.tokenizer.encode(tail, add_special_tokens=False)[:1]:
             if token_id in self.tokenizer.all_special_ids and token_id not in ids:
                 ids.append(int(token_id))
         return ids
 
     def _with_system(self, messages: Sequence[Message]) -> list[Message]:
-        if self.options.system_prompt is not None and (not messages or messages[0].role != "system"):
+        if self.options.system_prompt is not None and (
+            not messages or messages[0].role != "system"
+        ):
             return [Message("system", self.options.system_prompt), *messages]
         return list(messages)
 
-    def _render_text(self, messages: Sequence[Message], add_generation_prompt: bool,
-                     tools: Sequence[ToolSpec] | None = None) -> str:
+    def _render_text(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> str:
         return self._apply_template([m.to_hf() for m in messages], add_generation_prompt, tools)
 
-    def _apply_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                        tools: Sequence[ToolSpec] | None) -> str:
+    def _apply_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None,
+    ) -> str:
         if not messages:
             return ""
         from jinja2 import TemplateError
 
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, tools=[openai_tool(t) for t in tools] if tools else None,
-                add_generation_prompt=add_generation_prompt, **self.options.template_kwargs,
+                messages,
+                tokenize=False,
+                tools=[openai_tool(t) for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                **self.options.template_kwargs,
             )
         except TemplateError as exc:  # the template's own raise_exception(...)
             raise ValueError(f"the chat template refuses this conversation: {exc}") from exc
@@ -152,20 +172,33 @@ class ChatTemplateRenderer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _render_ids(self, messages: Sequence[Message], add_generation_prompt: bool,
-                    tools: Sequence[ToolSpec] | None = None, prefill: str = "") -> list[int]:
+    def _render_ids(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+        prefill: str = "",
+    ) -> list[int]:
         """The rendered conversation's ids, with a stop token spelled inside an assistant message
         kept as text. The template gets that text with a marker character before each such
         stop token, so that its place is known in the rendered string (templates transform
         content: strip it, split reasoning off, drop it)."""
         hf = [m.to_hf() for m in messages]
         stops = [self.tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
-        if not any(stop in text for m in hf if m["role"] == "assistant" for text in _strings(m) for stop in stops):
+        if not any(
+            stop in text
+            for m in hf
+            if m["role"] == "assistant"
+            for text in _strings(m)
+            for stop in stops
+        ):
             return self._encode(self._apply_template(hf, add_generation_prompt, tools) + prefill)
         used = "".join(_strings([hf, [openai_tool(t) for t in tools or ()], prefill]))
         marker = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)  # private use
 
-        stop_pattern = re.compile("|".join(re.escape(stop) for stop in sorted(stops, key=len, reverse=True)))
+        stop_pattern = re.compile(
+            "|".join(re.escape(stop) for stop in sorted(stops, key=len, reverse=True))
+        )
 
         def mark(value: Any) -> Any:
             if isinstance(value, str):
@@ -177,23 +210,34 @@ class ChatTemplateRenderer:
             return value
 
         marked = [mark(m) if m["role"] == "assistant" else m for m in hf]
-        pieces = (self._apply_template(marked, add_generation_prompt, tools) + prefill).split(marker)
+        pieces = (self._apply_template(marked, add_generation_prompt, tools) + prefill).split(
+            marker
+        )
         text, kept = pieces[0], set()
         for piece in pieces[1:]:
             kept.add(len(text))
             text += piece
-        return TokenEncoder.of(self.tokenizer).encode(text, lambda start, token: start in kept and token in stops)
+        return TokenEncoder.of(self.tokenizer).encode(
+            text, lambda start, token: start in kept and token in stops
+        )
 
     def build_generation_prompt(
-        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None,
+        self,
+        messages: Sequence[Message],
+        role: str = "assistant",
+        prefill: str | None = None,
         tools: Sequence[ToolSpec] | None = None,
     ) -> ModelInput:
         if role != "assistant":
             raise ValueError("the chat-template renderer only builds assistant generation prompts")
-        return ModelInput.from_ints(self._render_ids(self._with_system(messages), True, tools, prefill or ""))
+        return ModelInput.from_ints(
+            self._render_ids(self._with_system(messages), True, tools, prefill or "")
+        )
 
     def build_supervised_example(
-        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        self,
+        messages: Sequence[Message],
+        train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
         tools: Sequence[ToolSpec] | None = None,
     ) -> tuple[ModelInput, list[float]]:
         messages = self._with_system(messages)
@@ -218,7 +262,9 @@ class ChatTemplateRenderer:
                     "this chat template rewrites earlier turns, so per-turn weights are ambiguous; "
                     "build one example per turn instead"
                 )
-            for position in range(start, trained_span_end(full, start, len(through_turn), self._stop_ids)):
+            for position in range(
+                start, trained_span_end(full, start, len(through_turn), self._stop_ids)
+            ):
                 weights[position] = 1.0
         return ModelInput.from_ints(full), weights
 
@@ -226,25 +272,36 @@ class ChatTemplateRenderer:
         tokens = list(tokens)
         termination = ParseTermination.TRUNCATED
         if tokens and tokens[-1] in self._stop_ids:
-            termination = (ParseTermination.EOS if tokens[-1] == self.tokenizer.eos_token_id
-                           else ParseTermination.STOP_SEQUENCE)
+            termination = (
+                ParseTermination.EOS
+                if tokens[-1] == self.tokenizer.eos_token_id
+                else ParseTermination.STOP_SEQUENCE
+            )
             tokens = tokens[:-1]
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
-        reasoning, content = (split_reasoning(text, prompt_opened=self._prompt_opens_reasoning)
-                              if self._knows_reasoning else (None, text))
+        reasoning, content = (
+            split_reasoning(text, prompt_opened=self._prompt_opens_reasoning)
+            if self._knows_reasoning
+            else (None, text)
+        )
         if self.tool_call_format is None:
             return Message("assistant", content, reasoning_content=reasoning), termination
         parsed = parse_tool_calls(content, self.tool_call_format, complete=termination.is_clean)
         if parsed.error is not None:
-            return Message("assistant", content, reasoning_content=reasoning), ParseTermination.MALFORMED
-        return Message("assistant", parsed.content, reasoning_content=reasoning,
-                       tool_calls=parsed.calls), termination
+            return Message(
+                "assistant", content, reasoning_content=reasoning
+            ), ParseTermination.MALFORMED
+        return Message(
+            "assistant", parsed.content, reasoning_content=reasoning, tool_calls=parsed.calls
+        ), termination
 
     def stop_sequences(self) -> list[int]:
         return list(self._stop_ids)
 
     def bridge_to_next_turn(
-        self, prev_prompt_ids: Sequence[int], prev_completion_ids: Sequence[int],
+        self,
+        prev_prompt_ids: Sequence[int],
+        prev_completion_ids: Sequence[int],
         new_messages: Sequence[Message],
     ) -> list[int] | None:
         if not new_messages or any(m.role not in ("user", "tool") for m in new_messages):
@@ -261,13 +318,16 @@ class ChatTemplateRenderer:
         with_turn = self._render_text([*probe, message], False)
         after = self._render_text([*probe, message, *new_messages], True)
         sampled = self.tokenizer.decode(completion, skip_special_tokens=False)
-        rendered_turn = with_turn[len(before):]
-        if not (with_turn.startswith(before) and rendered_turn.startswith(sampled)
-                and after.startswith(with_turn)):
+        rendered_turn = with_turn[len(before) :]
+        if not (
+            with_turn.startswith(before)
+            and rendered_turn.startswith(sampled)
+            and after.startswith(with_turn)
+        ):
             return None  # the template shows the turn differently, now or once more follows
         # What the template writes after the sampled text (the end-of-turn token when the
         # response was cut off, the newline after it), then the new messages and the prompt.
-        delta = rendered_turn[len(sampled):] + after[len(with_turn):]
+        delta = rendered_turn[len(sampled) :] + after[len(with_turn) :]
         return [*prev_prompt_ids, *completion, *self._encode(delta)]
 
 

@@ -39,12 +39,18 @@ class TokenEncoder:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        added = {token.content: int(token_id) for token_id, token in tokenizer.added_tokens_decoder.items()}
+        added = {
+            token.content: int(token_id)
+            for token_id, token in tokenizer.added_tokens_decoder.items()
+        }
         self.added = added
         self.special_tokens = frozenset(
-            token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
+            token.content for token in tokenizer.added_tokens_decoder.values() if token.special
+        )
         # Longest first, so that a token that contains another wins (as the tokenizer matches).
-        self._pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._pattern = re.compile(
+            "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+        )
 
     @classmethod
     def of(cls, tokenizer: Any) -> TokenEncoder:
@@ -57,13 +63,22 @@ class TokenEncoder:
     def _plain(self) -> Any:
         return plain_text_encoder(self.tokenizer)
 
-    def encode(self, text: str, keep_as_text: Callable[[int, str], bool] | None = None) -> list[int]:
+    def encode(
+        self, text: str, keep_as_text: Callable[[int, str], bool] | None = None
+    ) -> list[int]:
         """`text` as the tokenizer encodes it (no BOS/EOS added); a special token whose text starts
         at offset `start` stays text when `keep_as_text(start, token)` is true."""
         if not text:
             return []
-        kept = [] if keep_as_text is None else [
-            m for m in self._pattern.finditer(text) if m.group() in self.special_tokens and keep_as_text(m.start(), m.group())]
+        kept = (
+            []
+            if keep_as_text is None
+            else [
+                m
+                for m in self._pattern.finditer(text)
+                if m.group() in self.special_tokens and keep_as_text(m.start(), m.group())
+            ]
+        )
         if not kept:
             # The tokenizer itself (not its backend: `encode(split_special_tokens=...)` leaves
             # its flag on the shared backend).
@@ -76,7 +91,7 @@ class TokenEncoder:
         for match in self._pattern.finditer(text):
             if match.start() in kept_starts:
                 continue
-            ids += self._encode_plain(text[position:match.start()])
+            ids += self._encode_plain(text[position : match.start()])
             ids.append(self.added[match.group()])
             position = match.end()
         ids += self._encode_plain(text[position:])

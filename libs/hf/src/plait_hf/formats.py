@@ -62,7 +62,7 @@ def split_reasoning(text: str, *, prompt_opened: bool = False) -> tuple[str | No
     if prompt_opened:
         return text.strip("\n"), ""
     if text.startswith(THINK_OPEN):
-        return text[len(THINK_OPEN):].strip("\n"), ""
+        return text[len(THINK_OPEN) :].strip("\n"), ""
     return None, text
 
 
@@ -84,15 +84,19 @@ def tool_call_arguments(call: ToolCall) -> dict[str, Any]:
         parsed = None
     if not isinstance(parsed, dict):
         shown = arguments if len(arguments) <= 80 else arguments[:77] + "..."
-        raise ValueError(f"tool call {call.name!r}: its arguments must be a JSON object, or a string "
-                         f"that holds one; got the string {shown!r}")
+        raise ValueError(
+            f"tool call {call.name!r}: its arguments must be a JSON object, or a string "
+            f"that holds one; got the string {shown!r}"
+        )
     return parsed
 
 
 def json_tool_call(call: ToolCall) -> str:
     """One call in the Qwen3 / Hermes format, as the Qwen3 chat template writes it."""
     arguments = to_json(tool_call_arguments(call))
-    return f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
+    return (
+        f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
+    )
 
 
 def xml_parameter_value(value: Any) -> str:
@@ -135,7 +139,9 @@ def _json_call(body: str) -> ToolCall:
     try:
         payload = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"the tool call is not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise ValueError(
+            f"the tool call is not valid JSON ({exc.msg} at column {exc.colno})"
+        ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         raise ValueError('a tool call must be a JSON object with a string "name"')
     arguments = payload.get("arguments", {})
@@ -168,7 +174,9 @@ def _xml_call(body: str) -> ToolCall:
     params = _XML_PARAMETER.findall(inner)
     if _XML_PARAMETER.sub("", inner).strip():
         raise ValueError("text between the <parameter=...> blocks of a tool call")
-    return ToolCall(match.group(1).strip(), {key.strip(): _xml_value(value) for key, value in params})
+    return ToolCall(
+        match.group(1).strip(), {key.strip(): _xml_value(value) for key, value in params}
+    )
 
 
 def parse_tool_calls(text: str, fmt: ToolCallFormat, *, complete: bool = True) -> ParsedToolCalls:
@@ -193,7 +201,7 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat, *, complete: bool = True) -
                 return ParsedToolCalls(content, tuple(calls), "a <tool_call> block is never closed")
             break
         try:
-            calls.append(read(text[start + len(TOOL_CALL_OPEN):end].strip("\n")))
+            calls.append(read(text[start + len(TOOL_CALL_OPEN) : end].strip("\n")))
         except ValueError as exc:
             return ParsedToolCalls(content, tuple(calls), str(exc))
         position = end + len(TOOL_CALL_CLOSE)

@@ -8,6 +8,9 @@ from plait.kinds import RegisterRenderer
 
 @hookimpl
 def plait_register_renderers(register: RegisterRenderer) -> None:
-    register("chat_template", "plait_hf.chat_template:ChatTemplateRenderer.from_model",
-             options="plait_hf.chat_template:ChatTemplateOptions",
-             description="any Hugging Face chat template (needs transformers)")
+    register(
+        "chat_template",
+        "plait_hf.chat_template:ChatTemplateRenderer.from_model",
+        options="plait_hf.chat_template:ChatTemplateOptions",
+        description="any Hugging Face chat template (needs transformers)",
+    )

@@ -114,8 +114,9 @@ class LaunchedServer:
             fix="read the server log above for the cause",
         )
 
-    async def wait_healthy(self, probe: Callable[[], Any], *, timeout_s: float,
-                           poll_s: float = 0.5) -> float:
+    async def wait_healthy(
+        self, probe: Callable[[], Any], *, timeout_s: float, poll_s: float = 0.5
+    ) -> float:
         """Poll `probe()` (an async callable that returns True once the server answers) until it
         does; seconds waited. Stops the server and raises if it exits or the deadline passes."""
         start = time.monotonic()
@@ -135,7 +136,7 @@ class LaunchedServer:
                     f"the {self.name} server{self.location} did not become healthy within {timeout_s:g} s; "
                     f"last lines of {self.log_path}:\n{tail}",
                     fix="raise the engine's startup_timeout_s (a loaded machine starts servers slowly), "
-                        "or read the log for the cause",
+                    "or read the log for the cause",
                 )
             await asyncio.sleep(poll_s)
 
@@ -143,8 +144,15 @@ class LaunchedServer:
 class ServerProcess(LaunchedServer):
     """One server process on this machine (and everything it spawns), with its output in `log_path`."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: str | Path,
-                 env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: str | Path,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_path)
@@ -153,16 +161,29 @@ class ServerProcess(LaunchedServer):
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         try:
             self.process = subprocess.Popen(
-                self.argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+                self.argv,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             self._log_file.close()
-            raise EngineError(f"cannot start the {name} server ({self.argv[0]}): {exc}",
-                              fix="check the server command / python path in the engine options") from exc
+            raise EngineError(
+                f"cannot start the {name} server ({self.argv[0]}): {exc}",
+                fix="check the server command / python path in the engine options",
+            ) from exc
         _LIVE.add(self)
-        log.info("server started", server=name, pid=self.process.pid, log=str(self.log_path),
-                 command=" ".join(self.argv))
+        log.info(
+            "server started",
+            server=name,
+            pid=self.process.pid,
+            log=str(self.log_path),
+            command=" ".join(self.argv),
+        )
 
     @property
     def pid(self) -> int:
@@ -236,9 +257,17 @@ class EngineHTTP:
     `asyncio.run` makes a new one) gets a fresh session.
     """
 
-    def __init__(self, base_url: str, *, name: str, timeout_s: float, connect_timeout_s: float = 5.0,
-                 server: LaunchedServer | None = None, headers: Mapping[str, str] | None = None,
-                 keepalive_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str,
+        timeout_s: float,
+        connect_timeout_s: float = 5.0,
+        server: LaunchedServer | None = None,
+        headers: Mapping[str, str] | None = None,
+        keepalive_s: float = 1.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name
         self.timeout_s = timeout_s
@@ -264,12 +293,24 @@ class EngineHTTP:
             self._loop = loop
         return self._client
 
-    async def _send(self, method: str, path: str, json: Any, params: Mapping[str, Any] | None) -> Reply:
-        async with self._http().request(method, self.base_url + path, json=json, params=params) as response:
+    async def _send(
+        self, method: str, path: str, json: Any, params: Mapping[str, Any] | None
+    ) -> Reply:
+        async with self._http().request(
+            method, self.base_url + path, json=json, params=params
+        ) as response:
             return Reply(response.status, await response.read(), response.headers)
 
-    async def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
-                      timeout_s: float | None = None, accept: Sequence[int] = (200,)) -> Reply:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        accept: Sequence[int] = (200,),
+    ) -> Reply:
         """Send a request; the whole answer when its status is in `accept`."""
         import aiohttp
 
@@ -312,7 +353,8 @@ class EngineHTTP:
         except ValueError:
             raise EngineError(
                 f"the {self.name} server answered {method} {path} with a body that is not JSON: "
-                f"{response.text[:200]!r}") from None
+                f"{response.text[:200]!r}"
+            ) from None
 
     def _raise_if_crashed(self, what: str) -> None:
         if self.server is not None and not self.server.alive():
@@ -403,15 +445,19 @@ def model_vocab_size(model: ResolvedModel) -> int:
     try:
         config = json.loads((Path(model.path) / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot read {model.path}/config.json: {exc}",
-                          fix="point model.name at a Hugging Face checkpoint directory") from exc
+        raise EngineError(
+            f"cannot read {model.path}/config.json: {exc}",
+            fix="point model.name at a Hugging Face checkpoint directory",
+        ) from exc
     size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
     if not size:
         raise EngineError(f"{model.path}/config.json has no vocab_size")
     return int(size)
 
 
-def sampling_room(prompt: ModelInput, num_samples: int, vocab_size: int, context: int, option: str) -> tuple[list[int], int]:
+def sampling_room(
+    prompt: ModelInput, num_samples: int, vocab_size: int, context: int, option: str
+) -> tuple[list[int], int]:
     """(the prompt's checked token ids, how many tokens fit after it under the server's `context`
     length, set by inference.options.`option`) for a request of `num_samples` completions."""
     ids = prompt_token_ids(prompt, vocab_size)
@@ -419,8 +465,10 @@ def sampling_room(prompt: ModelInput, num_samples: int, vocab_size: int, context
         raise DataError(f"num_samples must be >= 1, got {num_samples}")
     room = context - len(ids)
     if room < 1:
-        raise DataError(f"prompt of {len(ids)} tokens leaves no room under {option} {context}",
-                        fix=f"shorten the prompt or raise inference.options.{option}")
+        raise DataError(
+            f"prompt of {len(ids)} tokens leaves no room under {option} {context}",
+            fix=f"shorten the prompt or raise inference.options.{option}",
+        )
     return ids, room
 
 
@@ -432,11 +480,15 @@ def parse_weight_version(label: Any) -> int:
     try:
         return int(text)
     except ValueError:
-        raise EngineError(f"the server reports weight version {text!r}, which plait did not set",
-                          fix="let plait set weight versions (one engine per server), or restart the server") from None
+        raise EngineError(
+            f"the server reports weight version {text!r}, which plait did not set",
+            fix="let plait set weight versions (one engine per server), or restart the server",
+        ) from None
 
 
-def token_versions(spans: Sequence[Mapping[str, Any]] | None, num_tokens: int, fallback: int) -> tuple[int, ...]:
+def token_versions(
+    spans: Sequence[Mapping[str, Any]] | None, num_tokens: int, fallback: int
+) -> tuple[int, ...]:
     """Per-token versions from `[{"version", "start", "end"}, ...]` spans over output indices;
     tokens no span covers get `fallback`."""
     versions = [fallback] * num_tokens
@@ -453,16 +505,22 @@ class WeightStaging:
 
     def __init__(self, root: str | Path | None, prefix: str) -> None:
         self._owned = root is None
-        self.root = Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root).expanduser()
+        self.root = (
+            Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root).expanduser()
+        )
         self.root.mkdir(parents=True, exist_ok=True)
 
     async def stage(self, update: WeightUpdate) -> Path:
         if update.kind != "full":
-            raise EngineError(f"this engine loads full weight updates from disk, got kind {update.kind!r}",
-                              fix="use a weight sync whose payload is 'full', or one that writes deltas into a checkpoint")
+            raise EngineError(
+                f"this engine loads full weight updates from disk, got kind {update.kind!r}",
+                fix="use a weight sync whose payload is 'full', or one that writes deltas into a checkpoint",
+            )
         from plait_weights.sync import save_safetensors
 
-        return await asyncio.to_thread(save_safetensors, update.tensors, self.root / f"v{update.version}")
+        return await asyncio.to_thread(
+            save_safetensors, update.tensors, self.root / f"v{update.version}"
+        )
 
     def prune(self, keep: Path) -> None:
         for path in self.root.glob("v*"):
@@ -505,7 +563,9 @@ class ServerOptions:
     """How long an idle connection to the server is kept for the next request; keep it under the
     server's own idle limit (uvicorn's, vLLM's and SGLang's: 5 s), or a request sent as the
     server closes the connection is lost."""
-    pause_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    pause_timeout_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive)
+    )
     """How long `sample` waits while the engine is paused (None = until resume)."""
     log_path: str | None = None
     """Where a launched server's output goes; None = a file in the temporary directory (logged)."""
@@ -546,7 +606,9 @@ class ServerEngine:
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
         self._closed = False
-        self._staging = WeightStaging(options.weights_dir, f"plait-{self.server_name.lower()}-weights-")
+        self._staging = WeightStaging(
+            options.weights_dir, f"plait-{self.server_name.lower()}-weights-"
+        )
         # What a restarted server must be given back (see `_restore`).
         self._weights_path: str | None = None  # None: the checkpoint a new server starts with
         self._weights_from_broadcast = False
@@ -563,9 +625,17 @@ class ServerEngine:
             self._launch()
 
     def _client(self, base_url: str, server: LaunchedServer | None) -> EngineHTTP:
-        headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
-        return EngineHTTP(base_url, name=self.server_name, timeout_s=self.options.control_timeout_s,
-                          server=server, headers=headers, keepalive_s=self.options.keepalive_s)
+        headers = (
+            {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
+        )
+        return EngineHTTP(
+            base_url,
+            name=self.server_name,
+            timeout_s=self.options.control_timeout_s,
+            server=server,
+            headers=headers,
+            keepalive_s=self.options.keepalive_s,
+        )
 
     def _launch(self) -> None:
         self.server, base_url = self.start_server()
@@ -580,9 +650,12 @@ class ServerEngine:
         port = self.options.port or free_port(self.options.host)
         if self._log_path is None:
             self._log_path = os.path.join(
-                tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log")
+                tempfile.gettempdir(), f"plait-{self.server_name.lower()}-{os.getpid()}-{port}.log"
+            )
         argv, env = self.launch_command(port, self._launch_seed)
-        return ServerProcess(self.server_name, argv, log_path=self._log_path, env=env), f"http://{self.options.host}:{port}"
+        return ServerProcess(
+            self.server_name, argv, log_path=self._log_path, env=env
+        ), f"http://{self.options.host}:{port}"
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
         raise NotImplementedError
@@ -639,11 +712,14 @@ class ServerEngine:
             if self._ready:
                 return
             if self.server is not None:
-                await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
+                await self.server.wait_healthy(
+                    self._healthy, timeout_s=self.options.startup_timeout_s
+                )
             elif not await self._healthy():
                 raise EngineError(
                     f"the {self.server_name} server at {self.http.base_url} is not healthy (GET /health answered 503)",
-                    fix="wait for it to finish starting, or check its log")
+                    fix="wait for it to finish starting, or check its log",
+                )
             await self._on_ready()
             self._ready = True
 
@@ -651,7 +727,9 @@ class ServerEngine:
         if self._closed:
             return EngineHealth(False, self._version, "closed")
         if self.server is not None and not self.server.alive():
-            return EngineHealth(False, self._version, f"server exited with code {self.server.exit_code}")
+            return EngineHealth(
+                False, self._version, f"server exited with code {self.server.exit_code}"
+            )
         try:
             if not await self._healthy():
                 return EngineHealth(False, self._version, "starting")
@@ -673,7 +751,9 @@ class ServerEngine:
 
     # -- restarts -------------------------------------------------------------------------
 
-    async def _reissued_after_restart(self, send: Callable[[], Awaitable[T]], *, in_flight: bool) -> T:
+    async def _reissued_after_restart(
+        self, send: Callable[[], Awaitable[T]], *, in_flight: bool
+    ) -> T:
         """`send()`: one request to the server. If it fails because the launched server died,
         the server is restarted (see `_restart`) and `send()` runs once more, on the new one.
         `in_flight`: a sampling request, which waits while the engine is paused and counts as
@@ -690,14 +770,19 @@ class ServerEngine:
             if reissued or not await self._replaced_dead_server(server, failure):
                 raise failure
             reissued = True
-            log.debug("re-issuing a request that was running when the server died", server=self.server_name)
+            log.debug(
+                "re-issuing a request that was running when the server died",
+                server=self.server_name,
+            )
 
     @contextlib.asynccontextmanager
     async def _ready_slot(self) -> Any:
         await self._ensure_ready()
         yield
 
-    async def _replaced_dead_server(self, server: LaunchedServer | None, failure: EngineError) -> bool:
+    async def _replaced_dead_server(
+        self, server: LaunchedServer | None, failure: EngineError
+    ) -> bool:
         """After a request to `server` failed with `failure`: True once a new server stands in
         place of that one, which was dead (restarted here, or by a concurrent request); False
         when the server is fine and the failure was the request's own. An `EngineError` when
@@ -710,8 +795,9 @@ class ServerEngine:
             raise EngineError(
                 failure.message,
                 fix=f"this engine is attached to the server at {self.options.url} (inference.options.url), "
-                    "and plait restarts only servers it launched: restart that server, or leave url unset "
-                    "so that the engine launches (and restarts) its own") from failure
+                "and plait restarts only servers it launched: restart that server, or leave url unset "
+                "so that the engine launches (and restarts) its own",
+            ) from failure
         if self.server is not server:
             return True
         # A server whose process lives on can still be dead inside (vLLM: EngineCore died, and
@@ -730,36 +816,52 @@ class ServerEngine:
         async with self._restart_lock:
             if self.server is not dead or self._closed:
                 return
-            for _ in range(20):  # a process killed a moment ago is reaped in a moment: then say how it ended
+            for _ in range(
+                20
+            ):  # a process killed a moment ago is reaped in a moment: then say how it ended
                 if not dead.alive():
                     break
                 await asyncio.sleep(0.1)
-            how = dead.how_it_ended() if not dead.alive() else f"stopped answering GET /health{dead.location}"
+            how = (
+                dead.how_it_ended()
+                if not dead.alive()
+                else f"stopped answering GET /health{dead.location}"
+            )
             if self._restarts >= self.options.max_restarts:
                 raise EngineError(
                     f"the {self.server_name} server {how} after {self._restarts} restarts "
                     f"(inference.options.max_restarts = {self.options.max_restarts}); "
                     f"last lines of {dead.log_path}:\n{dead.log_tail()}",
-                    fix="read the server log for the cause; raise inference.options.max_restarts to restart it more often")
+                    fix="read the server log for the cause; raise inference.options.max_restarts to restart it more often",
+                )
             reason = self._why_weights_cannot_be_restored()
             if reason is not None:
                 raise EngineError(
                     f"the {self.server_name} server {how}, and a new one could not be given its weights: {reason}; "
                     f"last lines of {dead.log_path}:\n{dead.log_tail()}",
                     fix="read the server log for the cause; weights synced by disk (sync.method 'disk' or "
-                        "'in_process') are given back to a restarted server")
+                    "'in_process') are given back to a restarted server",
+                )
             self._restarts += 1
-            log.warning(f"the {self.server_name} server {how}; restarting it and re-issuing its running requests",
-                        server=self.server_name, exit_code=dead.exit_code, log=str(dead.log_path),
-                        restart=f"{self._restarts} of {self.options.max_restarts}")
+            log.warning(
+                f"the {self.server_name} server {how}; restarting it and re-issuing its running requests",
+                server=self.server_name,
+                exit_code=dead.exit_code,
+                log=str(dead.log_path),
+                restart=f"{self._restarts} of {self.options.max_restarts}",
+            )
             version = self._version
-            await asyncio.to_thread(dead.stop)  # the rest of its process group too (vLLM's EngineCore)
+            await asyncio.to_thread(
+                dead.stop
+            )  # the rest of its process group too (vLLM's EngineCore)
             await self.http.aclose()
             self._restarter = asyncio.current_task()
             try:
                 self._launch()
                 assert self.server is not None
-                await self.server.wait_healthy(self._healthy, timeout_s=self.options.startup_timeout_s)
+                await self.server.wait_healthy(
+                    self._healthy, timeout_s=self.options.startup_timeout_s
+                )
                 await self._on_ready()
                 await self._restore(version)
             except BaseException:
@@ -768,7 +870,9 @@ class ServerEngine:
                 raise
             finally:
                 self._restarter = None
-            log.info("server restarted", server=self.server_name, version=version, url=self.http.base_url)
+            log.info(
+                "server restarted", server=self.server_name, version=version, url=self.http.base_url
+            )
 
     def _why_weights_cannot_be_restored(self) -> str | None:
         if self._in_broadcast_group:
@@ -788,9 +892,11 @@ class ServerEngine:
             for name, path in self._lora_adapters.items():
                 await self._load_lora_adapter(name, path)
         except EngineError as exc:
-            raise EngineError(f"the restarted {self.server_name} server could not be given the weights "
-                              f"it had (version {version}, from {self._weights_path or self.model.path}): {exc.message}",
-                              fix=exc.fix) from exc
+            raise EngineError(
+                f"the restarted {self.server_name} server could not be given the weights "
+                f"it had (version {version}, from {self._weights_path or self.model.path}): {exc.message}",
+                fix=exc.fix,
+            ) from exc
         self._version = version
 
     # -- requests -------------------------------------------------------------------------
@@ -821,8 +927,10 @@ class ServerEngine:
             async with self._idle:
                 await asyncio.wait_for(self._idle.wait_for(lambda: self._inflight == 0), timeout_s)
         except TimeoutError:
-            raise EngineError(f"{self._inflight} requests were still running after {timeout_s:g} s",
-                              fix="raise the engine's request_timeout_s, or pause with mode 'abort'") from None
+            raise EngineError(
+                f"{self._inflight} requests were still running after {timeout_s:g} s",
+                fix="raise the engine's request_timeout_s, or pause with mode 'abort'",
+            ) from None
 
     def _lock(self) -> asyncio.Lock:
         if self._update_lock is None:
@@ -844,17 +952,23 @@ class ServerEngine:
     async def load_weights_from_disk(self, path: str, version: int) -> None:
         """Load the safetensors in directory `path` as `version` (sent again to a restarted
         server if this one dies under it; a restarted server reloads `path`)."""
-        await self._reissued_after_restart(lambda: self._load_weights_from_disk(str(path), version), in_flight=False)
+        await self._reissued_after_restart(
+            lambda: self._load_weights_from_disk(str(path), version), in_flight=False
+        )
         self._weights_path = str(path)
         self._weights_from_broadcast = False
 
     async def set_weight_version(self, version: int) -> None:
-        await self._reissued_after_restart(lambda: self._set_weight_version(version), in_flight=False)
+        await self._reissued_after_restart(
+            lambda: self._set_weight_version(version), in_flight=False
+        )
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Load (or replace) the PEFT adapter in directory `path` under `name` (the server needs
         enable_lora); a restarted server loads it again."""
-        await self._reissued_after_restart(lambda: self._load_lora_adapter(name, str(path)), in_flight=False)
+        await self._reissued_after_restart(
+            lambda: self._load_lora_adapter(name, str(path)), in_flight=False
+        )
         self._lora_adapters[name] = str(path)
 
     async def unload_lora_adapter(self, name: str) -> None:

@@ -70,7 +70,10 @@ class ScriptedServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, target, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (h.partition(":") for h in lines[1:] if h)
+                }
                 await reader.readexactly(int(headers.get("content-length", "0")))
                 route = f"{method} {target.split('?')[0]}"
                 self.requests.append(route)
@@ -80,8 +83,11 @@ class ScriptedServer:
                 reply = self.routes[route]
                 status, body = reply if isinstance(reply, tuple) else (200, reply)
                 payload = b"" if body is None else json.dumps(body).encode()
-                writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
-                             f"content-length: {len(payload)}\r\n\r\n".encode() + payload)
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(payload)}\r\n\r\n".encode()
+                    + payload
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -101,14 +107,20 @@ class ServerEngineFailureContract:
         return {"GET /health": None, **self.ready_routes, **extra}
 
     def fast(self, **options: Any) -> dict[str, Any]:
-        return {"control_timeout_s": self.deadline_s, "request_timeout_s": self.deadline_s,
-                "startup_timeout_s": 30.0, **options}
+        return {
+            "control_timeout_s": self.deadline_s,
+            "request_timeout_s": self.deadline_s,
+            "startup_timeout_s": 30.0,
+            **options,
+        }
 
     def run(self, body: Callable[[], Any]) -> None:
         asyncio.run(asyncio.wait_for(body(), 60))
 
     def check_fast(self, started: float, limit: float = 10.0) -> None:
-        assert time.monotonic() - started < limit, "the failure was not reported within its deadline"
+        assert time.monotonic() - started < limit, (
+            "the failure was not reported within its deadline"
+        )
 
     # -- attach ---------------------------------------------------------------------------
 
@@ -131,7 +143,9 @@ class ServerEngineFailureContract:
                 engine = make_engine(**self.fast(url=server.url))
                 started = time.monotonic()
                 with pytest.raises(EngineError, match="did not answer"):
-                    await engine.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2))
+                    await engine.sample(
+                        ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2)
+                    )
                 with pytest.raises(EngineError, match="did not answer"):
                     await engine.compute_logprobs(ModelInput.from_ints([1, 2, 3]))
                 self.check_fast(started)
@@ -139,7 +153,9 @@ class ServerEngineFailureContract:
 
         self.run(body)
 
-    def test_hung_weight_update_times_out(self, make_engine: Callable[..., Any], tmp_path: Any) -> None:
+    def test_hung_weight_update_times_out(
+        self, make_engine: Callable[..., Any], tmp_path: Any
+    ) -> None:
         async def body() -> None:
             async with ScriptedServer(self.routes()) as server:
                 engine = make_engine(**self.fast(url=server.url))
@@ -156,12 +172,19 @@ class ServerEngineFailureContract:
 
     def test_missing_endpoint_is_named(self, make_engine: Callable[..., Any]) -> None:
         """A server version without an endpoint the engine needs: every route answers 404."""
+
         async def body() -> None:
-            routes = {route: (404, {"detail": "Not Found"}) for route in self.routes() if route != "GET /health"}
+            routes = {
+                route: (404, {"detail": "Not Found"})
+                for route in self.routes()
+                if route != "GET /health"
+            }
             async with ScriptedServer({"GET /health": None, **routes}) as server:
                 engine = make_engine(**self.fast(url=server.url))
                 with pytest.raises(EngineError, match="has no endpoint"):
-                    await engine.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2))
+                    await engine.sample(
+                        ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2)
+                    )
                 await engine.close()
 
         self.run(body)
@@ -171,7 +194,9 @@ class ServerEngineFailureContract:
             async with ScriptedServer({"GET /health": (503, None)}) as server:
                 engine = make_engine(**self.fast(url=server.url))
                 with pytest.raises(EngineError, match="not healthy"):
-                    await engine.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2))
+                    await engine.sample(
+                        ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2)
+                    )
                 assert not (await engine.health()).ok
                 await engine.close()
 
@@ -179,16 +204,29 @@ class ServerEngineFailureContract:
 
     # -- launch ---------------------------------------------------------------------------
 
-    def test_launch_that_dies_reports_its_log(self, make_engine: Callable[..., Any], tmp_path: Any) -> None:
+    def test_launch_that_dies_reports_its_log(
+        self, make_engine: Callable[..., Any], tmp_path: Any
+    ) -> None:
         """A server command that exits at once (here: this interpreter without the server's
         package): the error names the exit code and shows the log, well before the start-up timeout."""
+
         async def body() -> None:
-            engine = make_engine(**self.fast(python=sys.executable, log_path=str(tmp_path / "server.log"),
-                                             startup_timeout_s=120.0, **self.dying_launch_options()))
+            engine = make_engine(
+                **self.fast(
+                    python=sys.executable,
+                    log_path=str(tmp_path / "server.log"),
+                    startup_timeout_s=120.0,
+                    **self.dying_launch_options(),
+                )
+            )
             started = time.monotonic()
-            with pytest.raises(EngineError, match=r"exited with code \d+ while starting") as failure:
+            with pytest.raises(
+                EngineError, match=r"exited with code \d+ while starting"
+            ) as failure:
                 await engine.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2))
-            assert "No module named" in str(failure.value), "the log's last lines belong in the error"
+            assert "No module named" in str(failure.value), (
+                "the log's last lines belong in the error"
+            )
             self.check_fast(started, limit=60.0)
             assert not (await engine.health()).ok
             await engine.close()
@@ -207,14 +245,17 @@ class ServerEngineFailureContract:
                 await engine.close()
                 await engine.close()  # twice is fine
                 with pytest.raises(EngineError, match="closed"):
-                    await engine.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2))
+                    await engine.sample(
+                        ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2)
+                    )
                 assert not (await engine.health()).ok
 
         self.run(body)
 
 
-def assert_resampled_as_before(replies: Sequence[SampleResponse], before: Sequence[SampledSequence],
-                               version: int, atol: float) -> None:
+def assert_resampled_as_before(
+    replies: Sequence[SampleResponse], before: Sequence[SampledSequence], version: int, atol: float
+) -> None:
     """Requests re-issued on a restarted server sample what the dead one did (same seeds and
     weights), every token tagged with the restored weight version."""
     for reply in replies:

@@ -69,15 +69,26 @@ def check_json_schema(schema: Any, where: str) -> None:
     try:
         import jsonschema
     except ImportError as exc:  # pragma: no cover - jsonschema is a test dependency of plait
-        raise RuntimeError("the environment contract kit needs jsonschema: pip install jsonschema") from exc
-    _check(isinstance(schema, Mapping), "tool schemas", f"{where}: input_schema must be an object, got {schema!r}")
+        raise RuntimeError(
+            "the environment contract kit needs jsonschema: pip install jsonschema"
+        ) from exc
+    _check(
+        isinstance(schema, Mapping),
+        "tool schemas",
+        f"{where}: input_schema must be an object, got {schema!r}",
+    )
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise _fail("tool schemas", f"{where}: input_schema is not valid JSON Schema: {exc.message}") from None
-    _check(schema.get("type", "object") == "object", "tool schemas",
-           f"{where}: input_schema must describe an object (tool input is a JSON object), got type "
-           f"{schema.get('type')!r}")
+        raise _fail(
+            "tool schemas", f"{where}: input_schema is not valid JSON Schema: {exc.message}"
+        ) from None
+    _check(
+        schema.get("type", "object") == "object",
+        "tool schemas",
+        f"{where}: input_schema must describe an object (tool input is a JSON object), got type "
+        f"{schema.get('type')!r}",
+    )
 
 
 def example_input(schema: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -86,7 +97,9 @@ def example_input(schema: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     defs = schema.get("$defs", {})
     properties = schema.get("properties", {})
-    return {name: _example_value(properties.get(name, {}), defs) for name in schema.get("required", [])}
+    return {
+        name: _example_value(properties.get(name, {}), defs) for name in schema.get("required", [])
+    }
 
 
 def _example_value(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Any:
@@ -127,7 +140,9 @@ def _invalid_input(tools: Sequence[ToolSpec]) -> tuple[str, dict[str, Any]] | No
 class _Episode:
     """Plays one session and checks every answer."""
 
-    def __init__(self, session: Any, report: EnvironmentReport, reward_range: tuple[float, float] | None) -> None:
+    def __init__(
+        self, session: Any, report: EnvironmentReport, reward_range: tuple[float, float] | None
+    ) -> None:
         self.session = session
         self.report = report
         self.reward_range = reward_range
@@ -136,25 +151,43 @@ class _Episode:
         try:
             result = await self.session.call(name, args)
         except Exception as exc:
-            raise _fail("tool errors are returned, not raised",
-                        f"call({name!r}, {dict(args)!r}) raised {type(exc).__name__}: {exc}") from exc
+            raise _fail(
+                "tool errors are returned, not raised",
+                f"call({name!r}, {dict(args)!r}) raised {type(exc).__name__}: {exc}",
+            ) from exc
         self.report.tool_calls += 1
-        _check(isinstance(result, ToolOutput | ToolError), "tool results",
-               f"call({name!r}) returned {type(result).__name__}, expected ToolOutput or ToolError")
+        _check(
+            isinstance(result, ToolOutput | ToolError),
+            "tool results",
+            f"call({name!r}) returned {type(result).__name__}, expected ToolOutput or ToolError",
+        )
         if isinstance(result, ToolError):
             self.report.tool_errors += 1
-            _check(bool(result.error), "tool errors", f"call({name!r}) returned a ToolError without a message")
+            _check(
+                bool(result.error),
+                "tool errors",
+                f"call({name!r}) returned a ToolError without a message",
+            )
             return result
-        _check(all(isinstance(b, TextBlock | ImageBlock) for b in result.blocks), "tool results",
-               f"call({name!r}) returned blocks that are not TextBlock/ImageBlock: {result.blocks!r}")
+        _check(
+            all(isinstance(b, TextBlock | ImageBlock) for b in result.blocks),
+            "tool results",
+            f"call({name!r}) returned blocks that are not TextBlock/ImageBlock: {result.blocks!r}",
+        )
         if result.reward is not None:
             reward = result.reward
-            _check(isinstance(reward, int | float) and math.isfinite(reward), "rewards are finite",
-                   f"call({name!r}) returned reward {reward!r}")
+            _check(
+                isinstance(reward, int | float) and math.isfinite(reward),
+                "rewards are finite",
+                f"call({name!r}) returned reward {reward!r}",
+            )
             if self.reward_range is not None:
                 low, high = self.reward_range
-                _check(low <= reward <= high, "rewards are in the declared range",
-                       f"call({name!r}) returned reward {reward}, outside [{low}, {high}]")
+                _check(
+                    low <= reward <= high,
+                    "rewards are in the declared range",
+                    f"call({name!r}) returned reward {reward}, outside [{low}, {high}]",
+                )
             self.report.rewards.append(float(reward))
         if result.metadata is not None:
             try:
@@ -163,24 +196,39 @@ class _Episode:
                 raise _fail("tool results", f"call({name!r}) metadata is not JSON: {exc}") from None
         return result
 
-    async def expect_refused(self, name: str, args: Mapping[str, Any], rule: str, reason: str | None) -> None:
+    async def expect_refused(
+        self, name: str, args: Mapping[str, Any], rule: str, reason: str | None
+    ) -> None:
         result = await self.call(name, args)
         _check(isinstance(result, ToolError), rule, f"call({name!r}) ran and returned {result!r}")
         assert isinstance(result, ToolError)
         if reason is not None:
-            _check(result.reason == reason, rule, f"call({name!r}) gave reason {result.reason!r}, expected {reason!r}")
+            _check(
+                result.reason == reason,
+                rule,
+                f"call({name!r}) gave reason {result.reason!r}, expected {reason!r}",
+            )
 
 
 async def _check_session_surface(session: Any) -> tuple[list[ToolSpec], ToolSpec | None]:
     blocks = await session.prompt()
-    _check(isinstance(blocks, list) and all(isinstance(b, TextBlock | ImageBlock) for b in blocks),
-           "prompt", f"prompt() must return a list of TextBlock/ImageBlock, got {blocks!r}")
+    _check(
+        isinstance(blocks, list) and all(isinstance(b, TextBlock | ImageBlock) for b in blocks),
+        "prompt",
+        f"prompt() must return a list of TextBlock/ImageBlock, got {blocks!r}",
+    )
     messages = await session.messages()
-    _check(isinstance(messages, list) and all(isinstance(m, Message) for m in messages) and messages,
-           "messages", f"messages() must return a non-empty list of Message, got {messages!r}")
+    _check(
+        isinstance(messages, list) and all(isinstance(m, Message) for m in messages) and messages,
+        "messages",
+        f"messages() must return a non-empty list of Message, got {messages!r}",
+    )
     tools = await session.tools()
-    _check(isinstance(tools, list) and all(isinstance(t, ToolSpec) for t in tools), "tools",
-           f"tools() must return a list of ToolSpec, got {tools!r}")
+    _check(
+        isinstance(tools, list) and all(isinstance(t, ToolSpec) for t in tools),
+        "tools",
+        f"tools() must return a list of ToolSpec, got {tools!r}",
+    )
     names = [t.name for t in tools]
     _check(len(names) == len(set(names)), "tools", f"tool names repeat: {names}")
     for spec in tools:
@@ -188,19 +236,34 @@ async def _check_session_surface(session: Any) -> tuple[list[ToolSpec], ToolSpec
             check_json_schema(spec.input_schema, f"tool {spec.name!r}")
     terminal = await session.terminal_tool()
     if terminal is not None:
-        _check(isinstance(terminal, ToolSpec), "terminal tool", f"terminal_tool() returned {terminal!r}")
-        _check(terminal.name not in names, "terminal tool",
-               f"terminal tool {terminal.name!r} must not appear in tools()")
+        _check(
+            isinstance(terminal, ToolSpec),
+            "terminal tool",
+            f"terminal_tool() returned {terminal!r}",
+        )
+        _check(
+            terminal.name not in names,
+            "terminal tool",
+            f"terminal tool {terminal.name!r} must not appear in tools()",
+        )
         if terminal.input_schema is not None:
             check_json_schema(terminal.input_schema, f"terminal tool {terminal.name!r}")
-    _check(bool(tools) or terminal is not None, "tools", "a session has neither tools nor a terminal tool")
+    _check(
+        bool(tools) or terminal is not None,
+        "tools",
+        "a session has neither tools nor a terminal tool",
+    )
     return tools, terminal
 
 
-def _generated_actions(tools: Sequence[ToolSpec], terminal: ToolSpec | None, steps: int) -> list[Action]:
+def _generated_actions(
+    tools: Sequence[ToolSpec], terminal: ToolSpec | None, steps: int
+) -> list[Action]:
     callable_tools = [*tools, *([terminal] if terminal is not None else [])]
-    return [(spec.name, example_input(spec.input_schema))
-            for spec in (callable_tools[i % len(callable_tools)] for i in range(steps))]
+    return [
+        (spec.name, example_input(spec.input_schema))
+        for spec in (callable_tools[i % len(callable_tools)] for i in range(steps))
+    ]
 
 
 async def _close_twice(session: Any, where: str) -> None:
@@ -208,44 +271,84 @@ async def _close_twice(session: Any, where: str) -> None:
         try:
             await session.close()
         except Exception as exc:
-            raise _fail("close is always safe", f"{where}: the {attempt} close() raised "
-                                                f"{type(exc).__name__}: {exc}") from exc
+            raise _fail(
+                "close is always safe",
+                f"{where}: the {attempt} close() raised {type(exc).__name__}: {exc}",
+            ) from exc
 
 
-async def check_environment(env: Any, *, reward_range: tuple[float, float] | None = None,
-                            solve: Solver | None = None, max_tasks_per_split: int = 3, max_episodes: int = 3,
-                            max_steps: int = 12) -> EnvironmentReport:
+async def check_environment(
+    env: Any,
+    *,
+    reward_range: tuple[float, float] | None = None,
+    solve: Solver | None = None,
+    max_tasks_per_split: int = 3,
+    max_episodes: int = 3,
+    max_steps: int = 12,
+) -> EnvironmentReport:
     """Run every check on `env`; returns what was exercised, raises AssertionError on a breach."""
     if reward_range is None:
         reward_range = getattr(env, "reward_range", None)
     report = EnvironmentReport()
-    _check(isinstance(getattr(env, "name", None), str) and env.name, "name", "env.name must be a non-empty string")
+    _check(
+        isinstance(getattr(env, "name", None), str) and env.name,
+        "name",
+        "env.name must be a non-empty string",
+    )
     splits = await env.splits()
-    _check(isinstance(splits, list) and splits and all(isinstance(s, Split) for s in splits), "splits",
-           f"splits() must return a non-empty list of Split, got {splits!r}")
+    _check(
+        isinstance(splits, list) and splits and all(isinstance(s, Split) for s in splits),
+        "splits",
+        f"splits() must return a non-empty list of Split, got {splits!r}",
+    )
     report.splits = [s.name for s in splits]
-    _check(len(set(report.splits)) == len(report.splits), "splits", f"split names repeat: {report.splits}")
+    _check(
+        len(set(report.splits)) == len(report.splits),
+        "splits",
+        f"split names repeat: {report.splits}",
+    )
 
     tasks: list[dict[str, Any]] = []
     for split in splits:
         total = await env.num_tasks(split.name)
-        _check(isinstance(total, int) and not isinstance(total, bool) and total >= 0, "tasks",
-               f"num_tasks({split.name!r}) returned {total!r}")
+        _check(
+            isinstance(total, int) and not isinstance(total, bool) and total >= 0,
+            "tasks",
+            f"num_tasks({split.name!r}) returned {total!r}",
+        )
         for index in range(min(total, max_tasks_per_split)):
-            first, again = await env.get_task(split.name, index), await env.get_task(split.name, index)
-            _check(isinstance(first, Mapping), "tasks", f"get_task({split.name!r}, {index}) returned {first!r}")
+            first, again = (
+                await env.get_task(split.name, index),
+                await env.get_task(split.name, index),
+            )
+            _check(
+                isinstance(first, Mapping),
+                "tasks",
+                f"get_task({split.name!r}, {index}) returned {first!r}",
+            )
             try:
                 encoded = json.dumps(first, sort_keys=True)
             except (TypeError, ValueError) as exc:
-                raise _fail("tasks are JSON", f"get_task({split.name!r}, {index}) is not JSON: {exc}") from None
-            _check(encoded == json.dumps(again, sort_keys=True), "tasks are reproducible by index",
-                   f"get_task({split.name!r}, {index}) gave {first!r}, then {again!r}")
+                raise _fail(
+                    "tasks are JSON", f"get_task({split.name!r}, {index}) is not JSON: {exc}"
+                ) from None
+            _check(
+                encoded == json.dumps(again, sort_keys=True),
+                "tasks are reproducible by index",
+                f"get_task({split.name!r}, {index}) gave {first!r}, then {again!r}",
+            )
             tasks.append(dict(first))
             report.tasks_checked += 1
-        await _expect_raises(env.get_task(split.name, total), "an index out of range raises",
-                             f"get_task({split.name!r}, {total}) with {total} tasks")
-    await _expect_raises(env.get_task("plait-contract-no-such-split", 0), "an unknown split raises",
-                         "get_task('plait-contract-no-such-split', 0)")
+        await _expect_raises(
+            env.get_task(split.name, total),
+            "an index out of range raises",
+            f"get_task({split.name!r}, {total}) with {total} tasks",
+        )
+    await _expect_raises(
+        env.get_task("plait-contract-no-such-split", 0),
+        "an unknown split raises",
+        "get_task('plait-contract-no-such-split', 0)",
+    )
     _check(bool(tasks), "tasks", f"no split has a task (splits {report.splits})")
 
     # A session closed right after open, twice.
@@ -260,18 +363,32 @@ async def check_environment(env: Any, *, reward_range: tuple[float, float] | Non
     return report
 
 
-async def _play(env: Any, task: dict[str, Any], report: EnvironmentReport,
-                reward_range: tuple[float, float] | None, solve: Solver | None, max_steps: int) -> None:
+async def _play(
+    env: Any,
+    task: dict[str, Any],
+    report: EnvironmentReport,
+    reward_range: tuple[float, float] | None,
+    solve: Solver | None,
+    max_steps: int,
+) -> None:
     session = await env.open(task)
     report.sessions += 1
     episode = _Episode(session, report, reward_range)
     try:
         tools, terminal = await _check_session_surface(session)
-        await episode.expect_refused("plait_contract_no_such_tool", {}, "an unknown tool is a ToolError", "not_found")
+        await episode.expect_refused(
+            "plait_contract_no_such_tool", {}, "an unknown tool is a ToolError", "not_found"
+        )
         invalid = _invalid_input(tools)
         if invalid is not None:
-            await episode.expect_refused(*invalid, "an invalid input is a ToolError", "input_validation")
-        actions = list(solve(task)) if solve is not None else _generated_actions(tools, terminal, max_steps)
+            await episode.expect_refused(
+                *invalid, "an invalid input is a ToolError", "input_validation"
+            )
+        actions = (
+            list(solve(task))
+            if solve is not None
+            else _generated_actions(tools, terminal, max_steps)
+        )
         finished_by: str | None = None
         for name, args in actions:
             result = await episode.call(name, args)
@@ -279,17 +396,28 @@ async def _play(env: Any, task: dict[str, Any], report: EnvironmentReport,
                 finished_by = name
                 break
         if solve is not None:
-            _check(finished_by is not None, "solve", f"the calls solve() gave for task {task!r} never finished "
-                                                     "the episode")
+            _check(
+                finished_by is not None,
+                "solve",
+                f"the calls solve() gave for task {task!r} never finished the episode",
+            )
         if finished_by is not None:
             report.episodes_finished += 1
             name, args = actions[0]
-            await episode.expect_refused(name, args, "the finished latch refuses calls after finished=True",
-                                         "episode_finished")
+            await episode.expect_refused(
+                name,
+                args,
+                "the finished latch refuses calls after finished=True",
+                "episode_finished",
+            )
     finally:
         await _close_twice(session, "a session after its episode")
     after_close = await episode.call("plait_contract_no_such_tool", {})
-    _check(isinstance(after_close, ToolError), "a call after close is a ToolError", f"got {after_close!r}")
+    _check(
+        isinstance(after_close, ToolError),
+        "a call after close is a ToolError",
+        f"got {after_close!r}",
+    )
 
 
 async def _expect_raises(awaitable: Any, rule: str, what: str) -> None:

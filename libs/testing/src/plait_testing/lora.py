@@ -16,8 +16,14 @@ from typing import Any
 from plait.models import ResolvedModel
 
 
-def write_random_lora(model: ResolvedModel, dest: str | Path, rank: int = 4, alpha: int = 16,
-                      scale: float = 0.3, seed: int = 0) -> dict[str, Any]:
+def write_random_lora(
+    model: ResolvedModel,
+    dest: str | Path,
+    rank: int = 4,
+    alpha: int = 16,
+    scale: float = 0.3,
+    seed: int = 0,
+) -> dict[str, Any]:
     """A PEFT adapter on q_proj and v_proj of every layer of a Llama/Qwen-style model, written to
     `dest`; returns the weight deltas (alpha / rank * B @ A) by the base weight's name."""
     import torch
@@ -26,8 +32,10 @@ def write_random_lora(model: ResolvedModel, dest: str | Path, rank: int = 4, alp
     config = json.loads((Path(model.path) / "config.json").read_text())
     hidden = config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    outs = {"q_proj": config["num_attention_heads"] * head_dim,
-            "v_proj": config.get("num_key_value_heads", config["num_attention_heads"]) * head_dim}
+    outs = {
+        "q_proj": config["num_attention_heads"] * head_dim,
+        "v_proj": config.get("num_key_value_heads", config["num_attention_heads"]) * head_dim,
+    }
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, Any] = {}
     deltas: dict[str, Any] = {}
@@ -41,10 +49,22 @@ def write_random_lora(model: ResolvedModel, dest: str | Path, rank: int = 4, alp
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dest / "adapter_model.safetensors"))
-    (dest / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
-        "target_modules": sorted(outs), "base_model_name_or_path": str(model.path), "bias": "none",
-        "lora_dropout": 0.0, "fan_in_fan_out": False, "modules_to_save": None}))
+    (dest / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": rank,
+                "lora_alpha": alpha,
+                "target_modules": sorted(outs),
+                "base_model_name_or_path": str(model.path),
+                "bias": "none",
+                "lora_dropout": 0.0,
+                "fan_in_fan_out": False,
+                "modules_to_save": None,
+            }
+        )
+    )
     return deltas
 
 

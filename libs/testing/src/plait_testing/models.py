@@ -49,7 +49,9 @@ def build_resized_qwen3(base: Path, dest: Path, seed: int = 0, **config: int) ->
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        Qwen3ForCausalLM(Qwen3Config(**{**fields, **config})).save_pretrained(str(dest), safe_serialization=True)
+        Qwen3ForCausalLM(Qwen3Config(**{**fields, **config})).save_pretrained(
+            str(dest), safe_serialization=True
+        )
     finally:
         torch.random.set_rng_state(state)
     return ResolvedModel(dest.name, dest, dest)

@@ -32,11 +32,20 @@ def local_cluster(nodes: Sequence[Mapping[str, float]], *, num_cpus: int = 1) ->
     clusters_enabled = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     head, *others = nodes
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": num_cpus, "resources": dict(head), "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": num_cpus,
+            "resources": dict(head),
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        },
+    )
     try:
         for resources in others:
-            cluster.add_node(num_cpus=num_cpus, resources=dict(resources), node_ip_address="127.0.0.1")
+            cluster.add_node(
+                num_cpus=num_cpus, resources=dict(resources), node_ip_address="127.0.0.1"
+            )
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace="plait", log_to_driver=False)
         yield cluster

@@ -23,12 +23,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
-def script_tokens(tokenizer: Any, text: str, avoid: Sequence[int] = (),
-                  split: Mapping[str, Sequence[str]] | None = None) -> list[int]:
+def script_tokens(
+    tokenizer: Any,
+    text: str,
+    avoid: Sequence[int] = (),
+    split: Mapping[str, Sequence[str]] | None = None,
+) -> list[int]:
     """A tokenization of `text` into distinct token ids, none of them in `avoid`: added tokens
     (`<|im_end|>`, `<tool_call>`, ...) as themselves, the text between them by greedy longest
     match over the vocabulary, taking an unused id. `split` forces pieces apart (e.g.
@@ -52,17 +62,32 @@ def script_tokens(tokenizer: Any, text: str, avoid: Sequence[int] = (),
     def segment(plain: str) -> None:
         position = 0
         while position < len(plain):
-            forced = next((parts[0] for word, parts in (split or {}).items() if plain.startswith(word, position)), None)
-            lengths = [len(forced)] if forced else list(range(min(16, len(plain) - position), 0, -1))
-            fits = [n for n in lengths if any(i not in used for i in pieces.get(plain[position:position + n], ()))]
+            forced = next(
+                (
+                    parts[0]
+                    for word, parts in (split or {}).items()
+                    if plain.startswith(word, position)
+                ),
+                None,
+            )
+            lengths = (
+                [len(forced)] if forced else list(range(min(16, len(plain) - position), 0, -1))
+            )
+            fits = [
+                n
+                for n in lengths
+                if any(i not in used for i in pieces.get(plain[position : position + n], ()))
+            ]
             length = fits[0] if fits else lengths[-1]
-            take(pieces.get(plain[position:position + length], []), plain[position:position + 10])
+            take(
+                pieces.get(plain[position : position + length], []), plain[position : position + 10]
+            )
             position += length
 
     position = 0
     pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
     for match in pattern.finditer(text) if added else ():
-        segment(text[position:match.start()])
+        segment(text[position : match.start()])
         take([added[match.group()]], match.group())
         position = match.end()
     segment(text[position:])
@@ -82,7 +107,9 @@ def build_scripted_qwen3(base: Path, dest: Path, start: int, script: Sequence[in
     layers = model.model.layers
     memory = layers[-1].mlp
     if memory.gate_proj.out_features < len(script):
-        raise ValueError(f"the script has {len(script)} steps; the model's MLP holds {memory.gate_proj.out_features}")
+        raise ValueError(
+            f"the script has {len(script)} steps; the model's MLP holds {memory.gate_proj.out_features}"
+        )
     embeddings = model.get_input_embeddings().weight
     with torch.no_grad():
         for layer in layers:
@@ -96,12 +123,16 @@ def build_scripted_qwen3(base: Path, dest: Path, start: int, script: Sequence[in
         for unit, (key, successor) in enumerate(zip(keys, chain[1:], strict=True)):
             memory.gate_proj.weight[unit] = 10.0 * key / key.dot(key)
             memory.up_proj.weight[unit] = key / key.dot(key)
-            memory.down_proj.weight[:, unit] = embeddings[successor] * (40.0 / embeddings[successor].norm())
+            memory.down_proj.weight[:, unit] = embeddings[successor] * (
+                40.0 / embeddings[successor].norm()
+            )
         logits = model(torch.tensor([chain[:-1]])).logits[0]
     follows = logits.argmax(-1).tolist()
     if follows != chain[1:]:
         wrong = next(i for i, (a, b) in enumerate(zip(follows, chain[1:], strict=True)) if a != b)
-        raise ValueError(f"the scripted model would write {follows[wrong]} instead of {chain[wrong + 1]} at step {wrong}")
+        raise ValueError(
+            f"the scripted model would write {follows[wrong]} instead of {chain[wrong + 1]} at step {wrong}"
+        )
     dest = Path(dest)
     model.save_pretrained(str(dest))
     for name in TOKENIZER_FILES:

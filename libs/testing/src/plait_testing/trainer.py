@@ -39,7 +39,10 @@ MakeTrainer = Callable[[], TrainerEngine]
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 RL_LOSSES: dict[str, dict[str, float]] = {
-    "importance_sampling": {}, "ppo": {}, "cispo": {}, "dro": {"beta": 0.1},
+    "importance_sampling": {},
+    "ppo": {},
+    "cispo": {},
+    "dro": {"beta": 0.1},
 }
 # Adam with a large eps is close to SGD (update ~ lr * g / eps), so its updates depend smoothly
 # on the gradient: small numerical differences in the gradient give small differences in the weights.
@@ -66,21 +69,33 @@ def sft_datum(tokens: Sequence[int], weights: Sequence[float] | None = None) -> 
     """Next-token datum of a sequence: input tokens[:-1], targets tokens[1:]."""
     tokens = list(tokens)
     n = len(tokens) - 1
-    return Datum(ModelInput.from_ints(tokens[:-1]),
-                 {"target_tokens": tokens[1:], "weights": list(weights) if weights is not None else [1.0] * n})
+    return Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {
+            "target_tokens": tokens[1:],
+            "weights": list(weights) if weights is not None else [1.0] * n,
+        },
+    )
 
 
-def rl_datum(tokens: Sequence[int], prompt_len: int, sampler_logprobs: Sequence[float], advantage: float) -> Datum:
+def rl_datum(
+    tokens: Sequence[int], prompt_len: int, sampler_logprobs: Sequence[float], advantage: float
+) -> Datum:
     """An RL datum: the completion (tokens after `prompt_len`) carries advantage and sampler logprobs."""
     tokens = list(tokens)
     n = len(tokens) - 1
     active = [1.0 if i + 1 >= prompt_len else 0.0 for i in range(n)]
     logprobs = [0.0] * (prompt_len - 1) + list(sampler_logprobs)
     assert len(logprobs) == n, "one sampler logprob per completion token"
-    return Datum(ModelInput.from_ints(tokens[:-1]), {
-        "target_tokens": tokens[1:], "logprobs": logprobs,
-        "advantages": [advantage * a for a in active], "mask": active,
-    })
+    return Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {
+            "target_tokens": tokens[1:],
+            "logprobs": logprobs,
+            "advantages": [advantage * a for a in active],
+            "mask": active,
+        },
+    )
 
 
 def datum_logprobs(out: ForwardBackwardOutput) -> list[np.ndarray]:
@@ -115,7 +130,9 @@ def weights_of(trainer: TrainerEngine) -> dict[str, np.ndarray]:
 def assert_metric_keys(metrics: Iterable[str]) -> None:
     for key in metrics:
         name, sep, reduction = key.rpartition(":")
-        assert sep and name and reduction in REDUCTIONS, f"metric key {key!r} is not 'name:reduction'"
+        assert sep and name and reduction in REDUCTIONS, (
+            f"metric key {key!r} is not 'name:reduction'"
+        )
 
 
 # -- the contract -------------------------------------------------------------------------------
@@ -138,7 +155,9 @@ class TrainerEngineContract:
 
     @pytest.fixture
     def make_trainer(self, model: ResolvedModel) -> MakeTrainer:
-        raise NotImplementedError("subclass TrainerEngineContract and provide a `make_trainer` fixture")
+        raise NotImplementedError(
+            "subclass TrainerEngineContract and provide a `make_trainer` fixture"
+        )
 
     @pytest.fixture
     def vocab(self, model: ResolvedModel) -> int:
@@ -151,7 +170,9 @@ class TrainerEngineContract:
         engine.close()
 
     def data(self, vocab: int, count: int = 3, seed: int = 0) -> list[Datum]:
-        lengths = [self.seq_len + 1 - 3 * (i % 3) for i in range(count)]  # mixed lengths: padding paths
+        lengths = [
+            self.seq_len + 1 - 3 * (i % 3) for i in range(count)
+        ]  # mixed lengths: padding paths
         return [sft_datum(random_tokens(seed * 100 + i, n, vocab)) for i, n in enumerate(lengths)]
 
     # -- protocol and outputs -------------------------------------------------------------------
@@ -160,19 +181,27 @@ class TrainerEngineContract:
         assert isinstance(trainer, TrainerEngine)
         assert trainer.weight_version == 0
 
-    def test_forward_returns_target_logprobs_per_datum(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_forward_returns_target_logprobs_per_datum(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         data = self.data(vocab)
         out = trainer.forward(data, "cross_entropy")
         assert len(out.loss_fn_outputs) == len(data)
         for datum, lp in zip(data, datum_logprobs(out), strict=True):
             assert lp.shape == (datum.model_input.length,)
-            assert np.all(np.isfinite(lp)) and np.all(lp <= 1e-6), "logprobs must be finite and <= 0"
+            assert np.all(np.isfinite(lp)) and np.all(lp <= 1e-6), (
+                "logprobs must be finite and <= 0"
+            )
         for key in self.required_metrics:
             assert key in out.metrics, f"forward metrics lack {key!r}: {sorted(out.metrics)}"
         assert_metric_keys(out.metrics)
-        expected = -sum(float((lp * d.loss_fn_inputs["weights"].to_numpy()).sum())
-                        for lp, d in zip(datum_logprobs(out), data, strict=True))
-        assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4), "cross_entropy is -(lp * weights).sum()"
+        expected = -sum(
+            float((lp * d.loss_fn_inputs["weights"].to_numpy()).sum())
+            for lp, d in zip(datum_logprobs(out), data, strict=True)
+        )
+        assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4), (
+            "cross_entropy is -(lp * weights).sum()"
+        )
         assert trainer.weight_version == 0, "forward must not step"
 
     def test_position_i_predicts_target_i(self, trainer: TrainerEngine, vocab: int) -> None:
@@ -183,33 +212,50 @@ class TrainerEngineContract:
 
         targets = list(tokens[1:])
         targets[j] = (targets[j] + 1) % vocab
-        datum = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": targets, "weights": [1.0] * self.seq_len})
+        datum = Datum(
+            ModelInput.from_ints(tokens[:-1]),
+            {"target_tokens": targets, "weights": [1.0] * self.seq_len},
+        )
         changed = np.abs(datum_logprobs(trainer.forward([datum]))[0] - base) > self.logprob_atol
         assert changed.tolist() == [i == j for i in range(self.seq_len)], (
             f"changing target {j} changed logprobs at {np.flatnonzero(changed).tolist()}; "
-            "position i must score target_tokens[i]")
+            "position i must score target_tokens[i]"
+        )
 
         inputs = list(tokens[:-1])
         inputs[j] = (inputs[j] + 1) % vocab
-        datum = Datum(ModelInput.from_ints(inputs), {"target_tokens": tokens[1:], "weights": [1.0] * self.seq_len})
+        datum = Datum(
+            ModelInput.from_ints(inputs),
+            {"target_tokens": tokens[1:], "weights": [1.0] * self.seq_len},
+        )
         moved = np.abs(datum_logprobs(trainer.forward([datum]))[0] - base) > self.logprob_atol
         assert not moved[:j].any(), "a position must not see later inputs (causal attention)"
         assert moved[j], "position j must depend on input j"
 
-    def test_batching_and_padding_do_not_change_logprobs(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_batching_and_padding_do_not_change_logprobs(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         data = self.data(vocab, count=4, seed=2)
         together = datum_logprobs(trainer.forward(data))
         for i, datum in enumerate(data):
             alone = datum_logprobs(trainer.forward([datum]))[0]
-            np.testing.assert_allclose(together[i], alone, atol=self.logprob_atol,
-                                       err_msg=f"datum {i} scored differently in a batch than alone")
+            np.testing.assert_allclose(
+                together[i],
+                alone,
+                atol=self.logprob_atol,
+                err_msg=f"datum {i} scored differently in a batch than alone",
+            )
 
-    def test_forward_backward_reports_metrics_and_logprobs(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_forward_backward_reports_metrics_and_logprobs(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         data = self.data(vocab)
         forward = datum_logprobs(trainer.forward(data))
         out = trainer.forward_backward(data, "cross_entropy")
         for key in self.required_metrics:
-            assert key in out.metrics, f"forward_backward metrics lack {key!r}: {sorted(out.metrics)}"
+            assert key in out.metrics, (
+                f"forward_backward metrics lack {key!r}: {sorted(out.metrics)}"
+            )
         assert_metric_keys(out.metrics)
         for a, b in zip(forward, datum_logprobs(out), strict=True):
             np.testing.assert_allclose(a, b, atol=self.logprob_atol)
@@ -218,8 +264,14 @@ class TrainerEngineContract:
     def test_rl_losses_train(self, trainer: TrainerEngine, vocab: int, loss: str) -> None:
         prompt_len, completion = 5, 6
         tokens = [random_tokens(10 + i, prompt_len + completion, vocab) for i in range(2)]
-        sampler = [datum_logprobs(trainer.forward([sft_datum(t)]))[0][prompt_len - 1:] - 0.05 for t in tokens]
-        data = [rl_datum(t, prompt_len, s, adv) for t, s, adv in zip(tokens, sampler, (1.0, -1.0), strict=True)]
+        sampler = [
+            datum_logprobs(trainer.forward([sft_datum(t)]))[0][prompt_len - 1 :] - 0.05
+            for t in tokens
+        ]
+        data = [
+            rl_datum(t, prompt_len, s, adv)
+            for t, s, adv in zip(tokens, sampler, (1.0, -1.0), strict=True)
+        ]
         out = trainer.forward_backward(data, loss, RL_LOSSES[loss])
         assert math.isfinite(out.metrics["loss:sum"])
         assert_metric_keys(out.metrics)
@@ -228,7 +280,9 @@ class TrainerEngineContract:
 
     # -- optimizer --------------------------------------------------------------------------------
 
-    def test_optim_step_bumps_the_version_and_changes_the_weights(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_optim_step_bumps_the_version_and_changes_the_weights(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         data = self.data(vocab)
         before_lp = datum_logprobs(trainer.forward(data))
         before_w = weights_of(trainer)
@@ -237,9 +291,14 @@ class TrainerEngineContract:
         assert step.weight_version == 1 and trainer.weight_version == 1
         assert "grad_norm" in step.metrics and step.metrics["grad_norm"] > 0
         after_w = weights_of(trainer)
-        assert any(not np.array_equal(before_w[n], after_w[n]) for n in before_w), "optim_step changed no weight"
+        assert any(not np.array_equal(before_w[n], after_w[n]) for n in before_w), (
+            "optim_step changed no weight"
+        )
         after_lp = datum_logprobs(trainer.forward(data))
-        assert any(np.abs(a - b).max() > self.logprob_atol for a, b in zip(before_lp, after_lp, strict=True))
+        assert any(
+            np.abs(a - b).max() > self.logprob_atol
+            for a, b in zip(before_lp, after_lp, strict=True)
+        )
 
     def test_cross_entropy_steps_lower_the_loss(self, trainer: TrainerEngine, vocab: int) -> None:
         data = self.data(vocab, count=2)
@@ -248,9 +307,13 @@ class TrainerEngineContract:
             losses.append(trainer.forward_backward(data, "cross_entropy").metrics["loss:sum"])
             trainer.optim_step(AdamParams(learning_rate=1e-2))
         losses.append(trainer.forward(data).metrics["loss:sum"])
-        assert losses[-1] < losses[0], f"three steps on the same data did not lower the loss: {losses}"
+        assert losses[-1] < losses[0], (
+            f"three steps on the same data did not lower the loss: {losses}"
+        )
 
-    def test_forward_does_not_accumulate_gradients(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_forward_does_not_accumulate_gradients(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         """forward leaves no gradient behind: a step right after it moves no weight."""
         probe = self.data(vocab, seed=5)
         before = datum_logprobs(trainer.forward(probe, "cross_entropy"))
@@ -258,7 +321,9 @@ class TrainerEngineContract:
         for x, y in zip(before, datum_logprobs(trainer.forward(probe)), strict=True):
             np.testing.assert_allclose(x, y, atol=self.logprob_atol)
 
-    def test_accumulated_gradients_equal_one_batch(self, make_trainer: MakeTrainer, vocab: int) -> None:
+    def test_accumulated_gradients_equal_one_batch(
+        self, make_trainer: MakeTrainer, vocab: int
+    ) -> None:
         data, probe = self.data(vocab, count=3), self.data(vocab, seed=7)
         split, whole = make_trainer(), make_trainer()
         try:
@@ -267,14 +332,22 @@ class TrainerEngineContract:
             whole.forward_backward(data, "cross_entropy")
             norm_split = split.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
             norm_whole = whole.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
-            assert norm_split == pytest.approx(norm_whole, rel=1e-4), "gradients must add up across calls"
-            for x, y in zip(datum_logprobs(split.forward(probe)), datum_logprobs(whole.forward(probe)), strict=True):
+            assert norm_split == pytest.approx(norm_whole, rel=1e-4), (
+                "gradients must add up across calls"
+            )
+            for x, y in zip(
+                datum_logprobs(split.forward(probe)),
+                datum_logprobs(whole.forward(probe)),
+                strict=True,
+            ):
                 np.testing.assert_allclose(x, y, atol=self.step_atol)
         finally:
             split.close()
             whole.close()
 
-    def test_grad_norm_is_measured_before_clipping(self, make_trainer: MakeTrainer, vocab: int) -> None:
+    def test_grad_norm_is_measured_before_clipping(
+        self, make_trainer: MakeTrainer, vocab: int
+    ) -> None:
         data, probe = self.data(vocab), self.data(vocab, seed=9)
         free, clipped = make_trainer(), make_trainer()
         try:
@@ -282,18 +355,32 @@ class TrainerEngineContract:
             free.forward_backward(data, "cross_entropy")
             clipped.forward_backward(data, "cross_entropy")
             norm = free.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
-            tight = AdamParams(learning_rate=SMOOTH_ADAM.learning_rate, eps=SMOOTH_ADAM.eps, grad_clip_norm=norm / 100)
+            tight = AdamParams(
+                learning_rate=SMOOTH_ADAM.learning_rate,
+                eps=SMOOTH_ADAM.eps,
+                grad_clip_norm=norm / 100,
+            )
             assert clipped.optim_step(tight).metrics["grad_norm"] == pytest.approx(norm, rel=1e-4)
-            moved_free = sum(np.abs(a - s).sum() for a, s in zip(datum_logprobs(free.forward(probe)), start, strict=True))
-            moved_clipped = sum(np.abs(a - s).sum() for a, s in zip(datum_logprobs(clipped.forward(probe)), start, strict=True))
-            assert moved_clipped < moved_free / 5, "clipping the gradient to 1% must shrink the update"
+            moved_free = sum(
+                np.abs(a - s).sum()
+                for a, s in zip(datum_logprobs(free.forward(probe)), start, strict=True)
+            )
+            moved_clipped = sum(
+                np.abs(a - s).sum()
+                for a, s in zip(datum_logprobs(clipped.forward(probe)), start, strict=True)
+            )
+            assert moved_clipped < moved_free / 5, (
+                "clipping the gradient to 1% must shrink the update"
+            )
         finally:
             free.close()
             clipped.close()
 
     # -- state and weights ------------------------------------------------------------------------
 
-    def test_save_and_load_continue_identically(self, make_trainer: MakeTrainer, vocab: int, tmp_path: Path) -> None:
+    def test_save_and_load_continue_identically(
+        self, make_trainer: MakeTrainer, vocab: int, tmp_path: Path
+    ) -> None:
         first, second, probe = self.data(vocab), self.data(vocab, seed=3), self.data(vocab, seed=4)
         original, restored = make_trainer(), make_trainer()
         state = tmp_path / "state"
@@ -302,7 +389,9 @@ class TrainerEngineContract:
             original.optim_step(AdamParams(learning_rate=1e-2))
             original.save_state(state)
             original.save_state(state)  # saving over an existing state replaces it
-            assert sorted(p.name for p in tmp_path.iterdir()) == ["state"], "temporary files were left behind"
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["state"], (
+                "temporary files were left behind"
+            )
 
             original.forward_backward(second, "cross_entropy")
             expected_norm = original.optim_step(AdamParams(learning_rate=1e-2)).metrics["grad_norm"]
@@ -321,16 +410,26 @@ class TrainerEngineContract:
             original.close()
             restored.close()
 
-    def test_export_weights_match_the_checkpoint(self, trainer: TrainerEngine, model: ResolvedModel) -> None:
+    def test_export_weights_match_the_checkpoint(
+        self, trainer: TrainerEngine, model: ResolvedModel
+    ) -> None:
         exported = weights_of(trainer)
         on_disk = checkpoint_tensors(model)
         assert exported, "export_weights yielded nothing"
         unknown = sorted(set(exported) - set(on_disk))
-        assert not unknown, f"exported names the checkpoint does not have (not Hugging Face names?): {unknown[:5]}"
+        assert not unknown, (
+            f"exported names the checkpoint does not have (not Hugging Face names?): {unknown[:5]}"
+        )
         for name, tensor in exported.items():
-            assert tensor.shape == on_disk[name].shape, f"{name}: exported {tensor.shape}, checkpoint {on_disk[name].shape}"
-            np.testing.assert_allclose(tensor, on_disk[name], atol=1e-6,
-                                       err_msg=f"{name} differs from the checkpoint before any step")
+            assert tensor.shape == on_disk[name].shape, (
+                f"{name}: exported {tensor.shape}, checkpoint {on_disk[name].shape}"
+            )
+            np.testing.assert_allclose(
+                tensor,
+                on_disk[name],
+                atol=1e-6,
+                err_msg=f"{name} differs from the checkpoint before any step",
+            )
 
     # -- bad input --------------------------------------------------------------------------------
 
@@ -338,11 +437,15 @@ class TrainerEngineContract:
         with pytest.raises(PlaitError, match="no_such_loss"):
             trainer.forward_backward(self.data(vocab), "no_such_loss")
 
-    def test_missing_loss_inputs_are_a_clear_error(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_missing_loss_inputs_are_a_clear_error(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         with pytest.raises((PlaitError, ValueError), match="advantages"):
             trainer.forward_backward(self.data(vocab), "ppo")
 
-    def test_token_outside_the_vocabulary_is_a_clear_error(self, trainer: TrainerEngine, vocab: int) -> None:
+    def test_token_outside_the_vocabulary_is_a_clear_error(
+        self, trainer: TrainerEngine, vocab: int
+    ) -> None:
         tokens = random_tokens(0, self.seq_len + 1, vocab)
         tokens[3] = vocab + 5
         with pytest.raises((PlaitError, ValueError), match=str(vocab + 5)):

@@ -22,8 +22,11 @@ CheckpointMode = Literal["full", "selective"]
 
 _aten = torch.ops.aten
 _KEPT_BY_SELECTIVE = frozenset(
-    op for op in (
-        _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+    op
+    for op in (
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
         _aten._scaled_dot_product_flash_attention_for_cpu.default,
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_efficient_attention.default,
@@ -40,12 +43,17 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
         raise ModelError(
             f"cannot find the decoder layers of {type(model).__name__} (its _no_split_modules is "
             f"{sorted(names) or 'empty'})",
-            fix="use a transformers model class that declares _no_split_modules")
+            fix="use a transformers model class that declares _no_split_modules",
+        )
     return layers
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _KEPT_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+    return (
+        CheckpointPolicy.MUST_SAVE
+        if op in _KEPT_BY_SELECTIVE
+        else CheckpointPolicy.PREFER_RECOMPUTE
+    )
 
 
 def _selective_context() -> Any:
@@ -57,7 +65,9 @@ def apply_activation_checkpointing(model: Any, mode: CheckpointMode) -> int:
     from torch.distributed._composable import checkpoint
 
     if mode not in ("full", "selective"):
-        raise ValueError(f"activation checkpointing mode must be 'full' or 'selective', got {mode!r}")
+        raise ValueError(
+            f"activation checkpointing mode must be 'full' or 'selective', got {mode!r}"
+        )
     layers = decoder_layers(model)
     for layer in layers:
         if mode == "full":

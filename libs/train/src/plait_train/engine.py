@@ -56,7 +56,11 @@ class SingleProcessEngine:
         """`params`: every trainable parameter once (tied ones under one name), by the names the
         engine saves them under."""
         self._runner = runner
-        self.device, self.flops, self._autocast_dtype = runner.device, runner.flops, runner.autocast_dtype
+        self.device, self.flops, self._autocast_dtype = (
+            runner.device,
+            runner.flops,
+            runner.autocast_dtype,
+        )
         self._params = dict(params)
         self.optimizer = make_adamw(self._params.values())
         self._weight_version = 0
@@ -80,14 +84,19 @@ class SingleProcessEngine:
         """Training (forward + backward) FLOPs per token of a sequence of `seq_len` tokens."""
         return self.flops.train_flops_per_token(seq_len)
 
-    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> ForwardBackwardOutput:
         with torch.no_grad():
             result = self._runner.run(data, loss_fn, loss_fn_config, backward=False)
         return to_output(loss_fn, len(data), [(range(len(data)), result)])
 
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
         result = self._runner.run(data, loss_fn, loss_fn_config, backward=True)
         return to_output(loss_fn, len(data), [(range(len(data)), result)])
 
@@ -106,15 +115,30 @@ class SingleProcessEngine:
 
         def write(tmp: Path) -> None:
             self._save_weights(tmp)
-            torch.save({
-                "optimizer": self.optimizer.state_dict(),
-                "grads": {n: p.grad.detach().cpu() for n, p in self._params.items() if p.grad is not None},
-                "rng": rng_state(),
-            }, tmp / TRAINING_STATE_FILE)
-            (tmp / self.state_meta_file).write_text(json.dumps({
-                "format": STATE_FORMAT, "weight_version": self._weight_version, "model": self.model_info.name,
-                "parameters": self.parameter_shapes(), "saved_at": time.time(),
-            }, indent=1))
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "grads": {
+                        n: p.grad.detach().cpu()
+                        for n, p in self._params.items()
+                        if p.grad is not None
+                    },
+                    "rng": rng_state(),
+                },
+                tmp / TRAINING_STATE_FILE,
+            )
+            (tmp / self.state_meta_file).write_text(
+                json.dumps(
+                    {
+                        "format": STATE_FORMAT,
+                        "weight_version": self._weight_version,
+                        "model": self.model_info.name,
+                        "parameters": self.parameter_shapes(),
+                        "saved_at": time.time(),
+                    },
+                    indent=1,
+                )
+            )
 
         write_dir_atomically(path, write)
         log.info("trainer state saved", path=str(path), weight_version=self._weight_version)
@@ -125,8 +149,10 @@ class SingleProcessEngine:
         path = Path(path)
         meta_path = path / self.state_meta_file
         if not meta_path.is_file():
-            raise ModelError(f"{path} is not a {self.engine_name} trainer state (no {self.state_meta_file})",
-                             fix=f"pass a directory written by the {self.engine_name} trainer's save_state")
+            raise ModelError(
+                f"{path} is not a {self.engine_name} trainer state (no {self.state_meta_file})",
+                fix=f"pass a directory written by the {self.engine_name} trainer's save_state",
+            )
         meta = json.loads(meta_path.read_text())
         check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
         with torch.no_grad():

@@ -77,7 +77,10 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 def build_row(sequences: Sequence[np.ndarray], members: Sequence[int], *, share: bool) -> RowPlan:
     """Lay out `members` (indices into `sequences`) in one row, as a prefix tree when `share`."""
     order = sorted(members, key=lambda i: sequences[i].tolist()) if share else list(members)
-    shared = [0] + [common_prefix(sequences[a], sequences[b]) if share else 0 for a, b in itertools.pairwise(order)]
+    shared = [0] + [
+        common_prefix(sequences[a], sequences[b]) if share else 0
+        for a, b in itertools.pairwise(order)
+    ]
     size = sum(len(sequences[i]) - s for i, s in zip(order, shared, strict=True))
     tokens = np.empty(size, dtype=np.int64)
     positions = np.empty(size, dtype=np.int64)
@@ -92,23 +95,27 @@ def build_row(sequences: Sequence[np.ndarray], members: Sequence[int], *, share:
         seq = sequences[index]
         while path and path[-1][0] >= common:
             start, end, slot = path.pop()
-            reach[slot:slot + end - start] = cursor
+            reach[slot : slot + end - start] = cursor
         if path and path[-1][1] > common:  # the new datum branches off inside this node: split it
             start, end, slot = path[-1]
-            reach[slot + common - start:slot + end - start] = cursor
+            reach[slot + common - start : slot + end - start] = cursor
             path[-1][1] = common
         added = len(seq) - common
         if added:
-            tokens[cursor:cursor + added] = seq[common:]
-            positions[cursor:cursor + added] = np.arange(common, len(seq))
+            tokens[cursor : cursor + added] = seq[common:]
+            positions[cursor : cursor + added] = np.arange(common, len(seq))
             path.append([common, len(seq), cursor])
             cursor += added
-        slots[index] = np.concatenate([np.arange(slot, slot + end - start) for start, end, slot in path])
+        slots[index] = np.concatenate(
+            [np.arange(slot, slot + end - start) for start, end, slot in path]
+        )
         owned[index] = added
     for start, end, slot in path:
-        reach[slot:slot + end - start] = cursor
+        reach[slot : slot + end - start] = cursor
     members = list(members)
-    return RowPlan(members, tokens, positions, reach, [slots[i] for i in members], [owned[i] for i in members])
+    return RowPlan(
+        members, tokens, positions, reach, [slots[i] for i in members], [owned[i] for i in members]
+    )
 
 
 def _units(sequences: Sequence[np.ndarray], share: bool) -> list[tuple[list[int], list[int]]]:
@@ -134,15 +141,17 @@ def _unit_size(sequences: Sequence[np.ndarray], members: list[int], shared: list
     return sum(len(sequences[i]) for i in members) - sum(shared[1:])
 
 
-def _split(sequences: Sequence[np.ndarray], members: list[int], shared: list[int],
-           capacity: int) -> list[tuple[list[int], list[int]]]:
+def _split(
+    sequences: Sequence[np.ndarray], members: list[int], shared: list[int], capacity: int
+) -> list[tuple[list[int], list[int]]]:
     """Cut a unit that does not fit a row at its weakest link (the smallest shared prefix, nearest
     the middle), so that the datums that share the most stay together."""
     if len(members) == 1 or _unit_size(sequences, members, shared) <= capacity:
         return [(members, shared)]
     cut = min(range(1, len(members)), key=lambda i: (shared[i], abs(2 * i - len(members))))
-    return (_split(sequences, members[:cut], shared[:cut], capacity)
-            + _split(sequences, members[cut:], [0, *shared[cut + 1:]], capacity))
+    return _split(sequences, members[:cut], shared[:cut], capacity) + _split(
+        sequences, members[cut:], [0, *shared[cut + 1 :]], capacity
+    )
 
 
 def plan_rows(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[RowPlan]:
@@ -154,7 +163,9 @@ def plan_rows(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[R
     # Rows as wide as the widest tree that fits the budget, and never narrower than the longest
     # sequence: packing then never widens attention beyond what padding would have cost.
     capacity = max(longest, min(options.micro_batch_tokens, max(sizes)))
-    chunks = [chunk for members, shared in units for chunk in _split(sequences, members, shared, capacity)]
+    chunks = [
+        chunk for members, shared in units for chunk in _split(sequences, members, shared, capacity)
+    ]
     if not options.packing:
         groups = [members for members, _ in chunks]
     else:  # first fit decreasing
@@ -171,7 +182,9 @@ def plan_rows(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[R
     return [build_row(sequences, g, share=share) for g in groups]
 
 
-def split_for_ranks(sequences: Sequence[np.ndarray], options: LayoutOptions, ranks: int) -> list[list[int]]:
+def split_for_ranks(
+    sequences: Sequence[np.ndarray], options: LayoutOptions, ranks: int
+) -> list[list[int]]:
     """Datum indices for each of `ranks` data-parallel processes: datums that share a prefix stay
     together (when sharing), and every process gets about as many tokens to compute."""
     units = _units(sequences, options.prefix_sharing)
@@ -179,7 +192,9 @@ def split_for_ranks(sequences: Sequence[np.ndarray], options: LayoutOptions, ran
     # A unit much larger than a fair share (everything starts with the same system prompt) is cut
     # at its weakest links, like a unit too large for a row.
     fair = max(max(len(s) for s in sequences), -(-total // ranks))
-    chunks = [chunk for members, shared in units for chunk in _split(sequences, members, shared, fair)]
+    chunks = [
+        chunk for members, shared in units for chunk in _split(sequences, members, shared, fair)
+    ]
     loads = [0] * ranks
     shares: list[list[int]] = [[] for _ in range(ranks)]
     for members, shared in sorted(chunks, key=lambda c: -_unit_size(sequences, *c)):
@@ -189,7 +204,9 @@ def split_for_ranks(sequences: Sequence[np.ndarray], options: LayoutOptions, ran
     return [sorted(share) for share in shares]
 
 
-def plan_micro_batches(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[list[RowPlan]]:
+def plan_micro_batches(
+    sequences: Sequence[np.ndarray], options: LayoutOptions
+) -> list[list[RowPlan]]:
     """Rows grouped into micro-batches of at most `micro_batch_tokens` rows x width, widest first
     (so that rows of similar width share a micro-batch and little padding is added)."""
     rows = sorted(plan_rows(sequences, options), key=lambda r: -r.size)
@@ -242,9 +259,14 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     @classmethod
-    def build(cls, rows: Sequence[RowPlan], tokens: Sequence[np.ndarray],
-              inputs: Sequence[Mapping[str, np.ndarray]], device: torch.device,
-              routing: Sequence[np.ndarray] | None = None) -> MicroBatch:
+    def build(
+        cls,
+        rows: Sequence[RowPlan],
+        tokens: Sequence[np.ndarray],
+        inputs: Sequence[Mapping[str, np.ndarray]],
+        device: torch.device,
+        routing: Sequence[np.ndarray] | None = None,
+    ) -> MicroBatch:
         """Tensors for `rows`; `tokens[i]` / `inputs[i]` are datum i's input ids and loss inputs,
         `routing[i]` its routed experts (positions, layers, top_k)."""
         width = max(r.size for r in rows)
@@ -253,18 +275,23 @@ class MicroBatch:
         position_ids = np.zeros((len(rows), width), dtype=np.int64)
         # Padding slots reach only themselves, so no query ever has an empty row of keys.
         reach = np.tile(np.arange(1, width + 1, dtype=np.int64), (len(rows), 1))
-        members = [(row_index, m, slots, owned) for row_index, r in enumerate(rows)
-                   for m, slots, owned in zip(r.members, r.slots, r.owned, strict=True)]
+        members = [
+            (row_index, m, slots, owned)
+            for row_index, r in enumerate(rows)
+            for m, slots, owned in zip(r.members, r.slots, r.owned, strict=True)
+        ]
         length = max(len(tokens[m]) for _, m, _, _ in members)
         slot_index = np.zeros((len(members), length), dtype=np.int64)
         valid = np.zeros((len(members), length), dtype=bool)
         keys = list(inputs[members[0][1]])
-        loss_inputs = {k: np.zeros((len(members), length), dtype=np.int64 if k in INT_INPUTS else np.float32)
-                       for k in keys}
+        loss_inputs = {
+            k: np.zeros((len(members), length), dtype=np.int64 if k in INT_INPUTS else np.float32)
+            for k in keys
+        }
         for row_index, r in enumerate(rows):
-            ids[row_index, :r.size] = r.tokens
-            position_ids[row_index, :r.size] = r.positions
-            reach[row_index, :r.size] = r.reach
+            ids[row_index, : r.size] = r.tokens
+            position_ids[row_index, : r.size] = r.positions
+            reach[row_index, : r.size] = r.reach
         for b, (row_index, m, slots, _) in enumerate(members):
             n = len(tokens[m])
             slot_index[b, :n] = row_index * width + slots
@@ -281,15 +308,16 @@ class MicroBatch:
             slot_routing = np.tile(np.arange(top_k, dtype=np.int64), (len(rows) * width, layers, 1))
             routed = np.zeros(len(rows) * width, dtype=bool)
             for b, (_, m, _, _) in enumerate(members):
-                slot_routing[slot_index[b, :len(tokens[m])]] = routing[m]
-                routed[slot_index[b, :len(tokens[m])]] = True
+                slot_routing[slot_index[b, : len(tokens[m])]] = routing[m]
+                routed[slot_index[b, : len(tokens[m])]] = True
 
         return cls(
             indices=[m for _, m, _, _ in members],
             input_ids=tensor(ids),
             position_ids=tensor(position_ids) if chained else None,
             reach=tensor(reach) if chained else None,
-            slots=tensor(slot_index), valid=tensor(valid),
+            slots=tensor(slot_index),
+            valid=tensor(valid),
             inputs={k: tensor(v) for k, v in loss_inputs.items()},
             lengths=[len(tokens[m]) for _, m, _, _ in members],
             owned=[owned for _, _, _, owned in members],

@@ -44,7 +44,9 @@ def model_dtype(model: ResolvedModel) -> torch.dtype:
         ) from None
 
 
-def training_dtypes(model: ResolvedModel, mixed_precision: bool) -> tuple[torch.dtype | None, torch.dtype]:
+def training_dtypes(
+    model: ResolvedModel, mixed_precision: bool
+) -> tuple[torch.dtype | None, torch.dtype]:
     """(compute dtype under autocast or None, dtype of the trained parameters): a bfloat16 or
     float16 model trains with float32 master weights under autocast, unless `mixed_precision` is
     off; a float32 model trains in float32."""
@@ -68,8 +70,13 @@ def load_tokenizer(path: Path) -> Any:
     return _cached_tokenizer(str(path), mtime)
 
 
-def load_causal_lm(model: ResolvedModel, *, dtype: torch.dtype, device: torch.device,
-                   attn_implementation: str | None) -> Any:
+def load_causal_lm(
+    model: ResolvedModel,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    attn_implementation: str | None,
+) -> Any:
     """The checkpoint at `model.path` as a transformers causal LM on `device`, in `dtype`."""
     from transformers import AutoModelForCausalLM
 
@@ -100,5 +107,5 @@ def check_tokenizer_fits(tokenizer: Any, hf_model: Any, model: ResolvedModel) ->
             f"the tokenizer at {model.tokenizer_path} has {vocab} tokens but model {model.name!r} "
             f"({model.path}) has only {rows} embedding rows, so token ids {rows}..{vocab - 1} would fail",
             fix="use the model's own tokenizer (unset model.tokenizer), or resize the model's embeddings "
-                f"(model.resize_token_embeddings({vocab})), train them, and save the checkpoint",
+            f"(model.resize_token_embeddings({vocab})), train them, and save the checkpoint",
         )

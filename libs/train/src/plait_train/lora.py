@@ -57,21 +57,30 @@ PEFT_PREFIX = "base_model.model."
 
 def target_names(spec: LoraConfig) -> tuple[str, ...]:
     """The names of the linear layers an adapter with `spec` adapts."""
-    return ((ATTENTION_MODULES if spec.train_attn else ()) + (MLP_MODULES if spec.train_mlp else ())
-            + (UNEMBED_MODULES if spec.train_unembed else ()))
+    return (
+        (ATTENTION_MODULES if spec.train_attn else ())
+        + (MLP_MODULES if spec.train_mlp else ())
+        + (UNEMBED_MODULES if spec.train_unembed else ())
+    )
 
 
 class Adapter(torch.nn.Module):
     """The low-rank branch of one linear layer (PEFT's names: lora_A, lora_B)."""
 
-    def __init__(self, base: torch.nn.Linear, rank: int, scaling: float, generator: torch.Generator) -> None:
+    def __init__(
+        self, base: torch.nn.Linear, rank: int, scaling: float, generator: torch.Generator
+    ) -> None:
         super().__init__()
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False, **factory)
         self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False, **factory)
-        bound = 1 / math.sqrt(base.in_features)  # kaiming_uniform_(a=sqrt(5)), as nn.Linear and PEFT
+        bound = 1 / math.sqrt(
+            base.in_features
+        )  # kaiming_uniform_(a=sqrt(5)), as nn.Linear and PEFT
         with torch.no_grad():
-            self.lora_A.weight.copy_(torch.rand(self.lora_A.weight.shape, generator=generator) * 2 * bound - bound)
+            self.lora_A.weight.copy_(
+                torch.rand(self.lora_A.weight.shape, generator=generator) * 2 * bound - bound
+            )
             self.lora_B.weight.zero_()
         self.scaling = scaling
 
@@ -93,21 +102,32 @@ class LoraBank:
         self.model = model
         model.requires_grad_(False)
         targets = ATTENTION_MODULES + MLP_MODULES + UNEMBED_MODULES
-        self.layers = {path: module for path, module in model.named_modules()
-                       if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets}
+        self.layers = {
+            path: module
+            for path, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets
+        }
         if not self.layers:
-            raise ModelError(f"no linear layer named {', '.join(targets)} in {type(model).__name__}",
-                             fix="LoRA here adapts Llama/Qwen/Mistral-style projections")
+            raise ModelError(
+                f"no linear layer named {', '.join(targets)} in {type(model).__name__}",
+                fix="LoRA here adapts Llama/Qwen/Mistral-style projections",
+            )
         self.adapters: dict[str, dict[str, Adapter]] = {}
         self.specs: dict[str, LoraConfig] = {}
         # Within `routing`: the flat token indices sorted by adapter, and each adapter's segment of them.
         self._order: torch.Tensor | None = None
         self._segments: list[tuple[str, int, int]] = []
-        self._adapter_of: torch.Tensor | None = None  # within `routing`: the adapter index of every token
+        self._adapter_of: torch.Tensor | None = (
+            None  # within `routing`: the adapter index of every token
+        )
         self._names: list[str] = []
         self._tokens = 0
-        self._unembedding = next((path for path in self.layers if path.rsplit(".", 1)[-1] in UNEMBED_MODULES), None)
-        self._hooks = [module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()]
+        self._unembedding = next(
+            (path for path in self.layers if path.rsplit(".", 1)[-1] in UNEMBED_MODULES), None
+        )
+        self._hooks = [
+            module.register_forward_hook(self._hook(path)) for path, module in self.layers.items()
+        ]
 
     def add(self, name: str, spec: LoraConfig, seed: int = 0) -> dict[str, torch.nn.Parameter]:
         """A new adapter (B = 0: it starts as the base model); returns its parameters by PEFT name."""
@@ -115,11 +135,16 @@ class LoraBank:
             raise ValueError(f"adapter {name!r} exists already")
         wanted = target_names(spec)
         if spec.rank < 1 or not wanted:
-            raise ValueError(f"adapter {name!r} adapts nothing: rank {spec.rank}, train_attn {spec.train_attn}, "
-                             f"train_mlp {spec.train_mlp}, train_unembed {spec.train_unembed}")
+            raise ValueError(
+                f"adapter {name!r} adapts nothing: rank {spec.rank}, train_attn {spec.train_attn}, "
+                f"train_mlp {spec.train_mlp}, train_unembed {spec.train_unembed}"
+            )
         generator = torch.Generator().manual_seed(seed)
-        self.adapters[name] = {path: Adapter(module, spec.rank, spec.alpha / spec.rank, generator)
-                               for path, module in sorted(self.layers.items()) if path.rsplit(".", 1)[-1] in wanted}
+        self.adapters[name] = {
+            path: Adapter(module, spec.rank, spec.alpha / spec.rank, generator)
+            for path, module in sorted(self.layers.items())
+            if path.rsplit(".", 1)[-1] in wanted
+        }
         self.specs[name] = spec
         return self.parameters_of(name)
 
@@ -131,8 +156,11 @@ class LoraBank:
 
     def parameters_of(self, name: str) -> dict[str, torch.nn.Parameter]:
         self._check(name)
-        return {f"{PEFT_PREFIX}{path}.{part}.weight": getattr(adapter, part).weight
-                for path, adapter in self.adapters[name].items() for part in ("lora_A", "lora_B")}
+        return {
+            f"{PEFT_PREFIX}{path}.{part}.weight": getattr(adapter, part).weight
+            for path, adapter in self.adapters[name].items()
+            for part in ("lora_A", "lora_B")
+        }
 
     def merged_weights(self, name: str) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, base weight + delta) of every layer adapter `name` adapts."""
@@ -147,27 +175,39 @@ class LoraBank:
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({key: p.detach().contiguous().cpu() for key, p in self.parameters_of(name).items()},
-                  str(directory / WEIGHTS_FILE))
-        (directory / CONFIG_FILE).write_text(json.dumps(peft_config(self.specs[name], self.model), indent=1))
+        save_file(
+            {key: p.detach().contiguous().cpu() for key, p in self.parameters_of(name).items()},
+            str(directory / WEIGHTS_FILE),
+        )
+        (directory / CONFIG_FILE).write_text(
+            json.dumps(peft_config(self.specs[name], self.model), indent=1)
+        )
 
     def load(self, name: str, directory: str | Path) -> None:
         tensors, params = read_adapter(directory), self.parameters_of(name)
-        if set(tensors) != set(params) or any(tensors[k].shape != p.shape for k, p in params.items()):
-            raise ModelError(f"adapter in {directory} does not fit adapter {name!r} (rank or adapted layers differ)",
-                             fix="load it into an adapter made with the same rank, train_attn, train_mlp and train_unembed")
+        if set(tensors) != set(params) or any(
+            tensors[k].shape != p.shape for k, p in params.items()
+        ):
+            raise ModelError(
+                f"adapter in {directory} does not fit adapter {name!r} (rank or adapted layers differ)",
+                fix="load it into an adapter made with the same rank, train_attn, train_mlp and train_unembed",
+            )
         with torch.no_grad():
             for key, param in params.items():
                 param.copy_(tensors[key])
 
-    def unembedding_adapters(self, select: torch.Tensor) -> list[tuple[torch.Tensor | None, Adapter | None]]:
+    def unembedding_adapters(
+        self, select: torch.Tensor
+    ) -> list[tuple[torch.Tensor | None, Adapter | None]]:
         """For the flat positions `select` (into the model's input): groups of them (indices
         into `select`, None for all) and the adapter of the unembedding each group goes through
         (None: the base's). The chunked output head (`plait_train.scorer`) applies these itself,
         as it never calls the output projection's forward (where the hook would)."""
         head = self._unembedding
         if self._order is None or head is None:
-            return [(None, self.adapters[self.default].get(head) if self.default and head else None)]
+            return [
+                (None, self.adapters[self.default].get(head) if self.default and head else None)
+            ]
         assert self._adapter_of is not None
         chosen = self._adapter_of[select]
         parts: list[tuple[torch.Tensor | None, Adapter | None]] = []
@@ -190,16 +230,23 @@ class LoraBank:
         groups = [(flat == k).nonzero().squeeze(-1) for k in range(len(names))]
         self._order = torch.cat(groups) if groups else flat.new_zeros(0)
         ends = itertools.accumulate(len(rows) for rows in groups)
-        self._segments = [(name, end - len(rows), end) for name, rows, end in zip(names, groups, ends, strict=True)
-                          if len(rows)]
+        self._segments = [
+            (name, end - len(rows), end)
+            for name, rows, end in zip(names, groups, ends, strict=True)
+            if len(rows)
+        ]
         try:
             yield
         finally:
             self._order = self._adapter_of = None
 
     def _hook(self, path: str) -> Any:
-        def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-            if self._order is None:  # outside `routing`: the default adapter, if any, for every token
+        def hook(
+            _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor
+        ) -> torch.Tensor:
+            if (
+                self._order is None
+            ):  # outside `routing`: the default adapter, if any, for every token
                 adapter = self.adapters[self.default].get(path) if self.default else None
                 return output if adapter is None else output + adapter(inputs[0]).to(output.dtype)
             adapters = [self.adapters[name].get(path) for name, _, _ in self._segments]
@@ -207,14 +254,19 @@ class LoraBank:
                 return output
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
             if x.shape[0] != self._tokens:
-                raise ValueError(f"the routing covers {self._tokens} tokens, layer {path} got {x.shape[0]}")
+                raise ValueError(
+                    f"the routing covers {self._tokens} tokens, layer {path} got {x.shape[0]}"
+                )
             # One gather into adapter order, each adapter on its contiguous segment, one scatter
             # back (the segmented LoRA matmul of Punica's SGMV, in plain torch).
             flat = output.reshape(-1, output.shape[-1])
             grouped = x.index_select(0, self._order)
-            deltas = [flat.new_zeros(end - start, flat.shape[-1]) if adapter is None
-                      else adapter(grouped[start:end]).to(flat.dtype)
-                      for adapter, (_, start, end) in zip(adapters, self._segments, strict=True)]
+            deltas = [
+                flat.new_zeros(end - start, flat.shape[-1])
+                if adapter is None
+                else adapter(grouped[start:end]).to(flat.dtype)
+                for adapter, (_, start, end) in zip(adapters, self._segments, strict=True)
+            ]
             return flat.index_add(0, self._order, torch.cat(deltas)).view_as(output)
 
         return hook
@@ -225,10 +277,20 @@ class LoraBank:
 
 
 def peft_config(spec: LoraConfig, model: torch.nn.Module) -> dict[str, Any]:
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-            "target_modules": sorted(target_names(spec)), "bias": "none", "lora_dropout": 0.0,
-            "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False, "use_dora": False,
-            "base_model_name_or_path": getattr(getattr(model, "config", None), "_name_or_path", None)}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "target_modules": sorted(target_names(spec)),
+        "bias": "none",
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+        "base_model_name_or_path": getattr(getattr(model, "config", None), "_name_or_path", None),
+    }
 
 
 def read_adapter(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -237,8 +299,10 @@ def read_adapter(directory: str | Path) -> dict[str, torch.Tensor]:
 
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
-        raise ModelError(f"{directory} is not a LoRA adapter (no {CONFIG_FILE} and {WEIGHTS_FILE})",
-                         fix="pass a directory saved by a LoRA trainer or by PEFT's save_pretrained")
+        raise ModelError(
+            f"{directory} is not a LoRA adapter (no {CONFIG_FILE} and {WEIGHTS_FILE})",
+            fix="pass a directory saved by a LoRA trainer or by PEFT's save_pretrained",
+        )
     return load_file(str(directory / WEIGHTS_FILE))
 
 
@@ -249,8 +313,10 @@ def adapter_deltas(directory: str | Path) -> dict[str, torch.Tensor]:
     tensors = read_adapter(directory)
     config = json.loads((directory / CONFIG_FILE).read_text())
     if config.get("use_dora") or config.get("use_rslora"):
-        raise ModelError(f"adapter in {directory} uses DoRA or rsLoRA, which plait does not merge",
-                         fix="save a plain LoRA adapter")
+        raise ModelError(
+            f"adapter in {directory} uses DoRA or rsLoRA, which plait does not merge",
+            fix="save a plain LoRA adapter",
+        )
     scaling = float(config["lora_alpha"]) / int(config["r"])
     deltas = {}
     for name, a in tensors.items():
@@ -267,19 +333,27 @@ def merge_adapter(model: torch.nn.Module, directory: str | Path) -> int:
     params = dict(model.named_parameters())
     deltas = adapter_deltas(directory)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_name = next((f"{path}.weight" for path, module in model.named_modules() if module is head), None)
+    head_name = next(
+        (f"{path}.weight" for path, module in model.named_modules() if module is head), None
+    )
     if head_name in deltas and head_name not in params and head is not None:
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())  # untie before adapting the head alone
+        head.weight = torch.nn.Parameter(
+            head.weight.detach().clone()
+        )  # untie before adapting the head alone
         params[head_name] = head.weight
     unknown = sorted(set(deltas) - set(params))
     if unknown:
-        raise ModelError(f"adapter in {directory} adapts weights this model does not have, e.g. {unknown[:3]}",
-                         fix="use an adapter trained on this base model")
+        raise ModelError(
+            f"adapter in {directory} adapts weights this model does not have, e.g. {unknown[:3]}",
+            fix="use an adapter trained on this base model",
+        )
     with torch.no_grad():
         for name, delta in deltas.items():
             if tuple(delta.shape) != tuple(params[name].shape):
-                raise ModelError(f"adapter in {directory}: {name} delta has shape {tuple(delta.shape)}, the "
-                                 f"model's weight {tuple(params[name].shape)}",
-                                 fix="use an adapter trained on this base model")
+                raise ModelError(
+                    f"adapter in {directory}: {name} delta has shape {tuple(delta.shape)}, the "
+                    f"model's weight {tuple(params[name].shape)}",
+                    fix="use an adapter trained on this base model",
+                )
             params[name].add_(delta.to(device=params[name].device, dtype=params[name].dtype))
     return len(deltas)

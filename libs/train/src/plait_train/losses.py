@@ -47,10 +47,14 @@ def check_inputs(loss_name: str, keys: Sequence[str]) -> None:
         )
 
 
-def _config(config: Mapping[str, float], defaults: Mapping[str, float], loss: str) -> dict[str, float]:
+def _config(
+    config: Mapping[str, float], defaults: Mapping[str, float], loss: str
+) -> dict[str, float]:
     unknown = set(config) - set(defaults)
     if unknown:
-        raise ValueError(f"loss {loss!r} has no config key(s) {sorted(unknown)}; it takes {sorted(defaults) or 'none'}")
+        raise ValueError(
+            f"loss {loss!r} has no config key(s) {sorted(unknown)}; it takes {sorted(defaults) or 'none'}"
+        )
     return {**defaults, **config}
 
 
@@ -76,13 +80,17 @@ def _ratio_metrics(lp: Tensor, inputs: Mapping[str, Tensor]) -> tuple[Tensor, di
     return ratio, metrics
 
 
-def cross_entropy(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
+def cross_entropy(
+    lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
+) -> LossOutput:
     _config(config, {}, "cross_entropy")
     loss = -(lp * inputs["weights"]).sum()
     return LossOutput(loss, {"loss:sum": float(loss.detach())})
 
 
-def importance_sampling(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
+def importance_sampling(
+    lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
+) -> LossOutput:
     _config(config, {}, "importance_sampling")
     ratio, metrics = _ratio_metrics(lp, inputs)
     loss = -(ratio * inputs["advantages"]).sum()
@@ -97,8 +105,12 @@ def ppo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -
     unclipped_obj, clipped_obj = ratio * adv, clipped * adv
     loss = -torch.minimum(unclipped_obj, clipped_obj).sum()
     active = adv != 0
-    clip_fraction = float(((clipped_obj < unclipped_obj) & active).sum() / active.sum().clamp(min=1))
-    return LossOutput(loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics})
+    clip_fraction = float(
+        ((clipped_obj < unclipped_obj) & active).sum() / active.sum().clamp(min=1)
+    )
+    return LossOutput(
+        loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics}
+    )
 
 
 def cispo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
@@ -109,7 +121,9 @@ def cispo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float])
     loss = -(clipped * lp * adv).sum()
     active = adv != 0
     clip_fraction = float(((ratio.detach() != clipped) & active).sum() / active.sum().clamp(min=1))
-    return LossOutput(loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics})
+    return LossOutput(
+        loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics}
+    )
 
 
 def dro(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
@@ -129,4 +143,3 @@ BUILTIN_LOSSES: dict[str, LossFn] = {
     "cispo": cispo,
     "dro": dro,
 }
-

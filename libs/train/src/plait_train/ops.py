@@ -29,8 +29,12 @@ def chunk_rows(vocab: int) -> int:
     return max(1, _CHUNK_BYTES // (4 * vocab))
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  low_rank: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    low_rank: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Target logprobs (differentiable) and entropies (not) of `hidden @ weight.T`, in float32.
 
     `hidden` (N, H) final hidden states, `weight` (V, H) the output projection, `targets` (N,).
@@ -42,7 +46,9 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return _HeadLogprobs.apply(hidden, weight, targets, *flat)
 
 
-def _chunk_parts(flat: Sequence[torch.Tensor], start: int, end: int) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
+def _chunk_parts(
+    flat: Sequence[torch.Tensor], start: int, end: int
+) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
     """The low-rank parts that touch positions [start, end): (positions within the chunk, None
     when the part covers the whole chunk in order; the rows of `u` for them; the part's index)."""
     parts: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
@@ -51,12 +57,16 @@ def _chunk_parts(flat: Sequence[torch.Tensor], start: int, end: int) -> list[tup
         inside = ((rows >= start) & (rows < end)).nonzero().squeeze(-1)
         if inside.numel():
             local = rows[inside] - start
-            whole = len(local) == end - start and bool((local == torch.arange(end - start, device=local.device)).all())
+            whole = len(local) == end - start and bool(
+                (local == torch.arange(end - start, device=local.device)).all()
+            )
             parts.append((None if whole else local, inside, k // 3))
     return parts
 
 
-def _chunk_logits(h: torch.Tensor, w: torch.Tensor, flat: Sequence[torch.Tensor], start: int, end: int) -> torch.Tensor:
+def _chunk_logits(
+    h: torch.Tensor, w: torch.Tensor, flat: Sequence[torch.Tensor], start: int, end: int
+) -> torch.Tensor:
     logits = h @ w.T
     for local, inside, k in _chunk_parts(flat, start, end):
         u, b = flat[3 * k + 1][inside].float(), flat[3 * k + 2].float()
@@ -69,7 +79,13 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor, flat: Sequence[torch.Tensor]
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *flat: torch.Tensor) -> Any:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        *flat: torch.Tensor,
+    ) -> Any:
         rows = chunk_rows(weight.shape[0])
         n = hidden.shape[0]
         logprobs = hidden.new_empty(n, dtype=torch.float32)
@@ -85,7 +101,9 @@ class _HeadLogprobs(torch.autograd.Function):
                 exp = logits.exp()
                 total = exp.sum(-1)
                 log_total = total.log()
-                logprobs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - log_total
+                logprobs[start:end] = (
+                    logits.gather(-1, targets[start:end, None]).squeeze(-1) - log_total
+                )
                 # H = log Z - sum(p * x), shift-invariant; p = exp / Z
                 entropy[start:end] = log_total - (exp * logits).sum(-1) / total
                 lse[start:end] = log_total + shift.squeeze(-1)
@@ -111,7 +129,12 @@ class _HeadLogprobs(torch.autograd.Function):
                 h = hidden[start:end].float()
                 g = grad_logprobs[start:end].float()
                 # d logprob / d logits = onehot(target) - softmax(logits)
-                grad_logits = _chunk_logits(h, w, flat, start, end).sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
+                grad_logits = (
+                    _chunk_logits(h, w, flat, start, end)
+                    .sub_(lse[start:end, None])
+                    .exp_()
+                    .mul_(-g[:, None])
+                )
                 grad_logits[torch.arange(end - start, device=h.device), targets[start:end]] += g
                 if need_hidden:
                     grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
@@ -132,6 +155,6 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     step = chunk_rows(logits.shape[-1])
     out = [logits.new_zeros(0, dtype=torch.float32)]
     for start in range(0, logits.shape[0], step):
-        logp = torch.log_softmax(logits[start:start + step].float(), dim=-1)
+        logp = torch.log_softmax(logits[start : start + step].float(), dim=-1)
         out.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(out)

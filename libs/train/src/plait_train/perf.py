@@ -14,7 +14,9 @@ import attrs
 import torch
 
 
-def transformer_flops_per_token(non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
+def transformer_flops_per_token(
+    non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int
+) -> float:
     """Training FLOPs per token: 6·N plus the attention term 12·L·H·S (forward + backward)."""
     return 6.0 * non_embedding_params + 12.0 * num_layers * hidden_size * seq_len
 
@@ -42,12 +44,18 @@ def peak_flops(device_type: str, dtype: torch.dtype) -> PeakFlops:
         name = torch.cuda.get_device_name()
         for key, peaks in _GPU_PEAKS.items():
             if key in name and dtype in peaks:
-                return PeakFlops(peaks[dtype], f"datasheet ({name}, {str(dtype).removeprefix('torch.')})")
-    return PeakFlops(measure_matmul_flops(torch.device(device_type), dtype),
-                     f"measured ({device_type} matmul, {str(dtype).removeprefix('torch.')})")
+                return PeakFlops(
+                    peaks[dtype], f"datasheet ({name}, {str(dtype).removeprefix('torch.')})"
+                )
+    return PeakFlops(
+        measure_matmul_flops(torch.device(device_type), dtype),
+        f"measured ({device_type} matmul, {str(dtype).removeprefix('torch.')})",
+    )
 
 
-def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, seconds: float = 0.3) -> float:
+def measure_matmul_flops(
+    device: torch.device, dtype: torch.dtype, size: int = 1024, seconds: float = 0.3
+) -> float:
     """Best FLOP/s of square matmuls in `dtype` over about `seconds` of repeats."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
@@ -100,7 +108,9 @@ class FlopsModel:
         return cls(int(matmul_params), int(config.num_hidden_layers), int(heads * head_dim))
 
     def train_flops_per_token(self, seq_len: int) -> float:
-        return transformer_flops_per_token(self.matmul_params, self.num_layers, self.attention_width, seq_len)
+        return transformer_flops_per_token(
+            self.matmul_params, self.num_layers, self.attention_width, seq_len
+        )
 
     def forward_flops_per_token(self, seq_len: int) -> float:
         return self.train_flops_per_token(seq_len) / 3.0  # backward costs twice the forward

@@ -11,4 +11,8 @@ LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 @hookimpl
 def plait_register_losses(register: RegisterLoss) -> None:
     for name in LOSSES:
-        register(name, f"plait_train.losses:{name}", description=f"Tinker-compatible {name} loss (token sum)")
+        register(
+            name,
+            f"plait_train.losses:{name}",
+            description=f"Tinker-compatible {name} loss (token sum)",
+        )

@@ -34,8 +34,13 @@ class MoeShape:
 
 def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's top-k routers, in layer order."""
-    return [m for m in model.modules()
-            if type(m).__name__.endswith("TopKRouter") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+    return [
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("TopKRouter")
+        and hasattr(m, "top_k")
+        and hasattr(m, "num_experts")
+    ]
 
 
 def moe_shape(model: torch.nn.Module) -> MoeShape | None:
@@ -44,7 +49,11 @@ def moe_shape(model: torch.nn.Module) -> MoeShape | None:
 
 
 def _shape(routers: list[torch.nn.Module]) -> MoeShape | None:
-    return MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts)) if routers else None
+    return (
+        MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts))
+        if routers
+        else None
+    )
 
 
 class RoutingHooks:
@@ -60,12 +69,16 @@ class RoutingHooks:
         routers = find_routers(model)
         shape = _shape(routers)
         if shape is None:
-            raise ValueError(f"{type(model).__name__} has no top-k router: it is not a mixture of experts")
+            raise ValueError(
+                f"{type(model).__name__} has no top-k router: it is not a mixture of experts"
+            )
         self.shape = shape
         self.chosen: list[torch.Tensor | None] = [None] * len(routers)
         self.used: list[torch.Tensor | None] = [None] * len(routers)
         self._forced: torch.Tensor | None = None
-        self._handles = [router.register_forward_hook(self._hook(layer)) for layer, router in enumerate(routers)]
+        self._handles = [
+            router.register_forward_hook(self._hook(layer)) for layer, router in enumerate(routers)
+        ]
 
     def _hook(self, layer: int) -> Any:
         def hook(module: torch.nn.Module, _args: Any, output: tuple[torch.Tensor, ...]) -> Any:
@@ -76,8 +89,10 @@ class RoutingHooks:
                 return None
             forced = self._forced[:, layer].to(device=chosen.device, dtype=torch.long)
             if forced.shape != chosen.shape:
-                raise DataError(f"routing replay got {tuple(forced.shape)} expert ids for layer {layer}, "
-                                f"the forward pass routes {tuple(chosen.shape)}")
+                raise DataError(
+                    f"routing replay got {tuple(forced.shape)} expert ids for layer {layer}, "
+                    f"the forward pass routes {tuple(chosen.shape)}"
+                )
             # The same weights the router computes for its own choice (softmax, top-k, optional
             # renormalisation), taken at the forced experts: differentiable in the router's logits.
             scores = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, forced)
@@ -85,19 +100,24 @@ class RoutingHooks:
                 scores = scores / scores.sum(dim=-1, keepdim=True)
             self.used[layer] = forced
             return logits, scores.to(logits.dtype), forced
+
         return hook
 
     @contextlib.contextmanager
     def forced(self, experts: torch.Tensor) -> Iterator[None]:
         """Route the flat tokens of the forward passes inside by `experts` (tokens, layers, top_k)."""
         if experts.shape[1:] != (self.shape.layers, self.shape.top_k):
-            raise DataError(f"routed experts of shape {tuple(experts.shape)}: the model has {self.shape.layers} "
-                            f"MoE layers routing {self.shape.top_k} experts per token",
-                            fix="sample with the model being trained (same MoE configuration)")
+            raise DataError(
+                f"routed experts of shape {tuple(experts.shape)}: the model has {self.shape.layers} "
+                f"MoE layers routing {self.shape.top_k} experts per token",
+                fix="sample with the model being trained (same MoE configuration)",
+            )
         if experts.numel() and int(experts.max()) >= self.shape.experts:
-            raise DataError(f"routed expert id {int(experts.max())} is out of range: the model has "
-                            f"{self.shape.experts} experts",
-                            fix="sample with the model being trained (same MoE configuration)")
+            raise DataError(
+                f"routed expert id {int(experts.max())} is out of range: the model has "
+                f"{self.shape.experts} experts",
+                fix="sample with the model being trained (same MoE configuration)",
+            )
         self._forced = experts
         try:
             yield

@@ -48,8 +48,13 @@ def split_output_head(model: Any) -> tuple[Any, Any]:
         hidden = decoder(input_ids=probe, use_cache=False).last_hidden_state
         actual = hidden.float() @ head.weight.float().T
     tolerance = 1e-4 if head.weight.dtype == torch.float32 else 5e-2
-    if not torch.allclose(actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()):
-        log.info("the model transforms its logits; using the full-logits path", model=type(model).__name__)
+    if not torch.allclose(
+        actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()
+    ):
+        log.info(
+            "the model transforms its logits; using the full-logits path",
+            model=type(model).__name__,
+        )
         return None, None
     return decoder, head
 
@@ -65,7 +70,9 @@ class TokenScorer(torch.nn.Module):
         # again would give their parameters a second name.
         self._head_parts = (decoder, head) if decoder is not None else None
         self.attention = attention_implementation(model)
-        self.head_adapters: Callable[[torch.Tensor], Sequence[tuple[torch.Tensor | None, Any]]] | None = None
+        self.head_adapters: (
+            Callable[[torch.Tensor], Sequence[tuple[torch.Tensor | None, Any]]] | None
+        ) = None
         """LoRA on the unembedding: for the selected flat positions, groups of them (indices, None
         for all) and the adapter each goes through (a module with lora_A, lora_B and scaling, or
         None); the chunked head adds them (`plait_train.lora.LoraBank.unembedding_adapters`)."""
@@ -78,8 +85,14 @@ class TokenScorer(torch.nn.Module):
     def takes_tree_masks(self) -> bool:
         return self.attention in TREE_MASK_ATTENTION
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, reach: torch.Tensor | None,
-                select: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        reach: torch.Tensor | None,
+        select: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their targets."""
         kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
         if position_ids is not None:
@@ -91,8 +104,16 @@ class TokenScorer(torch.nn.Module):
             hidden = decoder(**kwargs).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1])[select]
             parts = self.head_adapters(select) if self.head_adapters is not None else []
-            return head_logprobs(hidden, head.weight, targets, [_low_rank(hidden, rows, adapter)
-                                                                for rows, adapter in parts if adapter is not None])
+            return head_logprobs(
+                hidden,
+                head.weight,
+                targets,
+                [
+                    _low_rank(hidden, rows, adapter)
+                    for rows, adapter in parts
+                    if adapter is not None
+                ],
+            )
         logits = self.model(**kwargs).logits
         picked = logits.reshape(-1, logits.shape[-1])[select]
         with torch.no_grad():
@@ -106,12 +127,15 @@ class TokenScorer(torch.nn.Module):
         if self.attention == "eager":
             zero = torch.zeros((), dtype=torch.float32, device=reach.device)
             return torch.where(allowed, zero, torch.finfo(torch.float32).min)
-        raise ValueError(f"attention {self.attention!r} cannot take packed or prefix-shared rows; "
-                         f"use one of {TREE_MASK_ATTENTION}")
+        raise ValueError(
+            f"attention {self.attention!r} cannot take packed or prefix-shared rows; "
+            f"use one of {TREE_MASK_ATTENTION}"
+        )
 
 
-
-def _low_rank(hidden: torch.Tensor, rows: torch.Tensor | None, adapter: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _low_rank(
+    hidden: torch.Tensor, rows: torch.Tensor | None, adapter: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A LoRA adapter of the output projection as `head_logprobs` takes it: (rows, s * A h, B)."""
     rows = rows if rows is not None else torch.arange(hidden.shape[0], device=hidden.device)
     down = adapter.lora_A(hidden[rows].to(adapter.lora_A.weight.dtype)) * adapter.scaling

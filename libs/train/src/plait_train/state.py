@@ -18,8 +18,11 @@ from plait.run.checkpoint import fsync_dir
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": np.random.get_state()}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -49,14 +52,17 @@ def write_dir_atomically(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def check_same_parameters(saved: Mapping[str, list[int]], expected: Mapping[str, list[int]], path: Path) -> None:
+def check_same_parameters(
+    saved: Mapping[str, list[int]], expected: Mapping[str, list[int]], path: Path
+) -> None:
     """Fail, naming a few, when a saved state's parameter names or shapes are not this model's."""
     differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
     if differing:
         raise ModelError(
             f"trainer state {path} was saved from a different model (or other LoRA settings): {len(differing)} "
             f"parameters differ in name or shape, e.g. {differing[:3]}",
-            fix="load it into a trainer built on the same model, with the same trainer.options.lora")
+            fix="load it into a trainer built on the same model, with the same trainer.options.lora",
+        )
 
 
 def temporary_sibling(path: Path) -> Path:

@@ -44,21 +44,29 @@ def lookup_loss(name: str) -> Any:
 def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
     """The loss input keys of `data`, after checking that every datum fits `loss_fn`."""
     if not data:
-        raise DataError("no data: forward/forward_backward needs at least one Datum",
-                        fix="skip the call when a batch is empty")
+        raise DataError(
+            "no data: forward/forward_backward needs at least one Datum",
+            fix="skip the call when a batch is empty",
+        )
     keys = sorted(data[0].loss_fn_inputs)
     for index, datum in enumerate(data):
         if not isinstance(datum, Datum):
             raise DataError(f"data[{index}] is a {type(datum).__name__}, not a plait.types.Datum")
         if datum.model_input.length == 0:
-            raise DataError(f"data[{index}] has an empty model_input", fix="drop empty sequences before training")
+            raise DataError(
+                f"data[{index}] has an empty model_input",
+                fix="drop empty sequences before training",
+            )
         if sorted(datum.loss_fn_inputs) != keys:
             raise DataError(
                 f"data[{index}] has loss_fn_inputs {sorted(datum.loss_fn_inputs)} but data[0] has {keys}",
-                fix="give every datum of one call the same loss_fn_inputs keys")
+                fix="give every datum of one call the same loss_fn_inputs keys",
+            )
     if "target_tokens" not in keys:
-        raise DataError(f"loss {loss_fn!r} needs loss_fn_inputs['target_tokens']; the data have {keys}",
-                        fix="add target_tokens (the input shifted by one: targets = seq[1:])")
+        raise DataError(
+            f"loss {loss_fn!r} needs loss_fn_inputs['target_tokens']; the data have {keys}",
+            fix="add target_tokens (the input shifted by one: targets = seq[1:])",
+        )
     try:
         check_inputs(loss_fn, keys)
     except ValueError as exc:
@@ -66,7 +74,9 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
     return keys
 
 
-def check_loss_config(loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None) -> Any:
+def check_loss_config(
+    loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None
+) -> Any:
     """The loss function, after a trial run on one zero token: an unknown loss name or a config
     the loss rejects fails before any forward pass (which, split across processes, could not be
     abandoned halfway)."""
@@ -76,8 +86,10 @@ def check_loss_config(loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping
     try:
         loss(zero, trial, dict(loss_fn_config or {}))
     except (ValueError, KeyError) as exc:
-        raise DataError(f"loss {loss_fn!r} rejected its inputs: {exc}",
-                        fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+        raise DataError(
+            f"loss {loss_fn!r} rejected its inputs: {exc}",
+            fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents",
+        ) from exc
     return loss
 
 
@@ -96,7 +108,11 @@ def check_token_ids(ids: Any, vocab_rows: int, what: str) -> None:
 
 def active_positions(batch: MicroBatch) -> torch.Tensor:
     """Positions the loss acts on: the `mask` input if given, else non-zero weights/advantages."""
-    for key, test in (("mask", lambda t: t > 0), ("weights", lambda t: t != 0), ("advantages", lambda t: t != 0)):
+    for key, test in (
+        ("mask", lambda t: t > 0),
+        ("weights", lambda t: t != 0),
+        ("advantages", lambda t: t != 0),
+    ):
         if key in batch.inputs:
             return test(batch.inputs[key]) & batch.valid
     return batch.valid
@@ -105,7 +121,9 @@ def active_positions(batch: MicroBatch) -> torch.Tensor:
 class AdapterRouter(Protocol):
     """What `StepRunner.run_groups` needs of a LoRA bank: tokens routed to adapters by name."""
 
-    def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> contextlib.AbstractContextManager[None]: ...
+    def routing(
+        self, adapter_of_token: torch.Tensor, names: Sequence[str]
+    ) -> contextlib.AbstractContextManager[None]: ...
 
 
 class _Outcome(dict[int, tuple[LossOutput, float, int]]):
@@ -128,7 +146,9 @@ class ShardResult:
     """Sums over the data: model_flops, train_tokens, forward_tokens, prefix_shared_tokens."""
 
 
-def to_output(loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], ShardResult]]) -> ForwardBackwardOutput:
+def to_output(
+    loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], ShardResult]]
+) -> ForwardBackwardOutput:
     """One call's output from the results of every process: (indices into the call's data of the
     shard's data, its result)."""
     outputs: list[dict[str, TensorData]] = [{} for _ in range(count)]
@@ -143,23 +163,41 @@ def to_output(loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], Sh
     metrics = merge_metrics(parts)
     metrics.update(totals)
     if totals.get("routing_compared:sum"):
-        metrics["routing_agreement:mean"] = totals["routing_agreed:sum"] / totals["routing_compared:sum"]
-        metrics["routing_natural_agreement:mean"] = (totals["routing_natural_agreed:sum"]
-                                                     / totals["routing_compared:sum"])
-        metrics["routing_bytes_per_token:mean"] = totals["routing_bytes:sum"] / totals["routing_positions:sum"]
-    return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics)
+        metrics["routing_agreement:mean"] = (
+            totals["routing_agreed:sum"] / totals["routing_compared:sum"]
+        )
+        metrics["routing_natural_agreement:mean"] = (
+            totals["routing_natural_agreed:sum"] / totals["routing_compared:sum"]
+        )
+        metrics["routing_bytes_per_token:mean"] = (
+            totals["routing_bytes:sum"] / totals["routing_positions:sum"]
+        )
+    return ForwardBackwardOutput(
+        loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics
+    )
 
 
 class StepRunner:
     """Runs forward / forward_backward of one process's data through a `TokenScorer`."""
 
-    def __init__(self, scorer: TokenScorer | torch.nn.Module, *, layout: LayoutOptions, device: torch.device,
-                 flops: FlopsModel, vocab_rows: int, autocast_dtype: torch.dtype | None = None,
-                 routing: RoutingHooks | None = None, routing_replay: bool = False) -> None:
+    def __init__(
+        self,
+        scorer: TokenScorer | torch.nn.Module,
+        *,
+        layout: LayoutOptions,
+        device: torch.device,
+        flops: FlopsModel,
+        vocab_rows: int,
+        autocast_dtype: torch.dtype | None = None,
+        routing: RoutingHooks | None = None,
+        routing_replay: bool = False,
+    ) -> None:
         """`routing`: the model's router hooks (MoE models), which compare the trainer's routing
         with the sampler's routed_experts and, with `routing_replay`, force the sampler's."""
         if routing_replay and routing is None:
-            raise ValueError("routing replay needs the model's router hooks (a mixture-of-experts model)")
+            raise ValueError(
+                "routing replay needs the model's router hooks (a mixture-of-experts model)"
+            )
         self.routing = routing
         self.routing_replay = routing_replay
         self.scorer = scorer
@@ -169,18 +207,39 @@ class StepRunner:
         self.vocab_rows = vocab_rows
         self.autocast_dtype = autocast_dtype
 
-    def run(self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None, *,
-            backward: bool, agree_on_passes: Callable[[int], int] | None = None) -> ShardResult:
+    def run(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float] | None,
+        *,
+        backward: bool,
+        agree_on_passes: Callable[[int], int] | None = None,
+    ) -> ShardResult:
         """`agree_on_passes(n)`: for processes that must run forward passes in lockstep (FSDP):
         given this process's number of micro-batches, the number every process runs; the missing
         ones are run on a one-token dummy whose loss is zero."""
-        return self.run_groups(data, [0] * len(data), loss_fn, loss_fn_config, backward=backward,
-                               agree_on_passes=agree_on_passes)[0]
+        return self.run_groups(
+            data,
+            [0] * len(data),
+            loss_fn,
+            loss_fn_config,
+            backward=backward,
+            agree_on_passes=agree_on_passes,
+        )[0]
 
-    def run_groups(self, data: Sequence[Datum], groups: Sequence[int], loss_fn: str,
-                   loss_fn_config: Mapping[str, float] | None, *, backward: bool,
-                   router: AdapterRouter | None = None, adapters: Sequence[str] = (),
-                   agree_on_passes: Callable[[int], int] | None = None) -> list[ShardResult]:
+    def run_groups(
+        self,
+        data: Sequence[Datum],
+        groups: Sequence[int],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float] | None,
+        *,
+        backward: bool,
+        router: AdapterRouter | None = None,
+        adapters: Sequence[str] = (),
+        agree_on_passes: Callable[[int], int] | None = None,
+    ) -> list[ShardResult]:
         """Several callers' data in the same passes: datum i belongs to group `groups[i]` (0..G-1),
         and each group gets the result it would get alone (its logprobs, its loss metrics, its
         token counts), its loss reduced over its own tokens. With `router`, each group's tokens go
@@ -198,18 +257,37 @@ class StepRunner:
         inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
         if data:
             check_token_ids(np.concatenate(tokens), self.vocab_rows, "model_input")
-            check_token_ids(np.concatenate([i["target_tokens"] for i in inputs]), self.vocab_rows,
-                            "loss_fn_inputs['target_tokens']")
-        layout = attrs.evolve(self.layout, prefix_sharing=False) if router is not None else self.layout
+            check_token_ids(
+                np.concatenate([i["target_tokens"] for i in inputs]),
+                self.vocab_rows,
+                "loss_fn_inputs['target_tokens']",
+            )
+        layout = (
+            attrs.evolve(self.layout, prefix_sharing=False) if router is not None else self.layout
+        )
         plans = plan_micro_batches(tokens, layout) if data else []
         passes = agree_on_passes(len(plans)) if agree_on_passes is not None else len(plans)
-        results = [ShardResult({}, [], {"model_flops:sum": 0.0, "forward_tokens:sum": 0.0,
-                                         "prefix_shared_tokens:sum": 0.0}) for _ in range(max(count, 1))]
-        per_token = self.flops.train_flops_per_token if backward else self.flops.forward_flops_per_token
+        results = [
+            ShardResult(
+                {},
+                [],
+                {
+                    "model_flops:sum": 0.0,
+                    "forward_tokens:sum": 0.0,
+                    "prefix_shared_tokens:sum": 0.0,
+                },
+            )
+            for _ in range(max(count, 1))
+        ]
+        per_token = (
+            self.flops.train_flops_per_token if backward else self.flops.forward_flops_per_token
+        )
         if routing is not None:
             totals = results[0].totals
             totals.update({key: 0.0 for key in _ROUTING_SUMS})
-            totals["routing_bytes:sum"] = float(sum(d.loss_fn_inputs[ROUTED_EXPERTS].data.nbytes for d in data))
+            totals["routing_bytes:sum"] = float(
+                sum(d.loss_fn_inputs[ROUTED_EXPERTS].data.nbytes for d in data)
+            )
             totals["routing_positions:sum"] = float(sum(len(t) for t in tokens))
         for rows in plans:
             batch = MicroBatch.build(rows, tokens, inputs, self.device, routing)
@@ -224,36 +302,50 @@ class StepRunner:
                 if active:
                     chunk_metrics["entropy:mean"] = entropy_sum / active
                 results[group].parts.append((chunk_metrics, active))
-                group_tokens = sum(batch.lengths[row] for row, g in enumerate(member_groups) if g == group)
-                results[group].totals["forward_tokens:sum"] += batch.computed_tokens * group_tokens / sum(batch.lengths)
+                group_tokens = sum(
+                    batch.lengths[row] for row, g in enumerate(member_groups) if g == group
+                )
+                results[group].totals["forward_tokens:sum"] += (
+                    batch.computed_tokens * group_tokens / sum(batch.lengths)
+                )
             for row, index in enumerate(batch.indices):
                 result = results[member_groups[row]]
-                result.logprobs[index] = outcome.logprobs[row, :batch.lengths[row]].cpu().numpy()
+                result.logprobs[index] = outcome.logprobs[row, : batch.lengths[row]].cpu().numpy()
                 result.totals["model_flops:sum"] += per_token(batch.lengths[row]) * batch.owned[row]
                 result.totals["prefix_shared_tokens:sum"] += batch.lengths[row] - batch.owned[row]
         for _ in range(passes - len(plans)):
             self._dummy_pass(backward)
         if backward:
             for group, result in enumerate(results):
-                result.totals["train_tokens:sum"] = float(sum(len(t) for t, g in zip(tokens, groups, strict=True)
-                                                              if g == group))
+                result.totals["train_tokens:sum"] = float(
+                    sum(len(t) for t, g in zip(tokens, groups, strict=True) if g == group)
+                )
         return results
 
-    def _adapters(self, batch: MicroBatch, member_groups: Sequence[int], router: AdapterRouter | None,
-                  adapters: Sequence[str]) -> Any:
+    def _adapters(
+        self,
+        batch: MicroBatch,
+        member_groups: Sequence[int],
+        router: AdapterRouter | None,
+        adapters: Sequence[str],
+    ) -> Any:
         """The routing of every slot of `batch` to its group's adapter (-1: padding, the base)."""
         if router is None:
             return contextlib.nullcontext()
-        adapter_of = torch.full((batch.input_ids.numel(),), -1, dtype=torch.long, device=batch.input_ids.device)
+        adapter_of = torch.full(
+            (batch.input_ids.numel(),), -1, dtype=torch.long, device=batch.input_ids.device
+        )
         for row, group in enumerate(member_groups):
-            adapter_of[batch.slots[row, :batch.lengths[row]]] = group
+            adapter_of[batch.slots[row, : batch.lengths[row]]] = group
         return router.routing(adapter_of.view_as(batch.input_ids), adapters)
 
     def _routing(self, data: Sequence[Datum], keys: Sequence[str]) -> list[np.ndarray] | None:
         """The data's routed experts, when the model routes (and routing data came with them)."""
         if self.routing_replay and ROUTED_EXPERTS not in keys and data:
-            raise DataError("trainer.options.routing_replay is on, but the data carry no routed_experts",
-                            fix="ask the sampler for them (inference.options.enable_return_routed_experts = true)")
+            raise DataError(
+                "trainer.options.routing_replay is on, but the data carry no routed_experts",
+                fix="ask the sampler for them (inference.options.enable_return_routed_experts = true)",
+            )
         if self.routing is None or ROUTED_EXPERTS not in keys:
             return None
         return [d.loss_fn_inputs[ROUTED_EXPERTS].to_numpy() for d in data]
@@ -265,24 +357,41 @@ class StepRunner:
         recorded = batch.routing[batch.routed]
         used = self.routing.stacked(self.routing.used)[batch.routed]
         chosen = self.routing.stacked(self.routing.chosen)[batch.routed]
-        return {"routing_agreed:sum": float(same_experts(used, recorded).sum()),
-                "routing_natural_agreed:sum": float(same_experts(chosen, recorded).sum()),
-                "routing_compared:sum": float(recorded.shape[0] * recorded.shape[1])}
+        return {
+            "routing_agreed:sum": float(same_experts(used, recorded).sum()),
+            "routing_natural_agreed:sum": float(same_experts(chosen, recorded).sum()),
+            "routing_compared:sum": float(recorded.shape[0] * recorded.shape[1]),
+        }
 
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _micro_batch(self, batch: MicroBatch, member_groups: Sequence[int], loss: Any, loss_name: str,
-                     config: dict[str, float], backward: bool) -> _Outcome:
+    def _micro_batch(
+        self,
+        batch: MicroBatch,
+        member_groups: Sequence[int],
+        loss: Any,
+        loss_name: str,
+        config: dict[str, float],
+        backward: bool,
+    ) -> _Outcome:
         active = active_positions(batch)
         rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
-        replay = self.routing.forced(batch.routing) if self.routing_replay and self.routing is not None \
-            and batch.routing is not None else contextlib.nullcontext()
+        replay = (
+            self.routing.forced(batch.routing)
+            if self.routing_replay and self.routing is not None and batch.routing is not None
+            else contextlib.nullcontext()
+        )
         with self._autocast(), replay:
-            flat, entropy = self.scorer(batch.input_ids, batch.position_ids, batch.reach,
-                                        batch.slots[rows, cols], batch.inputs["target_tokens"][rows, cols])
+            flat, entropy = self.scorer(
+                batch.input_ids,
+                batch.position_ids,
+                batch.reach,
+                batch.slots[rows, cols],
+                batch.inputs["target_tokens"][rows, cols],
+            )
         logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
         group_of_row = torch.tensor(member_groups, device=logprobs.device)
         outcome = _Outcome(logprobs.detach())
@@ -293,8 +402,10 @@ class StepRunner:
             try:
                 out: LossOutput = loss(logprobs[mine], inputs, config)
             except (ValueError, KeyError) as exc:
-                raise DataError(f"loss {loss_name!r} rejected its inputs: {exc}",
-                                fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents") from exc
+                raise DataError(
+                    f"loss {loss_name!r} rejected its inputs: {exc}",
+                    fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents",
+                ) from exc
             counted = active[rows, cols] & mine[rows]
             outcome[group] = (out, float(entropy[counted].sum()), int(active[mine].sum()))
             total = out.loss if total is None else total + out.loss

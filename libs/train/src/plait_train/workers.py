@@ -54,8 +54,15 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _worker_main(target: str, rank: int, world_size: int, store: tuple[str, int], setup: Any,
-                 conn: multiprocessing.connection.Connection, stack_file: str) -> None:
+def _worker_main(
+    target: str,
+    rank: int,
+    world_size: int,
+    store: tuple[str, int],
+    setup: Any,
+    conn: multiprocessing.connection.Connection,
+    stack_file: str,
+) -> None:
     """A rank's process: build `target(rank, world_size, store, setup)`, then serve calls."""
     _die_with_parent()
     # Append mode: the controller empties the file before asking for a dump.
@@ -88,7 +95,14 @@ def _worker_main(target: str, rank: int, world_size: int, store: tuple[str, int]
 def _error_reply(exc: BaseException) -> tuple[Any, ...]:
     trace = "".join(traceback.format_exception(exc))
     if isinstance(exc, PlaitError):
-        return ("plait_error", type(exc).__module__, type(exc).__qualname__, exc.message, exc.fix, trace)
+        return (
+            "plait_error",
+            type(exc).__module__,
+            type(exc).__qualname__,
+            exc.message,
+            exc.fix,
+            trace,
+        )
     return ("error", f"{type(exc).__name__}: {exc}", trace)
 
 
@@ -141,8 +155,16 @@ class WorkerGroup:
     `call` invokes. An optional `info` attribute is returned from start-up (see `infos`).
     """
 
-    def __init__(self, target: str, *, world_size: int, setup: Any, name: str = "trainer",
-                 start_timeout_s: float = 600.0, preload: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        world_size: int,
+        setup: Any,
+        name: str = "trainer",
+        start_timeout_s: float = 600.0,
+        preload: Sequence[str] = (),
+    ) -> None:
         import torch.distributed as dist
 
         self.name = name
@@ -151,7 +173,9 @@ class WorkerGroup:
         self._stack_dir = Path(tempfile.mkdtemp(prefix=f"plait-{name.replace(' ', '-')}-stacks-"))
         # The stack files only matter once a hang is diagnosed (`_fail_hang` keeps them); they go
         # when the group stops, or at the latest when it is collected or the process exits.
-        self._remove_stacks = weakref.finalize(self, shutil.rmtree, self._stack_dir, ignore_errors=True)
+        self._remove_stacks = weakref.finalize(
+            self, shutil.rmtree, self._stack_dir, ignore_errors=True
+        )
         self.store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
         address = ("127.0.0.1", int(self.store.port))
         if "forkserver" in multiprocessing.get_all_start_methods():
@@ -164,14 +188,21 @@ class WorkerGroup:
         for rank in range(world_size):
             parent, child = context.Pipe()
             process = context.Process(
-                target=_worker_main, name=f"plait-{name}-rank{rank}", daemon=True,
-                args=(target, rank, world_size, address, setup, child, str(self._stack_file(rank))))
+                target=_worker_main,
+                name=f"plait-{name}-rank{rank}",
+                daemon=True,
+                args=(target, rank, world_size, address, setup, child, str(self._stack_file(rank))),
+            )
             process.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(process)
-        log.info("worker processes started", engine=name, world_size=world_size,
-                 pids=[p.pid for p in self._procs])
+        log.info(
+            "worker processes started",
+            engine=name,
+            world_size=world_size,
+            pids=[p.pid for p in self._procs],
+        )
         self.infos = self._collect("start-up", start_timeout_s)
 
     @property
@@ -186,11 +217,15 @@ class WorkerGroup:
         """`method(*args)` on every rank; their results, by rank."""
         return self.call_each(method, [args] * self.world_size, timeout_s=timeout_s)
 
-    def call_each(self, method: str, args: Sequence[tuple[Any, ...]], *, timeout_s: float) -> list[Any]:
+    def call_each(
+        self, method: str, args: Sequence[tuple[Any, ...]], *, timeout_s: float
+    ) -> list[Any]:
         """`method(*args[rank])` on every rank; their results, by rank."""
         if self._failure is not None:
-            raise EngineError(f"the {self.name}'s worker processes are stopped: {self._failure}",
-                              fix="create a new trainer (and load_state from the last saved state)")
+            raise EngineError(
+                f"the {self.name}'s worker processes are stopped: {self._failure}",
+                fix="create a new trainer (and load_state from the last saved state)",
+            )
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((method, args[rank]))
@@ -222,10 +257,14 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if first_error is not None:
-                    self._fail_error(method, first_error, replies[first_error], stuck=sorted(waiting.values()))
+                    self._fail_error(
+                        method, first_error, replies[first_error], stuck=sorted(waiting.values())
+                    )
                 self._fail_hang(method, timeout_s, sorted(waiting.values()))
             watched = [s for s in sentinels if s not in answered]
-            ready = multiprocessing.connection.wait([*waiting, *watched], timeout=min(remaining, 1.0))
+            ready = multiprocessing.connection.wait(
+                [*waiting, *watched], timeout=min(remaining, 1.0)
+            )
             # Replies first: a rank may answer and exit (close) within one wait.
             for item in sorted(ready, key=lambda item: item not in waiting):
                 if item in waiting:
@@ -251,12 +290,16 @@ class WorkerGroup:
             log.warning("trainer rank raised", engine=self.name, rank=rank, traceback=trace)
             raise _rebuild_plait_error(module, qualname, message, fix)
         _, summary, trace = reply
-        raise EngineError(f"{self.name} rank {rank} failed: {summary}\n--- traceback of rank {rank} ---\n{trace}")
+        raise EngineError(
+            f"{self.name} rank {rank} failed: {summary}\n--- traceback of rank {rank} ---\n{trace}"
+        )
 
     def _fail_error(self, method: str, rank: int, reply: tuple[Any, ...], stuck: list[int]) -> None:
         summary = reply[3] if reply[0] == "plait_error" else reply[1]
-        self._failure = (f"rank {rank} failed in {method} ({summary}) and rank(s) {stuck} did not finish "
-                         f"within {_ERROR_GRACE_S:g} s after it")
+        self._failure = (
+            f"rank {rank} failed in {method} ({summary}) and rank(s) {stuck} did not finish "
+            f"within {_ERROR_GRACE_S:g} s after it"
+        )
         self._stop()
         self._raise_error(rank, reply)
 
@@ -264,13 +307,18 @@ class WorkerGroup:
         process = self._procs[rank]
         process.join(timeout=1.0)
         code = process.exitcode
-        how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with status {code}")
+        how = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+        )
         self._failure = f"{self.name} rank {rank} (pid {process.pid}) {how} during {method}"
         self._stop()
-        raise EngineError(self._failure + "; the other ranks were stopped",
-                          fix="check that rank's log (out of memory? killed?); then create a new trainer "
-                              "and load_state from the last saved state")
+        raise EngineError(
+            self._failure + "; the other ranks were stopped",
+            fix="check that rank's log (out of memory? killed?); then create a new trainer "
+            "and load_state from the last saved state",
+        )
 
     def _fail_hang(self, method: str, timeout_s: float, silent: list[int]) -> None:
         for rank in silent:
@@ -292,12 +340,18 @@ class WorkerGroup:
                 lines.append(f"rank {rank}: stuck at {frame}")
         self._remove_stacks.detach()  # the error message points at them
         culprits = stuck or silent
-        self._failure = (f"{self.name} rank(s) {culprits} did not answer {method} within {timeout_s:g} s"
-                         + (f" (rank(s) {waiting} wait for them in a collective)" if stuck and waiting else ""))
+        self._failure = (
+            f"{self.name} rank(s) {culprits} did not answer {method} within {timeout_s:g} s"
+            + (f" (rank(s) {waiting} wait for them in a collective)" if stuck and waiting else "")
+        )
         self._stop()
-        raise EngineError(self._failure + "; the ranks were stopped.\n" + "\n".join(lines)
-                          + f"\nfull stack dumps: {self._stack_dir}",
-                          fix="raise the call timeout if the work is just slow; otherwise see the stuck rank's stack")
+        raise EngineError(
+            self._failure
+            + "; the ranks were stopped.\n"
+            + "\n".join(lines)
+            + f"\nfull stack dumps: {self._stack_dir}",
+            fix="raise the call timeout if the work is just slow; otherwise see the stuck rank's stack",
+        )
 
     def _stop(self) -> None:
         for process in self._procs:

@@ -29,19 +29,31 @@ def open_group(group: BroadcastGroup, rank: int, timeout_s: float = 600.0) -> An
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=rank == 0,
-                          timeout=timeout)
+    store = dist.TCPStore(
+        group.master_address,
+        group.master_port,
+        group.world_size,
+        is_master=rank == 0,
+        timeout=timeout,
+    )
     if group.backend != "gloo":
         # NCCL groups rendezvous the engine's own way (vLLM: its StatelessProcessGroup, whose
         # trainer side is vLLM's NCCLTrainerWeightTransferEngine; SGLang: torch's tcp://
         # init_method under the group name); this helper speaks only plait's gloo rendezvous.
-        raise ValueError(f"plait_weights.broadcast.open_group speaks gloo; got backend {group.backend!r}")
-    return dist.ProcessGroupGloo(dist.PrefixStore(STORE_PREFIX, store), rank, group.world_size, timeout)
+        raise ValueError(
+            f"plait_weights.broadcast.open_group speaks gloo; got backend {group.backend!r}"
+        )
+    return dist.ProcessGroupGloo(
+        dist.PrefixStore(STORE_PREFIX, store), rank, group.world_size, timeout
+    )
 
 
 def tensor_metas(tensors: Mapping[str, Any]) -> list[TensorMeta]:
     """What receivers need to know of each tensor, in broadcast order."""
-    return [TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()]
+    return [
+        TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        for name, t in tensors.items()
+    ]
 
 
 def broadcast(process_group: Any, tensors: Mapping[str, Any]) -> None:

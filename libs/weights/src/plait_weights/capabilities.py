@@ -67,7 +67,9 @@ class BroadcastWeightReceiver(Protocol):
         """Join `group`; returns once joined, so call it concurrently with the trainer's own
         `init_process_group` (rank 0)."""
 
-    async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
+    async def receive_weight_broadcast(
+        self, tensors: Sequence[TensorMeta], version: int | None
+    ) -> None:
         """Receive `tensors`, which rank 0 broadcasts in this order concurrently with this call;
         with `version`, later tokens are tagged with it (pass it with the last bucket)."""
 

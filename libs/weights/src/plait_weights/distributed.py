@@ -83,7 +83,9 @@ class WeightStore:
     receiver that only keeps them. Full updates replace tensors, deltas patch them (checksum
     checked); `weight_version` is the version last applied."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None, version: int = -1) -> None:
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor] | None = None, version: int = -1
+    ) -> None:
         self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self._version = version
 
@@ -93,16 +95,25 @@ class WeightStore:
 
     async def apply_weights(self, update: WeightUpdate) -> None:
         if update.kind == "delta":
-            fresh = {n: p.values.reshape(p.shape).clone() for n, p in update.tensors.items()
-                     if n not in self.tensors and p.dense}
+            fresh = {
+                n: p.values.reshape(p.shape).clone()
+                for n, p in update.tensors.items()
+                if n not in self.tensors and p.dense
+            }
             try:
-                weight_patch.apply_update({**self.tensors, **fresh}, update, held_version=self._version)
+                weight_patch.apply_update(
+                    {**self.tensors, **fresh}, update, held_version=self._version
+                )
             except ValueError as exc:
-                raise WeightSyncError(f"weight update {update.version} does not apply: {getattr(exc, 'message', exc)}",
-                                      fix=getattr(exc, "fix", None)) from exc
+                raise WeightSyncError(
+                    f"weight update {update.version} does not apply: {getattr(exc, 'message', exc)}",
+                    fix=getattr(exc, "fix", None),
+                ) from exc
             self.tensors.update(fresh)
         else:
-            self.tensors.update({name: torch.as_tensor(t).clone() for name, t in update.tensors.items()})
+            self.tensors.update(
+                {name: torch.as_tensor(t).clone() for name, t in update.tensors.items()}
+            )
             try:
                 weight_patch.verify(self.tensors, update)
             except ValueError as exc:
@@ -122,15 +133,21 @@ def _process_group(store: Any, backend: str, rank: int, world_size: int, timeout
     if backend == "gloo":
         return dist.ProcessGroupGloo(prefixed, rank, world_size, _timeout(timeout_s))
     if not hasattr(dist, "ProcessGroupNCCL") or not torch.cuda.is_available():
-        raise WeightSyncError("the NCCL backend needs a CUDA build of torch and a GPU on every rank",
-                              fix="set sync.options.backend = 'gloo' on machines without GPUs")
+        raise WeightSyncError(
+            "the NCCL backend needs a CUDA build of torch and a GPU on every rank",
+            fix="set sync.options.backend = 'gloo' on machines without GPUs",
+        )
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = _timeout(timeout_s)
     return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
 
 
 def _device(backend: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if backend == "nccl"
+        else torch.device("cpu")
+    )
 
 
 class _Store:
@@ -180,32 +197,53 @@ class DistributedSync:
         peer = self._peers.get(rank)
         if peer is None:
             return f"weight receiver rank {rank}"
-        return f"weight receiver {peer['name']!r} (rank {rank}, pid {peer['pid']} on {peer['host']})"
+        return (
+            f"weight receiver {peer['name']!r} (rank {rank}, pid {peer['pid']} on {peer['host']})"
+        )
 
     async def _connect(self) -> None:
         o = self.options
-        raw = await asyncio.to_thread(dist.TCPStore, o.master_address, o.master_port, None, True,
-                                      _timeout(o.join_timeout_s), False)
+        raw = await asyncio.to_thread(
+            dist.TCPStore,
+            o.master_address,
+            o.master_port,
+            None,
+            True,
+            _timeout(o.join_timeout_s),
+            False,
+        )
         self._store = _Store(raw)
         ranks = range(1, self.world_size)
-        missing = await self._store.wait_all({r: f"peer/{r}" for r in ranks}, time.monotonic() + o.join_timeout_s)
+        missing = await self._store.wait_all(
+            {r: f"peer/{r}" for r in ranks}, time.monotonic() + o.join_timeout_s
+        )
         if missing:
             raise WeightSyncError(
                 f"weight receivers of ranks {missing} did not join the group at {o.master_address}:{o.master_port} "
                 f"within {o.join_timeout_s:g} s",
-                fix="start one WeightReceiver per rank with this address and port, or raise sync.options.join_timeout_s")
+                fix="start one WeightReceiver per rank with this address and port, or raise sync.options.join_timeout_s",
+            )
         self._peers = {r: self._store.get(f"peer/{r}") for r in ranks}
         tp_ranks = sorted({p["tp_rank"] for p in self._peers.values()})
         if not set(tp_ranks) <= set(range(self.publisher.ranks)):
-            raise WeightSyncError(f"receivers declare tensor-parallel ranks {tp_ranks}, but the layout has "
-                                  f"{self.publisher.ranks}", fix="check sync.options.layout and tp_size")
-        self._group = await asyncio.to_thread(_process_group, raw, o.backend, 0, self.world_size, o.timeout_s)
+            raise WeightSyncError(
+                f"receivers declare tensor-parallel ranks {tp_ranks}, but the layout has "
+                f"{self.publisher.ranks}",
+                fix="check sync.options.layout and tp_size",
+            )
+        self._group = await asyncio.to_thread(
+            _process_group, raw, o.backend, 0, self.world_size, o.timeout_s
+        )
         log.info("weight-sync group ready", receivers=[self.peer_name(r) for r in ranks])
 
-    async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
+    async def push(
+        self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int
+    ) -> SyncStats:
         if self._broken is not None:
-            raise WeightSyncError(f"the weight-sync group broke earlier ({self._broken}) and cannot be reused",
-                                  fix="restart the weight receivers and the run (it resumes from its checkpoint)")
+            raise WeightSyncError(
+                f"the weight-sync group broke earlier ({self._broken}) and cannot be reused",
+                fix="restart the weight receivers and the run (it resumes from its checkpoint)",
+            )
         try:
             return await self._push(trainer, version)
         except WeightSyncError as exc:
@@ -233,11 +271,15 @@ class DistributedSync:
         failed = {r: e for r, e in errors.items() if e}
         if failed:
             rank, error = next(iter(failed.items()))
-            raise WeightSyncError(f"{self.peer_name(rank)} failed to apply weight version {version}: {error}",
-                                  fix="check the receiver's engine (model and sync.options.dtype must match the trainer's)")
+            raise WeightSyncError(
+                f"{self.peer_name(rank)} failed to apply weight version {version}: {error}",
+                fix="check the receiver's engine (model and sync.options.dtype must match the trainer's)",
+            )
         return _stats(pushes, version, nbytes, start)
 
-    def _plan(self, pushes: Sequence[Push], held: Mapping[int, int]) -> dict[int, list[WeightUpdate]]:
+    def _plan(
+        self, pushes: Sequence[Push], held: Mapping[int, int]
+    ) -> dict[int, list[WeightUpdate]]:
         """The updates of each tensor-parallel rank: the delta when every receiver of the rank
         holds its base, else full weights (a broadcast sends one thing to all)."""
         plan = {}
@@ -247,25 +289,41 @@ class DistributedSync:
             plan[tp_rank] = push.for_receiver(base)
         return plan
 
-    async def _send(self, plan: Mapping[int, list[WeightUpdate]], ranks: list[int], seq: int, version: int) -> int:
+    async def _send(
+        self, plan: Mapping[int, list[WeightUpdate]], ranks: list[int], seq: int, version: int
+    ) -> int:
         """Send every update: broadcast for one layout rank, else each receiver its rank's.
         Returns the bytes sent."""
         device = _device(self.options.backend)
         nbytes = 0
         for index in range(max(len(updates) for updates in plan.values())):
-            buffers = {t: weight_patch.to_bytes(weight_patch.pack(updates[index])[1]).to(device)
-                       for t, updates in plan.items() if index < len(updates)}
+            buffers = {
+                t: weight_patch.to_bytes(weight_patch.pack(updates[index])[1]).to(device)
+                for t, updates in plan.items()
+                if index < len(updates)
+            }
             if self.publisher.ranks == 1:
                 sends = [(None, buffers[0])]
             else:
-                sends = [(r, buffers[self._peers[r]["tp_rank"]]) for r in ranks if self._peers[r]["tp_rank"] in buffers]
+                sends = [
+                    (r, buffers[self._peers[r]["tp_rank"]])
+                    for r in ranks
+                    if self._peers[r]["tp_rank"] in buffers
+                ]
             nbytes += sum(buffer.numel() for _, buffer in sends)
             await self._collective(sends, seq, index, ranks, version)
         return nbytes
 
-    async def _collective(self, sends: list[tuple[int | None, torch.Tensor]], seq: int, index: int,
-                          ranks: list[int], version: int) -> None:
+    async def _collective(
+        self,
+        sends: list[tuple[int | None, torch.Tensor]],
+        seq: int,
+        index: int,
+        ranks: list[int],
+        version: int,
+    ) -> None:
         """Run the sends (destination None = broadcast) in a thread, bounded by the timeout."""
+
         def run() -> None:
             for destination, buffer in sends:
                 if destination is None:
@@ -277,23 +335,31 @@ class DistributedSync:
             await asyncio.wait_for(asyncio.to_thread(run), self.options.timeout_s)
         except (TimeoutError, RuntimeError, dist.DistError) as exc:
             assert self._store is not None
-            behind = [r for r in ranks if not self._store.has(f"got/{seq}/{r}")
-                      or int(self._store.get(f"got/{seq}/{r}")) <= index]
+            behind = [
+                r
+                for r in ranks
+                if not self._store.has(f"got/{seq}/{r}")
+                or int(self._store.get(f"got/{seq}/{r}")) <= index
+            ]
             names = ", ".join(self.peer_name(r) for r in behind) or "no receiver reported a problem"
             raise WeightSyncError(
                 f"sending weight version {version} (buffer {index + 1}) did not finish within "
                 f"{self.options.timeout_s:g} s: {type(exc).__name__} {exc}; not received by: {names}",
-                fix="check the named receivers (a hung process, a dead host), or raise sync.options.timeout_s") from None
+                fix="check the named receivers (a hung process, a dead host), or raise sync.options.timeout_s",
+            ) from None
 
     async def _wait(self, seq: int, stage: str, ranks: list[int], version: int, what: str) -> None:
         assert self._store is not None
-        missing = await self._store.wait_all({r: f"{stage}/{seq}/{r}" for r in ranks},
-                                             time.monotonic() + self.options.timeout_s)
+        missing = await self._store.wait_all(
+            {r: f"{stage}/{seq}/{r}" for r in ranks}, time.monotonic() + self.options.timeout_s
+        )
         if missing:
             names = ", ".join(self.peer_name(r) for r in missing)
-            raise WeightSyncError(f"{names} {what} weight version {version} within {self.options.timeout_s:g} s",
-                                  fix="check the named receivers (a hung process, a stuck engine), "
-                                      "or raise sync.options.timeout_s")
+            raise WeightSyncError(
+                f"{names} {what} weight version {version} within {self.options.timeout_s:g} s",
+                fix="check the named receivers (a hung process, a stuck engine), "
+                "or raise sync.options.timeout_s",
+            )
 
     async def close(self) -> None:
         if self._store is not None:
@@ -309,9 +375,19 @@ def _root() -> Any:
 class WeightReceiver:
     """A receiver's side: joins the group as `rank` and applies every push to `target`."""
 
-    def __init__(self, target: WeightTarget, *, master_address: str, master_port: int, rank: int, world_size: int,
-                 name: str = "", backend: Literal["gloo", "nccl"] = "gloo", tp_rank: int = 0,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        target: WeightTarget,
+        *,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        name: str = "",
+        backend: Literal["gloo", "nccl"] = "gloo",
+        tp_rank: int = 0,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.target = target
         self.address, self.port = master_address, master_port
         self.rank, self.world_size, self.backend = rank, world_size, backend
@@ -322,11 +398,22 @@ class WeightReceiver:
 
     async def run(self) -> None:
         """Join, then apply pushes until the trainer closes the sync."""
-        raw = await asyncio.to_thread(dist.TCPStore, self.address, self.port, None, False, _timeout(self.timeout_s))
+        raw = await asyncio.to_thread(
+            dist.TCPStore, self.address, self.port, None, False, _timeout(self.timeout_s)
+        )
         store = _Store(raw)
-        store.put(f"peer/{self.rank}", {"name": self.name, "pid": os.getpid(), "host": socket.gethostname(),
-                                        "tp_rank": self.tp_rank})
-        group = await asyncio.to_thread(_process_group, raw, self.backend, self.rank, self.world_size, self.timeout_s)
+        store.put(
+            f"peer/{self.rank}",
+            {
+                "name": self.name,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "tp_rank": self.tp_rank,
+            },
+        )
+        group = await asyncio.to_thread(
+            _process_group, raw, self.backend, self.rank, self.world_size, self.timeout_s
+        )
         seq = 0
         while True:
             while not await asyncio.to_thread(store.has, f"push/{seq}"):
@@ -358,7 +445,9 @@ class WeightReceiver:
             for update in updates:
                 await self.target.apply_weights(update)
         except Exception as exc:  # reported to the trainer, which names this receiver
-            log.warning("weight update failed", version=version, error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "weight update failed", version=version, error=f"{type(exc).__name__}: {exc}"
+            )
             store.put(f"done/{seq}/{self.rank}", {"error": f"{type(exc).__name__}: {exc}"})
             return
         self.pushes += 1

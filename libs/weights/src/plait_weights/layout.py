@@ -45,7 +45,9 @@ class TensorParallelLayout:
 
     def __attrs_post_init__(self) -> None:
         if self.tp_size < 1 or self.head_dim < 1:
-            raise ValueError(f"tp_size and head_dim must be >= 1, got {self.tp_size} and {self.head_dim}")
+            raise ValueError(
+                f"tp_size and head_dim must be >= 1, got {self.tp_size} and {self.head_dim}"
+            )
 
     def split(self, name: str, tensor: torch.Tensor) -> list[torch.Tensor]:
         """The shard of every rank, in rank order (views of `tensor`)."""
@@ -61,20 +63,26 @@ class TensorParallelLayout:
             heads = self._heads(name, tensor.shape[0])
             if heads >= tp:
                 if heads % tp:
-                    raise ValueError(f"{name}: {heads} key/value heads do not split over tp_size {tp}")
+                    raise ValueError(
+                        f"{name}: {heads} key/value heads do not split over tp_size {tp}"
+                    )
                 return list(tensor.chunk(tp, 0))
             if tp % heads:
-                raise ValueError(f"{name}: tp_size {tp} is not a multiple of its {heads} key/value heads")
+                raise ValueError(
+                    f"{name}: tp_size {tp} is not a multiple of its {heads} key/value heads"
+                )
             per_head = tensor.chunk(heads, 0)
             return [per_head[rank * heads // tp] for rank in range(tp)]
         if module in _COLUMN or (module in _ROW and kind == "weight"):
             dim = 0 if module in _COLUMN else 1
             if tensor.shape[dim] % tp:
-                raise ValueError(f"{name}: dim {dim} of size {tensor.shape[dim]} does not split over tp_size {tp}")
+                raise ValueError(
+                    f"{name}: dim {dim} of size {tensor.shape[dim]} does not split over tp_size {tp}"
+                )
             return list(tensor.chunk(tp, dim))
         if module in _VOCAB and kind == "weight":
             rows = -(-tensor.shape[0] // tp)
-            return [tensor[rank * rows:(rank + 1) * rows] for rank in range(tp)]
+            return [tensor[rank * rows : (rank + 1) * rows] for rank in range(tp)]
         return [tensor] * tp
 
     def join(self, name: str, shards: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
@@ -99,5 +107,7 @@ class TensorParallelLayout:
 
     def _heads(self, name: str, rows: int) -> int:
         if rows % self.head_dim:
-            raise ValueError(f"{name}: {rows} rows are not a whole number of heads of head_dim {self.head_dim}")
+            raise ValueError(
+                f"{name}: {rows} rows are not a whole number of heads of head_dim {self.head_dim}"
+            )
         return rows // self.head_dim

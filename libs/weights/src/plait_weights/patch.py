@@ -48,7 +48,11 @@ FORMAT = "plait-weights/2"
 
 # (dtype, largest gap it holds): the candidate encodings of positions, narrowest first.
 _GAP_DTYPES = ((torch.uint8, 255), (torch.uint16, 65_535), (torch.int32, 2**31 - 1))
-_STEP_DTYPES = (torch.int8, torch.int16, torch.int32)  # candidate encodings of bit steps, narrowest first
+_STEP_DTYPES = (
+    torch.int8,
+    torch.int16,
+    torch.int32,
+)  # candidate encodings of bit steps, narrowest first
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -71,27 +75,39 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 def diff(old: torch.Tensor, new: torch.Tensor) -> TensorPatch:
     """The patch that turns `old` into `new` bit for bit (same shape, dtype and device)."""
     if old.shape != new.shape or old.dtype != new.dtype:
-        raise ValueError(f"cannot diff a {old.dtype} {tuple(old.shape)} tensor against a "
-                         f"{new.dtype} {tuple(new.shape)} one")
+        raise ValueError(
+            f"cannot diff a {old.dtype} {tuple(old.shape)} tensor against a "
+            f"{new.dtype} {tuple(new.shape)} one"
+        )
     flat = new.reshape(-1)
     old_bits, new_bits = _bits(old), _bits(new)
     positions = (old_bits != new_bits).nonzero().squeeze(1)
     if positions.numel() == 0:
         return TensorPatch(new.shape, flat[:0].clone(), torch.empty(0, dtype=torch.uint8))
     value_size = new.element_size()
-    step_dtype, escapes = _step_encoding(new_bits[positions].to(torch.int64) - old_bits[positions].to(torch.int64),
-                                         value_size)
+    step_dtype, escapes = _step_encoding(
+        new_bits[positions].to(torch.int64) - old_bits[positions].to(torch.int64), value_size
+    )
     entry_size = value_size if step_dtype is None else step_dtype.itemsize
     gaps, positions = _encode_positions(positions, entry_size)
-    if gaps.numel() * (gaps.element_size() + entry_size) + escapes * value_size >= flat.numel() * value_size:
+    if (
+        gaps.numel() * (gaps.element_size() + entry_size) + escapes * value_size
+        >= flat.numel() * value_size
+    ):
         return TensorPatch(new.shape, flat.clone())
     positions = positions.to(flat.device)
     if step_dtype is None:
         return TensorPatch(new.shape, flat[positions], gaps.cpu())
-    steps = new_bits[positions].to(torch.int64) - old_bits[positions].to(torch.int64)  # 0 at fillers
+    steps = new_bits[positions].to(torch.int64) - old_bits[positions].to(
+        torch.int64
+    )  # 0 at fillers
     escape = _escaped(steps, step_dtype)
-    return TensorPatch(new.shape, steps.masked_fill(escape, torch.iinfo(step_dtype).min).to(step_dtype), gaps.cpu(),
-                       escaped=flat[positions][escape])
+    return TensorPatch(
+        new.shape,
+        steps.masked_fill(escape, torch.iinfo(step_dtype).min).to(step_dtype),
+        gaps.cpu(),
+        escaped=flat[positions][escape],
+    )
 
 
 def _escaped(steps: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -114,7 +130,9 @@ def _step_encoding(steps: torch.Tensor, value_size: int) -> tuple[torch.dtype | 
     return best[1], best[2]
 
 
-def _encode_positions(positions: torch.Tensor, value_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode_positions(
+    positions: torch.Tensor, value_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(gaps in the cheapest dtype, the positions they encode, fillers included)."""
     positions = positions.to(torch.int64)
     gaps = torch.diff(positions, prepend=positions.new_zeros(1))
@@ -177,8 +195,10 @@ def _misfit(target: torch.Tensor, patch: TensorPatch) -> str | None:
         return None
     if patch.bit_steps:
         if values.dtype not in _STEP_DTYPES or values.element_size() >= target.element_size():
-            return (f"bit steps are {dtype_name(values.dtype)}, not a signed integer dtype narrower than the "
-                    f"tensor's {dtype_name(target.dtype)}")
+            return (
+                f"bit steps are {dtype_name(values.dtype)}, not a signed integer dtype narrower than the "
+                f"tensor's {dtype_name(target.dtype)}"
+            )
         escaped = torch.as_tensor(patch.escaped)
         if escaped.dtype != target.dtype:
             return f"escaped values are {dtype_name(escaped.dtype)} but the tensor is {dtype_name(target.dtype)}"
@@ -186,13 +206,17 @@ def _misfit(target: torch.Tensor, patch: TensorPatch) -> str | None:
         if escaped.numel() != escapes:
             return f"patch has {escapes} escaped steps but {escaped.numel()} escaped values"
     elif values.dtype != target.dtype:
-        return (f"patch values are {dtype_name(values.dtype)} but the tensor is {dtype_name(target.dtype)}; "
-                "a sparse patch must be made in the receiver's dtype")
+        return (
+            f"patch values are {dtype_name(values.dtype)} but the tensor is {dtype_name(target.dtype)}; "
+            "a sparse patch must be made in the receiver's dtype"
+        )
     positions = positions_of(patch)
     if positions.numel() != values.numel():
         return f"patch has {positions.numel()} positions but {values.numel()} values"
     if positions.numel() and int(positions[-1]) >= target.numel():
-        return f"patch writes position {int(positions[-1])} of a tensor with {target.numel()} elements"
+        return (
+            f"patch writes position {int(positions[-1])} of a tensor with {target.numel()} elements"
+        )
     return None
 
 
@@ -211,7 +235,10 @@ def update_nbytes(update: WeightUpdate) -> int:
     """Bytes of tensor data an update carries."""
     if update.kind == "delta":
         return sum(patch_nbytes(p) for p in update.tensors.values())
-    return sum(int(torch.as_tensor(t).numel() * torch.as_tensor(t).element_size()) for t in update.tensors.values())
+    return sum(
+        int(torch.as_tensor(t).numel() * torch.as_tensor(t).element_size())
+        for t in update.tensors.values()
+    )
 
 
 def checksum(tensors: Iterable[tuple[str, Any]]) -> str:
@@ -225,8 +252,9 @@ def checksum(tensors: Iterable[tuple[str, Any]]) -> str:
     return "blake2b:" + digest.hexdigest()
 
 
-def apply_update(tensors: Mapping[str, torch.Tensor], update: WeightUpdate, *,
-                 held_version: int | None = None) -> None:
+def apply_update(
+    tensors: Mapping[str, torch.Tensor], update: WeightUpdate, *, held_version: int | None = None
+) -> None:
     """Apply a delta update to named tensors and check the result against its checksum.
 
     `held_version` is the weight version the receiver holds (None: it does not track one). The
@@ -238,31 +266,46 @@ def apply_update(tensors: Mapping[str, torch.Tensor], update: WeightUpdate, *,
     """
     if update.kind != "delta":
         raise ValueError(f"apply_update takes delta updates, got kind {update.kind!r}")
-    if held_version is not None and update.base_version is not None \
-            and held_version not in (update.base_version, update.version):
-        raise WeightBaseError(f"delta weight update {update.version} patches version {update.base_version}, "
-                              f"but the receiver holds version {held_version}",
-                              fix="send full weights to a receiver that missed a version (the core's syncs do)")
+    if (
+        held_version is not None
+        and update.base_version is not None
+        and held_version not in (update.base_version, update.version)
+    ):
+        raise WeightBaseError(
+            f"delta weight update {update.version} patches version {update.base_version}, "
+            f"but the receiver holds version {held_version}",
+            fix="send full weights to a receiver that missed a version (the core's syncs do)",
+        )
     unknown = sorted(set(update.tensors) - set(tensors))
     if unknown:
         raise ValueError(f"the update patches {len(unknown)} unknown tensors, e.g. {unknown[:3]}")
     for name, patch in update.tensors.items():
         if not isinstance(patch, TensorPatch):
-            raise ValueError(f"entry {name!r} of a delta update is a {type(patch).__name__}, not a plait.types.TensorPatch")
+            raise ValueError(
+                f"entry {name!r} of a delta update is a {type(patch).__name__}, not a plait.types.TensorPatch"
+            )
         problem = _misfit(tensors[name], patch)
         if problem:
             raise ValueError(f"patch of {name!r}: {problem}")
     held = base_checksum(tensors, update.tensors)
     if held is not None:
         if update.base_checksum is None:
-            raise ValueError(f"delta weight update {update.version} has bit-step patches but no base_checksum: "
-                             "steps apply only to the exact base they were made against")
+            raise ValueError(
+                f"delta weight update {update.version} has bit-step patches but no base_checksum: "
+                "steps apply only to the exact base they were made against"
+            )
         if held != update.base_checksum:
-            holder = "the receiver" if held_version is None else f"the receiver, which holds version {held_version}"
-            raise WeightBaseError(f"delta weight update {update.version} (made against version {update.base_version}) "
-                                  f"steps from other bits than {holder} (base checksum {held} != {update.base_checksum})",
-                                  fix="send full weights to this receiver (a new sync, or one that missed a "
-                                      "version, does), then deltas again")
+            holder = (
+                "the receiver"
+                if held_version is None
+                else f"the receiver, which holds version {held_version}"
+            )
+            raise WeightBaseError(
+                f"delta weight update {update.version} (made against version {update.base_version}) "
+                f"steps from other bits than {holder} (base checksum {held} != {update.base_checksum})",
+                fix="send full weights to this receiver (a new sync, or one that missed a "
+                "version, does), then deltas again",
+            )
     for name, patch in update.tensors.items():
         apply(tensors[name], patch)
     verify(tensors, update)
@@ -280,8 +323,10 @@ def verify(tensors: Mapping[str, torch.Tensor], update: WeightUpdate) -> None:
         return
     actual = checksum((name, tensors[name]) for name in update.tensors)
     if actual != update.checksum:
-        raise ValueError(f"weights after applying version {update.version} differ from the sender's "
-                         f"(checksum {actual} != {update.checksum})")
+        raise ValueError(
+            f"weights after applying version {update.version} differ from the sender's "
+            f"(checksum {actual} != {update.checksum})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,9 +340,18 @@ def pack(update: WeightUpdate) -> tuple[dict[str, Any], list[torch.Tensor]]:
     entries: list[dict[str, Any]] = []
     pieces: list[torch.Tensor] = []
     for name, value in update.tensors.items():
-        patch = value if isinstance(value, TensorPatch) else TensorPatch(tuple(torch.as_tensor(value).shape), value)
+        patch = (
+            value
+            if isinstance(value, TensorPatch)
+            else TensorPatch(tuple(torch.as_tensor(value).shape), value)
+        )
         values = torch.as_tensor(patch.values).reshape(-1)
-        entry = {"name": name, "shape": list(patch.shape), "dtype": dtype_name(values.dtype), "count": values.numel()}
+        entry = {
+            "name": name,
+            "shape": list(patch.shape),
+            "dtype": dtype_name(values.dtype),
+            "count": values.numel(),
+        }
         if patch.gaps is not None:
             entry["gaps"] = dtype_name(patch.gaps.dtype)
             pieces.append(patch.gaps.reshape(-1))
@@ -307,9 +361,15 @@ def pack(update: WeightUpdate) -> tuple[dict[str, Any], list[torch.Tensor]]:
             entry["escaped"] = [dtype_name(escaped.dtype), escaped.numel()]
             pieces.append(escaped)
         entries.append(entry)
-    header = {"format": FORMAT, "version": update.version, "kind": update.kind,
-              "base_version": update.base_version, "checksum": update.checksum,
-              "base_checksum": update.base_checksum, "tensors": entries}
+    header = {
+        "format": FORMAT,
+        "version": update.version,
+        "kind": update.kind,
+        "base_version": update.base_version,
+        "checksum": update.checksum,
+        "base_checksum": update.base_checksum,
+        "tensors": entries,
+    }
     return header, pieces
 
 
@@ -327,29 +387,43 @@ def _entry_parts(entry: Mapping[str, Any]) -> list[tuple[str, torch.dtype, int]]
 
 def piece_specs(header: Mapping[str, Any]) -> list[tuple[torch.dtype, int]]:
     """(dtype, element count) of each flat piece `pack` produced for `header`."""
-    return [(dtype, count) for entry in header["tensors"] for _, dtype, count in _entry_parts(entry)]
+    return [
+        (dtype, count) for entry in header["tensors"] for _, dtype, count in _entry_parts(entry)
+    ]
 
 
 def piece_names(header: Mapping[str, Any]) -> list[str]:
     """A name for each flat piece `pack` produced for `header`: `TENSOR::gaps|values|escaped`."""
-    return [f"{entry['name']}::{part}" for entry in header["tensors"] for part, _, _ in _entry_parts(entry)]
+    return [
+        f"{entry['name']}::{part}"
+        for entry in header["tensors"]
+        for part, _, _ in _entry_parts(entry)
+    ]
 
 
 def unpack(header: Mapping[str, Any], pieces: Sequence[torch.Tensor]) -> WeightUpdate:
     if header.get("format") != FORMAT:
-        raise ValueError(f"not a plait weight update (format {header.get('format')!r}, expected {FORMAT!r})")
+        raise ValueError(
+            f"not a plait weight update (format {header.get('format')!r}, expected {FORMAT!r})"
+        )
     tensors: dict[str, Any] = {}
     it = iter(pieces)
     for entry in header["tensors"]:
         parts = {part: next(it) for part, _, _ in _entry_parts(entry)}
         if header["kind"] == "delta":
-            tensors[entry["name"]] = TensorPatch(tuple(entry["shape"]), parts["values"], parts.get("gaps"),
-                                                 parts.get("escaped"))
+            tensors[entry["name"]] = TensorPatch(
+                tuple(entry["shape"]), parts["values"], parts.get("gaps"), parts.get("escaped")
+            )
         else:
             tensors[entry["name"]] = parts["values"].reshape(entry["shape"])
-    return WeightUpdate(version=int(header["version"]), tensors=tensors, kind=header["kind"],
-                        checksum=header.get("checksum"), base_version=header.get("base_version"),
-                        base_checksum=header.get("base_checksum"))
+    return WeightUpdate(
+        version=int(header["version"]),
+        tensors=tensors,
+        kind=header["kind"],
+        checksum=header.get("checksum"),
+        base_version=header.get("base_version"),
+        base_checksum=header.get("base_checksum"),
+    )
 
 
 _ALIGN = 8  # every piece starts at a multiple of 8 bytes, so it can be viewed as its dtype
@@ -374,15 +448,19 @@ def buffer_size(specs: Sequence[tuple[torch.dtype, int]]) -> int:
     return sum(_padded(count * dtype.itemsize) for dtype, count in specs)
 
 
-def from_bytes(buffer: torch.Tensor, specs: Sequence[tuple[torch.dtype, int]]) -> list[torch.Tensor]:
+def from_bytes(
+    buffer: torch.Tensor, specs: Sequence[tuple[torch.dtype, int]]
+) -> list[torch.Tensor]:
     """The pieces of a `to_bytes` buffer (views, no copies)."""
     if buffer.numel() != buffer_size(specs):
-        raise ValueError(f"weight buffer has {buffer.numel()} bytes, its header describes {buffer_size(specs)}")
+        raise ValueError(
+            f"weight buffer has {buffer.numel()} bytes, its header describes {buffer_size(specs)}"
+        )
     pieces = []
     offset = 0
     for dtype, count in specs:
         size = count * dtype.itemsize
-        pieces.append(buffer[offset:offset + size].view(dtype))
+        pieces.append(buffer[offset : offset + size].view(dtype))
         offset += _padded(size)
     return pieces
 

@@ -8,10 +8,21 @@ from plait.kinds import RegisterWeightSync
 
 @hookimpl
 def plait_register_weight_syncs(register: RegisterWeightSync) -> None:
-    register("in_process", "plait_weights.sync:InProcessSync", options="plait_weights.sync:InProcessSyncOptions",
-             description="weights (full, bucketed or delta) handed to engines in this process")
-    register("disk", "plait_weights.sync:DiskSync", options="plait_weights.sync:DiskSyncOptions",
-             description="weights (full, bucketed or delta patches) written once as safetensors; engines load them from disk")
-    register("distributed", "plait_weights.distributed:DistributedSync",
-             options="plait_weights.distributed:DistributedSyncOptions",
-             description="weights over a torch.distributed group (gloo/NCCL) to WeightReceiver processes")
+    register(
+        "in_process",
+        "plait_weights.sync:InProcessSync",
+        options="plait_weights.sync:InProcessSyncOptions",
+        description="weights (full, bucketed or delta) handed to engines in this process",
+    )
+    register(
+        "disk",
+        "plait_weights.sync:DiskSync",
+        options="plait_weights.sync:DiskSyncOptions",
+        description="weights (full, bucketed or delta patches) written once as safetensors; engines load them from disk",
+    )
+    register(
+        "distributed",
+        "plait_weights.distributed:DistributedSync",
+        options="plait_weights.distributed:DistributedSyncOptions",
+        description="weights over a torch.distributed group (gloo/NCCL) to WeightReceiver processes",
+    )

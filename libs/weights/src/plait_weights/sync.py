@@ -67,8 +67,13 @@ def tensor_nbytes(tensor: Any) -> int:
     return int(tensor.numel() * tensor.element_size())
 
 
-def save_safetensors(tensors: Mapping[str, Any], directory: str | Path, *, filename: str = WEIGHTS_FILE,
-                     metadata: Mapping[str, str] | None = None) -> Path:
+def save_safetensors(
+    tensors: Mapping[str, Any],
+    directory: str | Path,
+    *,
+    filename: str = WEIGHTS_FILE,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
     """Write `tensors` (torch tensors or numpy arrays, by name) as `directory/<filename>`,
     atomically (a temporary file, then a rename). Imports torch and safetensors on use."""
     import numpy as np
@@ -80,7 +85,11 @@ def save_safetensors(tensors: Mapping[str, Any], directory: str | Path, *, filen
     out: dict[str, Any] = {}
     seen: set[int] = set()
     for name, value in tensors.items():
-        tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+        tensor = (
+            value
+            if isinstance(value, torch.Tensor)
+            else torch.from_numpy(np.ascontiguousarray(value))
+        )
         tensor = tensor.detach().to("cpu").contiguous()
         # safetensors refuses tensors that share memory (tied weights exported under two names)
         if tensor.numel() and tensor.data_ptr() in seen:
@@ -99,7 +108,9 @@ def save_safetensors(tensors: Mapping[str, Any], directory: str | Path, *, filen
     return directory
 
 
-async def _bounded(step: Awaitable[Any], timeout_s: float, index: int, engine: Any, version: int) -> None:
+async def _bounded(
+    step: Awaitable[Any], timeout_s: float, index: int, engine: Any, version: int
+) -> None:
     try:
         await asyncio.wait_for(step, timeout_s)
     except TimeoutError:
@@ -139,7 +150,9 @@ class SyncOptions:
 
     def __attrs_post_init__(self) -> None:
         if self.layout == "tp" and self.head_dim is None:
-            raise ValueError("layout 'tp' splits attention by heads: set head_dim (the model's attention head size)")
+            raise ValueError(
+                "layout 'tp' splits attention by heads: set head_dim (the model's attention head size)"
+            )
         if self.layout == "hf" and self.tp_size != 1:
             raise ValueError("tp_size applies to layout 'tp'; set layout = 'tp' or drop tp_size")
 
@@ -208,8 +221,10 @@ class WeightPublisher:
         import torch
 
         dtype = getattr(torch, self.options.dtype) if self.options.dtype else None
-        tensors = {name: (t.detach().to(dtype) if dtype is not None else t.detach())
-                   for name, t in trainer.export_weights()}
+        tensors = {
+            name: (t.detach().to(dtype) if dtype is not None else t.detach())
+            for name, t in trainer.export_weights()
+        }
         if self.options.layout == "hf":
             return [tensors]
         from plait_weights.layout import TensorParallelLayout
@@ -219,8 +234,10 @@ class WeightPublisher:
         try:
             return layout.ranks(tensors)
         except ValueError as exc:
-            raise WeightSyncError(f"cannot reshard the weights to tensor-parallel size {self.options.tp_size}: {exc}",
-                                  fix="check sync.options.tp_size and sync.options.head_dim against the model") from None
+            raise WeightSyncError(
+                f"cannot reshard the weights to tensor-parallel size {self.options.tp_size}: {exc}",
+                fix="check sync.options.tp_size and sync.options.head_dim against the model",
+            ) from None
 
     def prepare(self, trainer: TrainerEngine, version: int) -> list[Push]:
         """Export, cast, reshard and encode: one `Push` per rank (blocking; run it in a thread)."""
@@ -239,9 +256,20 @@ class WeightPublisher:
                 assert self._snapshots is not None
                 patches = self._diff(self._snapshots[rank], tensors)
                 changed = sum(weight_patch.patch_elements(p) for p in patches.values())
-                delta = self._bucket(patches, tensors, version, base_version=base, base=self._snapshots[rank])
-            pushes.append(Push(version, base, delta, self._full_factory(tensors, version), elements, changed,
-                               full_bytes))
+                delta = self._bucket(
+                    patches, tensors, version, base_version=base, base=self._snapshots[rank]
+                )
+            pushes.append(
+                Push(
+                    version,
+                    base,
+                    delta,
+                    self._full_factory(tensors, version),
+                    elements,
+                    changed,
+                    full_bytes,
+                )
+            )
         if self.options.payload == "delta":
             self._remember(ranks, version)
         return pushes
@@ -252,12 +280,15 @@ class WeightPublisher:
         if snapshot.keys() != tensors.keys():
             raise WeightSyncError(
                 f"the trainer now exports other tensors than last time ({sorted(snapshot.keys() ^ tensors.keys())[:3]})",
-                fix="use one sync per model; a new model needs a new sync")
+                fix="use one sync per model; a new model needs a new sync",
+            )
         return {name: weight_patch.diff(snapshot[name], tensor) for name, tensor in tensors.items()}
 
     def _remember(self, ranks: list[dict[str, Any]], version: int) -> None:
         if self._snapshots is None:
-            self._snapshots = [{name: t.clone() for name, t in tensors.items()} for tensors in ranks]
+            self._snapshots = [
+                {name: t.clone() for name, t in tensors.items()} for tensors in ranks
+            ]
         else:
             for snapshot, tensors in zip(self._snapshots, ranks, strict=True):
                 for name, tensor in tensors.items():
@@ -277,14 +308,24 @@ class WeightPublisher:
                 if self.options.payload == "full":
                     cache.append([self._update(tensors, tensors, version, kind="full")])
                 else:  # bucketed, and the full fallback of a delta: dense patches in buckets
-                    patches = {name: TensorPatch(tuple(t.shape), t.reshape(-1)) for name, t in tensors.items()}
+                    patches = {
+                        name: TensorPatch(tuple(t.shape), t.reshape(-1))
+                        for name, t in tensors.items()
+                    }
                     cache.append(self._bucket(patches, tensors, version, base_version=None))
             return cache[0]
 
         return full_updates
 
-    def _bucket(self, patches: Mapping[str, TensorPatch], tensors: Mapping[str, Any], version: int, *,
-                base_version: int | None, base: Mapping[str, Any] | None = None) -> list[WeightUpdate]:
+    def _bucket(
+        self,
+        patches: Mapping[str, TensorPatch],
+        tensors: Mapping[str, Any],
+        version: int,
+        *,
+        base_version: int | None,
+        base: Mapping[str, Any] | None = None,
+    ) -> list[WeightUpdate]:
         """Delta updates of at most `bucket_mb` each (a larger single patch gets its own); `base`:
         the tensors of `base_version` the patches were made against."""
         from plait_weights import patch as weight_patch
@@ -299,21 +340,42 @@ class WeightPublisher:
                 size = 0
             buckets[-1][name] = patch
             size += nbytes
-        return [self._update(bucket, tensors, version, kind="delta", base_version=base_version,
-                             base_checksum=None if base is None else weight_patch.base_checksum(base, bucket))
-                for bucket in buckets]
+        return [
+            self._update(
+                bucket,
+                tensors,
+                version,
+                kind="delta",
+                base_version=base_version,
+                base_checksum=None if base is None else weight_patch.base_checksum(base, bucket),
+            )
+            for bucket in buckets
+        ]
 
-    def _update(self, entries: Mapping[str, Any], tensors: Mapping[str, Any], version: int, *,
-                kind: Literal["full", "delta"], base_version: int | None = None,
-                base_checksum: str | None = None) -> WeightUpdate:
+    def _update(
+        self,
+        entries: Mapping[str, Any],
+        tensors: Mapping[str, Any],
+        version: int,
+        *,
+        kind: Literal["full", "delta"],
+        base_version: int | None = None,
+        base_checksum: str | None = None,
+    ) -> WeightUpdate:
         """An update of `entries`; its checksum is that of the new `tensors` it names."""
         checksum = None
         if self.options.send_checksum:
             from plait_weights import patch as weight_patch
 
             checksum = weight_patch.checksum((name, tensors[name]) for name in entries)
-        return WeightUpdate(version=version, tensors=dict(entries), kind=kind, checksum=checksum,
-                            base_version=base_version, base_checksum=base_checksum)
+        return WeightUpdate(
+            version=version,
+            tensors=dict(entries),
+            kind=kind,
+            checksum=checksum,
+            base_version=base_version,
+            base_checksum=base_checksum,
+        )
 
 
 def update_nbytes(update: WeightUpdate) -> int:
@@ -322,13 +384,19 @@ def update_nbytes(update: WeightUpdate) -> int:
     return weight_patch.update_nbytes(update)
 
 
-def _stats(pushes: Sequence[Push], version: int, nbytes: int, start: float, receivers: int = 1) -> SyncStats:
+def _stats(
+    pushes: Sequence[Push], version: int, nbytes: int, start: float, receivers: int = 1
+) -> SyncStats:
     """`full_bytes`: what a full push in the same dtype and layout would have sent."""
     elements = sum(p.elements for p in pushes)
     changed = sum(p.changed_elements for p in pushes)
-    return SyncStats(version=version, bytes=nbytes, seconds=time.perf_counter() - start,
-                     delta_fraction=changed / elements if elements else 0.0,
-                     full_bytes=sum(p.full_bytes for p in pushes) * receivers)
+    return SyncStats(
+        version=version,
+        bytes=nbytes,
+        seconds=time.perf_counter() - start,
+        delta_fraction=changed / elements if elements else 0.0,
+        full_bytes=sum(p.full_bytes for p in pushes) * receivers,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,12 +410,16 @@ class InProcessSync:
     def __init__(self, *, options: InProcessSyncOptions | None = None) -> None:
         self.options = options or InProcessSyncOptions()
         if self.options.layout != "hf":
-            raise WeightSyncError("the in_process sync hands whole tensors to engines in this process; "
-                                  "layout 'tp' needs a transport whose receivers hold one shard each",
-                                  fix="set sync.options.layout = 'hf', or use sync.method = 'distributed' or 'disk'")
+            raise WeightSyncError(
+                "the in_process sync hands whole tensors to engines in this process; "
+                "layout 'tp' needs a transport whose receivers hold one shard each",
+                fix="set sync.options.layout = 'hf', or use sync.method = 'distributed' or 'disk'",
+            )
         self.publisher = WeightPublisher(self.options)
 
-    async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
+    async def push(
+        self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int
+    ) -> SyncStats:
         start = time.perf_counter()
         (push,) = await asyncio.to_thread(self.publisher.prepare, trainer, version)
         nbytes = 0
@@ -368,10 +440,16 @@ async def deliver(engine: InferenceEngine, index: int, push: Push, timeout_s: fl
         return sum(update_nbytes(u) for u in updates)
     except EngineError as exc:
         if updates is not push.delta:
-            raise WeightSyncError(f"{_engine_name(index, engine)} refused weight version {push.version}: {exc.message}",
-                                  fix=exc.fix or "check that the engine serves the trainer's model") from exc
-        log.warning("engine refused a delta update; sending full weights", engine=_engine_name(index, engine),
-                    version=push.version, error=exc.message)
+            raise WeightSyncError(
+                f"{_engine_name(index, engine)} refused weight version {push.version}: {exc.message}",
+                fix=exc.fix or "check that the engine serves the trainer's model",
+            ) from exc
+        log.warning(
+            "engine refused a delta update; sending full weights",
+            engine=_engine_name(index, engine),
+            version=push.version,
+            error=exc.message,
+        )
         full = push.full_updates()
         for update in full:
             await _bounded(engine.apply_weights(update), timeout_s, index, engine, push.version)
@@ -410,7 +488,9 @@ class DiskSync:
     def receiver_dir(self, index: int) -> Path:
         return self.directory / "receivers" / f"engine-{index}"
 
-    async def push(self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int) -> SyncStats:
+    async def push(
+        self, trainer: TrainerEngine, engines: Sequence[InferenceEngine], version: int
+    ) -> SyncStats:
         start = time.perf_counter()
         await self._pruned()
         root = self.version_dir(version)
@@ -423,7 +503,9 @@ class DiskSync:
         for rank, push in enumerate(pushes):
             folder = root / f"tp{rank}" if self.publisher.ranks > 1 else root
             variants = [(False, push.delta)] if push.delta is not None else []
-            needs_full = push.delta is None or any(engine.weight_version != push.base_version for engine in engines)
+            needs_full = push.delta is None or any(
+                engine.weight_version != push.base_version for engine in engines
+            )
             if needs_full:
                 variants.append((True, push.full_updates()))
             for full, updates in variants:
@@ -432,9 +514,11 @@ class DiskSync:
                 written[(rank, full)] = target
         if self.publisher.ranks > 1:
             if engines:
-                raise WeightSyncError("layout 'tp' on disk writes one directory per rank for engines that load "
-                                      "their own shard; these engines load whole models",
-                                      fix="set sync.options.layout = 'hf' for these engines")
+                raise WeightSyncError(
+                    "layout 'tp' on disk writes one directory per rank for engines that load "
+                    "their own shard; these engines load whole models",
+                    fix="set sync.options.layout = 'hf' for these engines",
+                )
         else:
             for index, engine in enumerate(engines):
                 full = pushes[0].delta is None or engine.weight_version != pushes[0].base_version
@@ -446,35 +530,66 @@ class DiskSync:
         """Whether the trainer's own file is what this sync would write: full weights, as
         exported (no cast, no resharding), without a checksum."""
         o = self.options
-        return (isinstance(trainer, WritesWeightFiles) and o.payload == "full" and o.dtype is None
-                and o.layout == "hf" and not o.send_checksum)
+        return (
+            isinstance(trainer, WritesWeightFiles)
+            and o.payload == "full"
+            and o.dtype is None
+            and o.layout == "hf"
+            and not o.send_checksum
+        )
 
-    async def _push_written(self, trainer: WritesWeightFiles, engines: Sequence[InferenceEngine], root: Path,
-                            version: int, start: float) -> SyncStats:
+    async def _push_written(
+        self,
+        trainer: WritesWeightFiles,
+        engines: Sequence[InferenceEngine],
+        root: Path,
+        version: int,
+        start: float,
+    ) -> SyncStats:
         """The trainer writes `root/model.safetensors` itself; the engines load it from there."""
         written = await asyncio.to_thread(trainer.export_weights_to, root)
-        if written.resolve() != (root / WEIGHTS_FILE).resolve():  # the service may name it through symlinks
-            raise WeightSyncError(f"the trainer wrote its weights to {written}, not to {root / WEIGHTS_FILE}",
-                                  fix="a trainer's export_weights_to must write directory/model.safetensors")
+        if (
+            written.resolve() != (root / WEIGHTS_FILE).resolve()
+        ):  # the service may name it through symlinks
+            raise WeightSyncError(
+                f"the trainer wrote its weights to {written}, not to {root / WEIGHTS_FILE}",
+                fix="a trainer's export_weights_to must write directory/model.safetensors",
+            )
         write_manifest(root, [full_weights_entry(version, checksum=None)])
         for index, engine in enumerate(engines):
             await self._deliver(index, engine, root, version)
         self._prune_later(version)
         nbytes = written.stat().st_size
-        return SyncStats(version=version, bytes=nbytes, seconds=time.perf_counter() - start, delta_fraction=1.0,
-                         full_bytes=nbytes)
+        return SyncStats(
+            version=version,
+            bytes=nbytes,
+            seconds=time.perf_counter() - start,
+            delta_fraction=1.0,
+            full_bytes=nbytes,
+        )
 
-    async def _deliver(self, index: int, engine: InferenceEngine, folder: Path, version: int) -> None:
+    async def _deliver(
+        self, index: int, engine: InferenceEngine, folder: Path, version: int
+    ) -> None:
         if isinstance(engine, DiskWeightLoader):
             path = folder
-            if not (folder / WEIGHTS_FILE).exists():  # patches: bring the receiver's checkpoint up to date
+            if not (
+                folder / WEIGHTS_FILE
+            ).exists():  # patches: bring the receiver's checkpoint up to date
                 path = self.receiver_dir(index)
                 await asyncio.to_thread(apply_patch_to_checkpoint, folder, path)
-            await _bounded(engine.load_weights_from_disk(str(path), version), self.options.timeout_s, index,
-                           engine, version)
+            await _bounded(
+                engine.load_weights_from_disk(str(path), version),
+                self.options.timeout_s,
+                index,
+                engine,
+                version,
+            )
             return
         for update in await asyncio.to_thread(read_updates, folder):
-            await _bounded(engine.apply_weights(update), self.options.timeout_s, index, engine, version)
+            await _bounded(
+                engine.apply_weights(update), self.options.timeout_s, index, engine, version
+            )
 
     async def close(self) -> None:
         await self._pruned()
@@ -495,7 +610,9 @@ class DiskSync:
     def _prune(self, newest: int) -> None:
         versions = sorted(
             # older ones only: a push that started meanwhile may be writing a newer one
-            int(p.name[1:]) for p in self.directory.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) < newest
+            int(p.name[1:])
+            for p in self.directory.glob("v*")
+            if p.name[1:].isdigit() and int(p.name[1:]) < newest
         )
         for old in versions[: max(0, len(versions) - (self.options.keep - 1))]:
             shutil.rmtree(self.version_dir(old), ignore_errors=True)
@@ -531,7 +648,12 @@ def write_updates(updates: Sequence[WeightUpdate], directory: Path) -> int:
             header, pieces = weight_patch.pack(update)
             named = dict(zip(weight_patch.piece_names(header), pieces, strict=True))
             filename = PATCH_FILE.format(index=index)
-            save_safetensors(named, directory, filename=filename, metadata={"plait": weight_patch.header_json(header)})
+            save_safetensors(
+                named,
+                directory,
+                filename=filename,
+                metadata={"plait": weight_patch.header_json(header)},
+            )
             files.append({"file": filename})
             nbytes += update_nbytes(update)
     write_manifest(directory, files)
@@ -562,8 +684,10 @@ def read_updates(directory: Path) -> list[WeightUpdate]:
 
     manifest_path = directory / MANIFEST_FILE
     if not manifest_path.is_file():
-        raise WeightSyncError(f"{directory} holds no complete weight update (no {MANIFEST_FILE})",
-                              fix="read a version directory the disk sync finished writing")
+        raise WeightSyncError(
+            f"{directory} holds no complete weight update (no {MANIFEST_FILE})",
+            fix="read a version directory the disk sync finished writing",
+        )
     manifest = json.loads(manifest_path.read_text())
     updates = []
     for item in manifest["files"]:
@@ -571,8 +695,14 @@ def read_updates(directory: Path) -> list[WeightUpdate]:
         with safe_open(str(path), framework="pt") as f:
             if item.get("kind") == "full":
                 tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-                updates.append(WeightUpdate(version=int(item["version"]), tensors=tensors, kind="full",
-                                            checksum=item.get("checksum")))
+                updates.append(
+                    WeightUpdate(
+                        version=int(item["version"]),
+                        tensors=tensors,
+                        kind="full",
+                        checksum=item.get("checksum"),
+                    )
+                )
                 continue
             header = json.loads(f.metadata()["plait"])
             pieces = [f.get_tensor(name) for name in weight_patch.piece_names(header)]
@@ -609,20 +739,26 @@ def apply_patch_to_checkpoint(patch_dir: Path, checkpoint_dir: Path) -> None:
     version = held
     for update in read_updates(patch_dir):
         if update.base_version is not None and version is None:
-            raise WeightSyncError(f"{checkpoint_dir} holds no checkpoint, but the patches of version {update.version} "
-                                  f"were made against version {update.base_version}",
-                                  fix="push full weights (a new sync does), or apply the versions in order")
+            raise WeightSyncError(
+                f"{checkpoint_dir} holds no checkpoint, but the patches of version {update.version} "
+                f"were made against version {update.base_version}",
+                fix="push full weights (a new sync does), or apply the versions in order",
+            )
         for name, patch in update.tensors.items():
             if name not in tensors:
                 if not patch.dense:
-                    raise WeightSyncError(f"{checkpoint_dir} lacks tensor {name!r} that a sparse patch changes",
-                                          fix="push full weights first (a new sync does)")
+                    raise WeightSyncError(
+                        f"{checkpoint_dir} lacks tensor {name!r} that a sparse patch changes",
+                        fix="push full weights first (a new sync does)",
+                    )
                 tensors[name] = patch.values.reshape(patch.shape).clone()
         try:
             weight_patch.apply_update(tensors, update, held_version=version)
         except ValueError as exc:
-            raise WeightSyncError(f"patching {checkpoint_dir} to version {update.version} failed: "
-                                  f"{getattr(exc, 'message', exc)}",
-                                  fix=getattr(exc, "fix", None) or "push full weights (a new sync does)") from exc
+            raise WeightSyncError(
+                f"patching {checkpoint_dir} to version {update.version} failed: "
+                f"{getattr(exc, 'message', exc)}",
+                fix=getattr(exc, "fix", None) or "push full weights (a new sync does)",
+            ) from exc
         version = update.version
     save_safetensors(tensors, checkpoint_dir, metadata={_VERSION_KEY: str(version)})

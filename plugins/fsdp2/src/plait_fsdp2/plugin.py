@@ -9,5 +9,9 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_trainer_engines(register: Any) -> None:
-    register("fsdp2", "plait_fsdp2.engine:FSDP2Trainer", options="plait_fsdp2.options:FSDP2Options",
-             description="FSDP2 (fully_shard) trainer over worker processes: gloo on CPU, NCCL on GPUs")
+    register(
+        "fsdp2",
+        "plait_fsdp2.engine:FSDP2Trainer",
+        options="plait_fsdp2.options:FSDP2Options",
+        description="FSDP2 (fully_shard) trainer over worker processes: gloo on CPU, NCCL on GPUs",
+    )

@@ -70,7 +70,9 @@ def use_cuda(options: FSDP2Options) -> bool:
 
 
 class FSDP2Rank:
-    def __init__(self, rank: int, world_size: int, store: tuple[str, int], setup: RankSetup) -> None:
+    def __init__(
+        self, rank: int, world_size: int, store: tuple[str, int], setup: RankSetup
+    ) -> None:
         options = setup.options
         self.rank, self.world_size = rank, world_size
         torch.set_num_threads(options.threads or max(1, (os.cpu_count() or 1) // world_size))
@@ -82,15 +84,26 @@ class FSDP2Rank:
         # Collectives give up a little after the controller would have diagnosed a hang.
         timeout = datetime.timedelta(seconds=options.call_timeout_s + 60)
         tcp = dist.TCPStore(store[0], store[1], None, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=dist.PrefixStore("plait-fsdp2", tcp), rank=rank,
-                                world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("plait-fsdp2", tcp),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
         torch.manual_seed(setup.seed)
 
         compute_dtype, master_dtype = loading.training_dtypes(setup.model, options.mixed_precision)
-        model = loading.load_causal_lm(setup.model, dtype=master_dtype, device=self.device,
-                                       attn_implementation=options.attn_implementation)
+        model = loading.load_causal_lm(
+            setup.model,
+            dtype=master_dtype,
+            device=self.device,
+            attn_implementation=options.attn_implementation,
+        )
         if rank == 0:
-            loading.check_tokenizer_fits(loading.load_tokenizer(setup.model.tokenizer_path), model, setup.model)
+            loading.check_tokenizer_fits(
+                loading.load_tokenizer(setup.model.tokenizer_path), model, setup.model
+            )
         model.config.use_cache = False
         self.scorer = TokenScorer(model)  # probes the output head on the full model
         flops = FlopsModel.of(model)
@@ -98,10 +111,15 @@ class FSDP2Rank:
         shapes = {name: list(p.shape) for name, p in model.named_parameters()}
         if options.activation_checkpointing != "none":
             apply_activation_checkpointing(model, options.activation_checkpointing)
-        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
-            if compute_dtype is not None else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+            if compute_dtype is not None
+            else MixedPrecisionPolicy()
+        )
         for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=policy, reshard_after_forward=options.reshard_after_forward)
+            fully_shard(
+                layer, mp_policy=policy, reshard_after_forward=options.reshard_after_forward
+            )
         fully_shard(self.scorer, mp_policy=policy)
         for module in self.scorer.modules():
             if isinstance(module, FSDPModule):
@@ -110,25 +128,39 @@ class FSDP2Rank:
         self.scorer.train()
         self.params = {name.removeprefix(_PREFIX): p for name, p in self.scorer.named_parameters()}
         first = AdamParams()
-        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=first.learning_rate,
-                                           betas=(first.beta1, first.beta2), eps=first.eps,
-                                           weight_decay=first.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            list(self.params.values()),
+            lr=first.learning_rate,
+            betas=(first.beta1, first.beta2),
+            eps=first.eps,
+            weight_decay=first.weight_decay,
+        )
         self._init_optimizer_state()
-        self.runner = StepRunner(self.scorer, layout=setup.layout, device=self.device, flops=flops,
-                                 vocab_rows=vocab_rows)
+        self.runner = StepRunner(
+            self.scorer, layout=setup.layout, device=self.device, flops=flops, vocab_rows=vocab_rows
+        )
         peak = peak_flops(self.device.type, compute_dtype or master_dtype)
-        self.info = RankInfo(vocab_rows, flops, peak.flops_per_s, peak.source, shapes, self.scorer.chunked_head)
+        self.info = RankInfo(
+            vocab_rows, flops, peak.flops_per_s, peak.source, shapes, self.scorer.chunked_head
+        )
         self._bucket_bytes = int(options.export_bucket_mb * 2**20)
 
     # -- calls from the engine ------------------------------------------------------------------
 
-    def forward(self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None) -> ShardResult:
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None
+    ) -> ShardResult:
         with torch.no_grad():
-            return self.runner.run(data, loss_fn, loss_fn_config, backward=False, agree_on_passes=self._most)
+            return self.runner.run(
+                data, loss_fn, loss_fn_config, backward=False, agree_on_passes=self._most
+            )
 
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: dict[str, float] | None) -> ShardResult:
-        return self.runner.run(data, loss_fn, loss_fn_config, backward=True, agree_on_passes=self._most)
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None
+    ) -> ShardResult:
+        return self.runner.run(
+            data, loss_fn, loss_fn_config, backward=True, agree_on_passes=self._most
+        )
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         grads = [p.grad for p in self.params.values() if p.grad is not None]
@@ -146,8 +178,12 @@ class FSDP2Rank:
                 for grad in grads:
                     grad.to_local().mul_(scale)
             for group in self.optimizer.param_groups:
-                group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                             weight_decay=adam.weight_decay)
+                group.update(
+                    lr=adam.learning_rate,
+                    betas=(adam.beta1, adam.beta2),
+                    eps=adam.eps,
+                    weight_decay=adam.weight_decay,
+                )
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return metrics
@@ -158,7 +194,11 @@ class FSDP2Rank:
         size, dtype = 0, None
         for name, param in self.params.items():
             nbytes = param.numel() * param.element_size()
-            if not buckets or param.dtype != dtype or (size + nbytes > self._bucket_bytes and buckets[-1]):
+            if (
+                not buckets
+                or param.dtype != dtype
+                or (size + nbytes > self._bucket_bytes and buckets[-1])
+            ):
                 buckets.append([])
                 size, dtype = 0, param.dtype
             buckets[-1].append((name, list(param.shape)))
@@ -181,9 +221,18 @@ class FSDP2Rank:
         dcp.save({"model": model_state, "optim": optim_state, "grads": grads}, checkpoint_id=path)
         torch.save(rng_state(), Path(path) / f"rng-rank{self.rank}.pt")
         if self.rank == 0:
-            (Path(path) / META_FILE).write_text(json.dumps({
-                **meta, "format": STATE_FORMAT, "world_size": self.world_size, "grads": sorted(grads),
-                "parameters": self.info.parameters}, indent=1))
+            (Path(path) / META_FILE).write_text(
+                json.dumps(
+                    {
+                        **meta,
+                        "format": STATE_FORMAT,
+                        "world_size": self.world_size,
+                        "grads": sorted(grads),
+                        "parameters": self.info.parameters,
+                    },
+                    indent=1,
+                )
+            )
         dist.barrier()
 
     def load_state(self, path: str) -> None:
@@ -192,8 +241,12 @@ class FSDP2Rank:
         grads = {name: torch.zeros_like(self.params[name]) for name in meta["grads"]}
         state = {"model": model_state, "optim": optim_state, "grads": grads}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.scorer, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            self.scorer,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
         for name, param in self.params.items():
             param.grad = grads.get(name)
         # RNG streams are per rank; a checkpoint from another world size restores weights and

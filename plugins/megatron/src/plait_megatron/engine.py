@@ -48,7 +48,9 @@ class MegatronTrainer(SingleProcessEngine):
     engine_name = "plait-megatron"
     state_meta_file = "plait_megatron.json"
 
-    def __init__(self, model: ResolvedModel, *, options: MegatronOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: MegatronOptions | None = None, seed: int = 0
+    ) -> None:
         _require_megatron_core()
         self.options = options or MegatronOptions()
         self.model_info = model
@@ -58,8 +60,9 @@ class MegatronTrainer(SingleProcessEngine):
         self.spec, attention = _kernels(self.options, self.device)
         autocast_dtype, param_dtype = loading.training_dtypes(model, self.options.mixed_precision)
         # The Hugging Face model is read once, for its weights, config, vocabulary and FLOPs.
-        hf_model = loading.load_causal_lm(model, dtype=param_dtype, device=torch.device("cpu"),
-                                          attn_implementation=None)
+        hf_model = loading.load_causal_lm(
+            model, dtype=param_dtype, device=torch.device("cpu"), attn_implementation=None
+        )
         loading.check_tokenizer_fits(loading.load_tokenizer(model.tokenizer_path), hf_model, model)
         self.hf_config = hf_model.config
         self.shape = Qwen3Shape.of(self.hf_config)
@@ -77,34 +80,68 @@ class MegatronTrainer(SingleProcessEngine):
             raise
         from plait_megatron.scorer import MegatronScorer
 
-        self.scorer = MegatronScorer(self.gpt, takes_tree_masks=self.spec != "te" or attention is not None)
+        self.scorer = MegatronScorer(
+            self.gpt, takes_tree_masks=self.spec != "te" or attention is not None
+        )
         layout = _layout(self.options, self.scorer.takes_tree_masks)
-        self.capabilities = TrainerCapabilities(packing=layout.packing, prefix_sharing=layout.prefix_sharing)
-        runner = StepRunner(self.scorer, layout=layout, device=self.device, flops=flops,
-                            vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype)
-        self._init_training(runner, dict(self.gpt.named_parameters()))  # Megatron names; tied ones once
-        log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
-                 spec=self.spec, attention=attention.__name__ if attention else "megatron",
-                 params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
-                 prefix_sharing=layout.prefix_sharing)
+        self.capabilities = TrainerCapabilities(
+            packing=layout.packing, prefix_sharing=layout.prefix_sharing
+        )
+        runner = StepRunner(
+            self.scorer,
+            layout=layout,
+            device=self.device,
+            flops=flops,
+            vocab_rows=self.vocab_rows,
+            autocast_dtype=autocast_dtype,
+        )
+        self._init_training(
+            runner, dict(self.gpt.named_parameters())
+        )  # Megatron names; tied ones once
+        log.info(
+            "trainer ready",
+            model=model.name,
+            device=str(self.device),
+            dtype=str(param_dtype),
+            spec=self.spec,
+            attention=attention.__name__ if attention else "megatron",
+            params=sum(p.numel() for p in self._params.values()),
+            packing=layout.packing,
+            prefix_sharing=layout.prefix_sharing,
+        )
 
-    def _build(self, hf_state: Mapping[str, torch.Tensor], dtype: torch.dtype, attention: type | None,
-               seed: int) -> Any:
+    def _build(
+        self,
+        hf_state: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        attention: type | None,
+        seed: int,
+    ) -> Any:
         from plait_megatron.model import build_gpt_model
 
         cpu = self.device.type == "cpu"
         if not cpu:
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-            model_parallel_cuda_manual_seed(seed)  # the CUDA RNG states megatron-core's kernels fork
-        gpt = build_gpt_model(self.hf_config, spec=self.spec, params_dtype=dtype, cpu=cpu,
-                              core_attention=attention, initialize=False)
+            model_parallel_cuda_manual_seed(
+                seed
+            )  # the CUDA RNG states megatron-core's kernels fork
+        gpt = build_gpt_model(
+            self.hf_config,
+            spec=self.spec,
+            params_dtype=dtype,
+            cpu=cpu,
+            core_attention=attention,
+            initialize=False,
+        )
         result = gpt.load_state_dict(hf_to_megatron(hf_state, self.shape, self.spec), strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]
         if missing or result.unexpected_keys:
-            raise ModelError(f"the converted weights do not fit megatron-core's GPTModel: missing {missing[:3]}, "
-                             f"unexpected {result.unexpected_keys[:3]}",
-                             fix="report it: plait_megatron.convert and the layer spec disagree")
+            raise ModelError(
+                f"the converted weights do not fit megatron-core's GPTModel: missing {missing[:3]}, "
+                f"unexpected {result.unexpected_keys[:3]}",
+                fix="report it: plait_megatron.convert and the layer spec disagree",
+            )
         return gpt.to(self.device).train()
 
     # -- protocol (forward, forward_backward, optim_step: SingleProcessEngine) ------------------
@@ -161,7 +198,8 @@ def _kernels(options: MegatronOptions, device: torch.device) -> tuple[Spec, type
             f"spec {options.spec!r} / attention {options.attention!r} need CUDA: megatron-core 0.16's "
             "DotProductAttention takes its buffers and RNG states from the CUDA device, and Transformer "
             "Engine is CUDA-only",
-            fix="on the CPU use trainer.options.spec = 'local' and attention = 'sdpa' (the defaults there)")
+            fix="on the CPU use trainer.options.spec = 'local' and attention = 'sdpa' (the defaults there)",
+        )
     if options.attention == "megatron" or (options.attention == "auto" and cuda):
         return spec, None
     from plait_megatron.attention import SDPACoreAttention
@@ -174,9 +212,11 @@ def _require_megatron_core() -> None:
     try:
         import megatron.core  # noqa: F401
     except ImportError as exc:
-        raise PluginError(f"trainer.engine = 'megatron' needs megatron-core, which does not import: {exc}",
-                          fix="pip install 'plait-megatron[megatron]' (or pip install --no-deps "
-                              "megatron-core==0.16.1, which keeps the torch build you have)") from None
+        raise PluginError(
+            f"trainer.engine = 'megatron' needs megatron-core, which does not import: {exc}",
+            fix="pip install 'plait-megatron[megatron]' (or pip install --no-deps "
+            "megatron-core==0.16.1, which keeps the torch build you have)",
+        ) from None
 
 
 def _has_transformer_engine() -> bool:
@@ -190,6 +230,10 @@ def _has_transformer_engine() -> bool:
 def _layout(options: MegatronOptions, takes_tree_masks: bool) -> LayoutOptions:
     packed = options.packing or options.prefix_sharing
     if packed and not takes_tree_masks:
-        log.info("Transformer Engine's causal attention ignores masks; padding each sequence instead")
+        log.info(
+            "Transformer Engine's causal attention ignores masks; padding each sequence instead"
+        )
         return LayoutOptions(options.micro_batch_tokens)
-    return LayoutOptions(options.micro_batch_tokens, packing=options.packing, prefix_sharing=options.prefix_sharing)
+    return LayoutOptions(
+        options.micro_batch_tokens, packing=options.packing, prefix_sharing=options.prefix_sharing
+    )

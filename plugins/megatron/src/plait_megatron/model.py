@@ -25,8 +25,13 @@ def rope_theta(config: Any) -> float:
     return float(parameters.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
 
 
-def transformer_config(hf_config: Any, *, params_dtype: torch.dtype = torch.float32, cpu: bool = False,
-                       initialize: bool = True) -> Any:
+def transformer_config(
+    hf_config: Any,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    cpu: bool = False,
+    initialize: bool = True,
+) -> Any:
     """Megatron's TransformerConfig for a transformers `Qwen3Config`. `cpu`: build the weights on
     the CPU (else on the current CUDA device); `initialize=False` leaves them uninitialised, for
     weights that are loaded right after."""
@@ -34,13 +39,26 @@ def transformer_config(hf_config: Any, *, params_dtype: torch.dtype = torch.floa
 
     shape = Qwen3Shape.of(hf_config)
     return TransformerConfig(
-        num_layers=shape.layers, hidden_size=hf_config.hidden_size, ffn_hidden_size=hf_config.intermediate_size,
-        num_attention_heads=shape.heads, num_query_groups=shape.query_groups, kv_channels=shape.head_dim,
-        normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps, qk_layernorm=True,
-        gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        num_layers=shape.layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=shape.heads,
+        num_query_groups=shape.query_groups,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
         add_qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
-        hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
-        params_dtype=params_dtype, use_cpu_initialization=cpu, perform_initialization=initialize)
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        params_dtype=params_dtype,
+        use_cpu_initialization=cpu,
+        perform_initialization=initialize,
+    )
 
 
 def layer_spec(spec: Spec = "local", core_attention: type | None = None) -> Any:
@@ -56,17 +74,35 @@ def layer_spec(spec: Spec = "local", core_attention: type | None = None) -> Any:
         return built
     attention = built.submodules.self_attention
     attention = dataclasses.replace(
-        attention, submodules=dataclasses.replace(attention.submodules, core_attention=core_attention))
-    return dataclasses.replace(built, submodules=dataclasses.replace(built.submodules, self_attention=attention))
+        attention,
+        submodules=dataclasses.replace(attention.submodules, core_attention=core_attention),
+    )
+    return dataclasses.replace(
+        built, submodules=dataclasses.replace(built.submodules, self_attention=attention)
+    )
 
 
-def build_gpt_model(hf_config: Any, *, spec: Spec = "local", params_dtype: torch.dtype = torch.float32,
-                    cpu: bool = False, core_attention: type | None = None, initialize: bool = True) -> Any:
+def build_gpt_model(
+    hf_config: Any,
+    *,
+    spec: Spec = "local",
+    params_dtype: torch.dtype = torch.float32,
+    cpu: bool = False,
+    core_attention: type | None = None,
+    initialize: bool = True,
+) -> Any:
     """A GPTModel shaped like `hf_config`; load weights with `hf_to_megatron`."""
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(hf_config, params_dtype=params_dtype, cpu=cpu, initialize=initialize)
-    return GPTModel(config, layer_spec(spec, core_attention),
-                    vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
-                    position_embedding_type="rope", rotary_base=rope_theta(hf_config),
-                    share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings))
+    config = transformer_config(
+        hf_config, params_dtype=params_dtype, cpu=cpu, initialize=initialize
+    )
+    return GPTModel(
+        config,
+        layer_spec(spec, core_attention),
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf_config),
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+    )

@@ -10,5 +10,9 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_trainer_engines(register: Any) -> None:
-    register("megatron", "plait_megatron.engine:MegatronTrainer", options="plait_megatron.options:MegatronOptions",
-             description="megatron-core GPTModel trainer for Qwen3 (one process, TP = PP = 1; CPU or one CUDA device)")
+    register(
+        "megatron",
+        "plait_megatron.engine:MegatronTrainer",
+        options="plait_megatron.options:MegatronOptions",
+        description="megatron-core GPTModel trainer for Qwen3 (one process, TP = PP = 1; CPU or one CUDA device)",
+    )

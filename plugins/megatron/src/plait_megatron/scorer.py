@@ -42,20 +42,33 @@ class MegatronScorer(torch.nn.Module):
         """(s, b, 1, rotary dim) angles of `position_ids` (b, s), as megatron-core lays them out."""
         inv_freq = self.gpt.rotary_pos_emb.inv_freq.to(position_ids.device)
         freqs = position_ids.T[..., None].float() * inv_freq
-        return torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # Qwen3's halves layout, not interleaved
+        return torch.cat((freqs, freqs), dim=-1)[
+            :, :, None, :
+        ]  # Qwen3's halves layout, not interleaved
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, reach: torch.Tensor | None,
-                select: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        reach: torch.Tensor | None,
+        select: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their targets."""
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
+                input_ids
+            )
         mask = None
         if reach is not None:
             if not self.takes_tree_masks:
                 raise ValueError("this attention kernel cannot take packed or prefix-shared rows")
             mask = ~attention_mask(reach)
         hidden = self.gpt.embedding(input_ids=input_ids, position_ids=None)  # (W, R, H)
-        hidden = self.gpt.decoder(hidden_states=hidden, attention_mask=mask,
-                                  rotary_pos_emb=self.rotary_angles(position_ids))
+        hidden = self.gpt.decoder(
+            hidden_states=hidden,
+            attention_mask=mask,
+            rotary_pos_emb=self.rotary_angles(position_ids),
+        )
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[select]
         return head_logprobs(hidden, self.output_weight(), targets)

@@ -9,7 +9,9 @@ from typing import Any
 
 from plait_proxy.harness import AgentEpisode
 
-_HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _http_client() -> Any:
@@ -27,7 +29,11 @@ async def openai_chat(episode: AgentEpisode) -> str:
     """One chat completion with the openai SDK: the task's messages in, the answer's text out."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=episode.openai_base_url, api_key=episode.api_key, max_retries=0,
-                         http_client=_http_client())
+    client = AsyncOpenAI(
+        base_url=episode.openai_base_url,
+        api_key=episode.api_key,
+        max_retries=0,
+        http_client=_http_client(),
+    )
     response = await client.chat.completions.create(model=episode.model, messages=episode.messages)  # type: ignore[arg-type]
     return response.choices[0].message.content or ""

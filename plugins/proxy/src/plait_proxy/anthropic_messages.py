@@ -41,9 +41,16 @@ _MEDIA_BLOCKS = ("image", "document", "search_result")
 _JSON_SLICE = 24
 """Characters of a tool input's JSON per `input_json_delta`; any cut reassembles the same input."""
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                500: "api_error", 529: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
 """Anthropic's error type for each status it documents; SDKs pick their exception by status."""
 
 
@@ -55,8 +62,12 @@ def parse_request(body: Any) -> ChatRequest:
     names the field (`messages.2.content.0`) and what to send instead. Fields the proxy has no
     use for (`metadata`, `thinking`, `service_tier`, `container`, unknown ones) are ignored."""
     if not isinstance(body, dict):
-        raise RequestError(f"the body must be a JSON object (a Messages API request), got {_shown(body)}")
-    model = _string(body.get("model"), "model", "the name of the model to sample from", nonempty=True)
+        raise RequestError(
+            f"the body must be a JSON object (a Messages API request), got {_shown(body)}"
+        )
+    model = _string(
+        body.get("model"), "model", "the name of the model to sample from", nonempty=True
+    )
     max_tokens = _integer(body.get("max_tokens"), "max_tokens", minimum=1)
     if max_tokens is None:
         _fail("max_tokens", "required: the most tokens to sample, an integer >= 1")
@@ -85,23 +96,35 @@ def _check_ignored(body: dict[str, Any]) -> None:
         if metadata.get("user_id") is not None:
             _string(metadata["user_id"], "metadata.user_id", "an opaque id of the end user")
     if body.get("thinking") is not None:
-        _string(_object(body["thinking"], "thinking").get("type"), "thinking.type",
-                '"enabled" (with budget_tokens), "adaptive" or "disabled"')
+        _string(
+            _object(body["thinking"], "thinking").get("type"),
+            "thinking.type",
+            '"enabled" (with budget_tokens), "adaptive" or "disabled"',
+        )
     servers = body.get("mcp_servers")
     if servers is not None and (not isinstance(servers, list) or servers):
-        _fail("mcp_servers", "MCP servers are not supported: the proxy runs no tools itself; "
-                             "declare the tools in `tools` and run them in the client")
+        _fail(
+            "mcp_servers",
+            "MCP servers are not supported: the proxy runs no tools itself; "
+            "declare the tools in `tools` and run them in the client",
+        )
 
 
 def _system(value: Any) -> list[Message]:
-    return [] if value is None else [Message("system", _text_content(value, "system", "the system prompt"))]
+    return (
+        []
+        if value is None
+        else [Message("system", _text_content(value, "system", "the system prompt"))]
+    )
 
 
 def _messages(value: Any) -> list[Message]:
     items = _array(value, "messages", "a list of {role, content} messages")
     if not items:
         _fail("messages", "at least one message is required")
-    tool_names: dict[str, str] = {}  # every tool call's name so far, by id, for the results that answer it
+    tool_names: dict[
+        str, str
+    ] = {}  # every tool call's name so far, by id, for the results that answer it
     messages: list[Message] = []
     for i, item in enumerate(items):
         param = f"messages.{i}"
@@ -116,7 +139,9 @@ def _messages(value: Any) -> list[Message]:
             tool_names.update({call.id: call.name for call in answer.tool_calls if call.id})
             messages.append(answer)
         elif role == "system":
-            messages.append(Message("system", _text_content(content, f"{param}.content", "a system message")))
+            messages.append(
+                Message("system", _text_content(content, f"{param}.content", "a system message"))
+            )
         else:
             _fail(f"{param}.role", f'must be "user", "assistant" or "system", got {_shown(role)}')
     return messages
@@ -137,7 +162,9 @@ def _user_messages(content: Any, param: str, tool_names: dict[str, str]) -> list
         elif kind == "tool_result":
             results.append(_tool_result(block, block_param, tool_names))
         else:
-            _unsupported_block(kind, block_param, "a user message holds text and tool_result blocks")
+            _unsupported_block(
+                kind, block_param, "a user message holds text and tool_result blocks"
+            )
     if texts or not results:
         return [*results, Message("user", "\n".join(texts))]
     return results
@@ -155,29 +182,58 @@ def _assistant_message(content: Any, param: str) -> Message:
         if kind == "text":
             texts.append(_text(block, block_param))
         elif kind == "thinking":
-            thoughts.append(_string(block.get("thinking"), f"{block_param}.thinking", "the reasoning's text"))
+            thoughts.append(
+                _string(block.get("thinking"), f"{block_param}.thinking", "the reasoning's text")
+            )
             if block.get("signature") is not None:
-                _string(block["signature"], f"{block_param}.signature", "the signature the response gave")
+                _string(
+                    block["signature"],
+                    f"{block_param}.signature",
+                    "the signature the response gave",
+                )
         elif kind == "redacted_thinking":
             _string(block.get("data"), f"{block_param}.data", "the data the response gave")
         elif kind == "tool_use":
-            calls.append(ToolCall(
-                name=_string(block.get("name"), f"{block_param}.name", "the name of the tool called", nonempty=True),
-                arguments=_object(block.get("input"), f"{block_param}.input"),
-                id=_string(block.get("id"), f"{block_param}.id", "the id of the tool call", nonempty=True),
-            ))
+            calls.append(
+                ToolCall(
+                    name=_string(
+                        block.get("name"),
+                        f"{block_param}.name",
+                        "the name of the tool called",
+                        nonempty=True,
+                    ),
+                    arguments=_object(block.get("input"), f"{block_param}.input"),
+                    id=_string(
+                        block.get("id"),
+                        f"{block_param}.id",
+                        "the id of the tool call",
+                        nonempty=True,
+                    ),
+                )
+            )
         else:
-            _unsupported_block(kind, block_param,
-                               "an assistant message holds text, thinking, redacted_thinking and tool_use blocks")
-    return Message("assistant", "\n".join(texts), reasoning_content="\n".join(thoughts) if thoughts else None,
-                   tool_calls=calls)
+            _unsupported_block(
+                kind,
+                block_param,
+                "an assistant message holds text, thinking, redacted_thinking and tool_use blocks",
+            )
+    return Message(
+        "assistant",
+        "\n".join(texts),
+        reasoning_content="\n".join(thoughts) if thoughts else None,
+        tool_calls=calls,
+    )
 
 
 def _tool_result(block: dict[str, Any], param: str, tool_names: dict[str, str]) -> Message:
     """A tool message answering a `tool_use`. `is_error` has no place in a plait message; the
     error is in the result's text, as tools write it."""
-    call_id = _string(block.get("tool_use_id"), f"{param}.tool_use_id", "the id of the tool_use it answers",
-                      nonempty=True)
+    call_id = _string(
+        block.get("tool_use_id"),
+        f"{param}.tool_use_id",
+        "the id of the tool_use it answers",
+        nonempty=True,
+    )
     if block.get("is_error") is not None:
         _boolean(block["is_error"], f"{param}.is_error")
     content = block.get("content")
@@ -205,12 +261,17 @@ def _text(block: dict[str, Any], param: str) -> str:
 
 def _block_type(block: Any, param: str) -> str:
     """The type of a block (checked to be an object with a type)."""
-    return _string(_object(block, param).get("type"), f"{param}.type", 'the block\'s type, e.g. "text"')
+    return _string(
+        _object(block, param).get("type"), f"{param}.type", 'the block\'s type, e.g. "text"'
+    )
 
 
 def _unsupported_block(kind: str, param: str, allowed: str) -> NoReturn:
     if kind in _MEDIA_BLOCKS:
-        _fail(param, f"{kind} blocks are not supported: the proxy serves a text-only model; send text blocks")
+        _fail(
+            param,
+            f"{kind} blocks are not supported: the proxy serves a text-only model; send text blocks",
+        )
     _fail(param, f"{_shown(kind)} blocks are not supported here: {allowed}")
 
 
@@ -218,24 +279,32 @@ def _tools(value: Any) -> list[ToolSpec]:
     if value is None:
         return []
     specs: list[ToolSpec] = []
-    for i, item in enumerate(_array(value, "tools", "a list of {name, description, input_schema} tools")):
+    for i, item in enumerate(
+        _array(value, "tools", "a list of {name, description, input_schema} tools")
+    ):
         param = f"tools.{i}"
         tool = _object(item, param)
         kind = tool.get("type")
         if kind is not None and kind != "custom":
-            _fail(f"{param}.type", f"server tool {_shown(kind)} (named {_shown(tool.get('name'))}) is not "
-                                   "supported: the proxy runs no tools itself; declare a client tool "
-                                   "{name, description, input_schema} and run it in the client")
+            _fail(
+                f"{param}.type",
+                f"server tool {_shown(kind)} (named {_shown(tool.get('name'))}) is not "
+                "supported: the proxy runs no tools itself; declare a client tool "
+                "{name, description, input_schema} and run it in the client",
+            )
         name = _string(tool.get("name"), f"{param}.name", "the tool's name", nonempty=True)
         if any(spec.name == name for spec in specs):
             _fail(f"{param}.name", f"tool names must be unique: {_shown(name)} is declared twice")
         description = tool.get("description")
-        specs.append(ToolSpec(
-            name=name,
-            description="" if description is None else _string(description, f"{param}.description",
-                                                                 "what the tool does"),
-            input_schema=_object(tool.get("input_schema"), f"{param}.input_schema"),
-        ))
+        specs.append(
+            ToolSpec(
+                name=name,
+                description=""
+                if description is None
+                else _string(description, f"{param}.description", "what the tool does"),
+                input_schema=_object(tool.get("input_schema"), f"{param}.input_schema"),
+            )
+        )
     return specs
 
 
@@ -250,12 +319,16 @@ def _tool_choice(value: Any, tools: Sequence[ToolSpec]) -> str:
         _boolean(choice["disable_parallel_tool_use"], "tool_choice.disable_parallel_tool_use")
     kind = choice.get("type")
     if kind == "tool":
-        name = _string(choice.get("name"), "tool_choice.name", "the name of the tool to call", nonempty=True)
+        name = _string(
+            choice.get("name"), "tool_choice.name", "the name of the tool to call", nonempty=True
+        )
         if not any(spec.name == name for spec in tools):
             _fail("tool_choice.name", f"{_shown(name)} is not one of the tools declared in `tools`")
         if name in _TOOL_CHOICES.values():
-            _fail("tool_choice.name", f"a tool forced by name cannot be called {_shown(name)} here: "
-                                      "rename the tool")
+            _fail(
+                "tool_choice.name",
+                f"a tool forced by name cannot be called {_shown(name)} here: rename the tool",
+            )
         return name
     if not isinstance(kind, str) or kind not in _TOOL_CHOICES:
         _fail("tool_choice.type", f'must be "auto", "any", "tool" or "none", got {_shown(kind)}')
@@ -266,8 +339,10 @@ def _stop_sequences(value: Any) -> list[str]:
     if value is None:
         return []
     sequences = _array(value, "stop_sequences", "a list of strings")
-    return [_string(s, f"stop_sequences.{i}", "a string that ends sampling", nonempty=True)
-            for i, s in enumerate(sequences)]
+    return [
+        _string(s, f"stop_sequences.{i}", "a string that ends sampling", nonempty=True)
+        for i, s in enumerate(sequences)
+    ]
 
 
 # -- Field readers: each returns the value checked, or raises a RequestError naming the field --
@@ -281,8 +356,16 @@ def _shown(value: Any) -> str:
     """A value for an error message: short scalars as JSON writes them, anything else by its JSON
     type (never a huge value echoed back)."""
     if value is None or isinstance(value, str | int | float):
-        shown = json.dumps(value) if not isinstance(value, int) or abs(value) < 10**18 else "a huge number"
-        return shown if len(shown) <= 64 else f"a long {'string' if isinstance(value, str) else 'number'}"
+        shown = (
+            json.dumps(value)
+            if not isinstance(value, int) or abs(value) < 10**18
+            else "a huge number"
+        )
+        return (
+            shown
+            if len(shown) <= 64
+            else f"a long {'string' if isinstance(value, str) else 'number'}"
+        )
     if isinstance(value, list):
         return "an array"
     return "an object" if isinstance(value, dict) else type(value).__name__
@@ -335,8 +418,12 @@ def _number(value: Any, param: str, *, default: float, zero_allowed: bool) -> fl
     overflows a float, and NaN fails every comparison."""
     if value is None:
         return default
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not (0 <= value <= 1) or (value == 0 and not zero_allowed)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 <= value <= 1)
+        or (value == 0 and not zero_allowed)
+    ):
         bounds = "from 0 to 1" if zero_allowed else "greater than 0 and at most 1"
         _fail(param, f"must be a number {bounds}, got {_shown(value)}")
     return float(value)
@@ -367,7 +454,9 @@ class _TokenCuts:
 
     @classmethod
     def of(cls, choice: Choice) -> _TokenCuts:
-        return cls("".join(choice.token_texts), list(itertools.accumulate(map(len, choice.token_texts))))
+        return cls(
+            "".join(choice.token_texts), list(itertools.accumulate(map(len, choice.token_texts)))
+        )
 
     def pieces(self, text: str) -> list[str]:
         if not text:
@@ -376,8 +465,14 @@ class _TokenCuts:
         if start < 0:
             return [text]
         end = self.searched_up_to = start + len(text)
-        inside = self.token_ends[bisect.bisect_right(self.token_ends, start):bisect.bisect_left(self.token_ends, end)]
-        return [text[a - start:b - start] for a, b in itertools.pairwise([start, *inside, end]) if b > a]
+        inside = self.token_ends[
+            bisect.bisect_right(self.token_ends, start) : bisect.bisect_left(self.token_ends, end)
+        ]
+        return [
+            text[a - start : b - start]
+            for a, b in itertools.pairwise([start, *inside, end])
+            if b > a
+        ]
 
 
 def _blocks(choice: Choice, completion_id: str) -> list[_Block]:
@@ -389,27 +484,46 @@ def _blocks(choice: Choice, completion_id: str) -> list[_Block]:
     blocks: list[_Block] = []
     reasoning = message.reasoning_content
     if reasoning is not None:
-        blocks.append(_Block(
-            whole={"type": "thinking", "thinking": reasoning, "signature": ""},
-            opening={"type": "thinking", "thinking": "", "signature": ""},
-            deltas=(*({"type": "thinking_delta", "thinking": piece} for piece in cuts.pieces(reasoning)),
-                    {"type": "signature_delta", "signature": ""}),
-        ))
+        blocks.append(
+            _Block(
+                whole={"type": "thinking", "thinking": reasoning, "signature": ""},
+                opening={"type": "thinking", "thinking": "", "signature": ""},
+                deltas=(
+                    *(
+                        {"type": "thinking_delta", "thinking": piece}
+                        for piece in cuts.pieces(reasoning)
+                    ),
+                    {"type": "signature_delta", "signature": ""},
+                ),
+            )
+        )
     if message.content or not message.tool_calls:
-        blocks.append(_Block(
-            whole={"type": "text", "text": message.content},
-            opening={"type": "text", "text": ""},
-            deltas=tuple({"type": "text_delta", "text": piece} for piece in cuts.pieces(message.content)),
-        ))
+        blocks.append(
+            _Block(
+                whole={"type": "text", "text": message.content},
+                opening={"type": "text", "text": ""},
+                deltas=tuple(
+                    {"type": "text_delta", "text": piece} for piece in cuts.pieces(message.content)
+                ),
+            )
+        )
     for k, call in enumerate(message.tool_calls):
-        head = {"type": "tool_use", "id": call.id or f"toolu_{completion_id}_{k}", "name": call.name}
+        head = {
+            "type": "tool_use",
+            "id": call.id or f"toolu_{completion_id}_{k}",
+            "name": call.name,
+        }
         arguments = json.dumps(call.arguments)
-        blocks.append(_Block(
-            whole={**head, "input": call.arguments},
-            opening={**head, "input": {}},
-            deltas=tuple({"type": "input_json_delta", "partial_json": arguments[i:i + _JSON_SLICE]}
-                         for i in range(0, len(arguments), _JSON_SLICE)),
-        ))
+        blocks.append(
+            _Block(
+                whole={**head, "input": call.arguments},
+                opening={**head, "input": {}},
+                deltas=tuple(
+                    {"type": "input_json_delta", "partial_json": arguments[i : i + _JSON_SLICE]}
+                    for i in range(0, len(arguments), _JSON_SLICE)
+                ),
+            )
+        )
     return blocks
 
 
@@ -423,24 +537,43 @@ def _stop(choice: Choice) -> tuple[str, str | None]:
     return ("max_tokens" if choice.finish_reason == "length" else "end_turn"), None
 
 
-def _message(completion: Completion, content: list[dict[str, Any]], stop_reason: str | None,
-             stop_sequence: str | None, output_tokens: int) -> dict[str, Any]:
-    return {"id": completion.id if completion.id.startswith("msg_") else f"msg_{completion.id}",
-            "type": "message", "role": "assistant", "model": completion.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": _usage(completion, output_tokens)}
+def _message(
+    completion: Completion,
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+    stop_sequence: str | None,
+    output_tokens: int,
+) -> dict[str, Any]:
+    return {
+        "id": completion.id if completion.id.startswith("msg_") else f"msg_{completion.id}",
+        "type": "message",
+        "role": "assistant",
+        "model": completion.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": _usage(completion, output_tokens),
+    }
 
 
 def _usage(completion: Completion, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": completion.prompt_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": completion.prompt_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def response_body(request: ChatRequest, completion: Completion) -> dict[str, Any]:
     """The Message body of a completion (n is always 1: the Messages API has no n)."""
     choice = completion.choices[0]
-    return _message(completion, [block.whole for block in _blocks(choice, completion.id)],
-                    *_stop(choice), completion.completion_tokens)
+    return _message(
+        completion,
+        [block.whole for block in _blocks(choice, completion.id)],
+        *_stop(choice),
+        completion.completion_tokens,
+    )
 
 
 def stream_events(request: ChatRequest, completion: Completion) -> Iterator[bytes]:
@@ -451,13 +584,20 @@ def stream_events(request: ChatRequest, completion: Completion) -> Iterator[byte
     yield _frame({"type": "message_start", "message": _message(completion, [], None, None, 0)})
     yield _frame({"type": "ping"})
     for index, block in enumerate(_blocks(choice, completion.id)):
-        yield _frame({"type": "content_block_start", "index": index, "content_block": block.opening})
+        yield _frame(
+            {"type": "content_block_start", "index": index, "content_block": block.opening}
+        )
         for delta in block.deltas:
             yield _frame({"type": "content_block_delta", "index": index, "delta": delta})
         yield _frame({"type": "content_block_stop", "index": index})
     stop_reason, stop_sequence = _stop(choice)
-    yield _frame({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                  "usage": _usage(completion, completion.completion_tokens)})
+    yield _frame(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": _usage(completion, completion.completion_tokens),
+        }
+    )
     yield _frame({"type": "message_stop"})
 
 
@@ -471,6 +611,10 @@ def error_body(error: RequestError) -> dict[str, Any]:
     status; clients read the type): a status it has no type for keeps a kind Anthropic has, and
     anything else (e.g. OpenAI's `context_length_exceeded`) is a client or a server error."""
     kind = _ERROR_TYPES.get(error.status) or (
-        error.kind if error.kind in _ERROR_TYPES.values()
-        else "api_error" if error.status >= 500 else "invalid_request_error")
+        error.kind
+        if error.kind in _ERROR_TYPES.values()
+        else "api_error"
+        if error.status >= 500
+        else "invalid_request_error"
+    )
     return {"type": "error", "error": {"type": kind, "message": error.message}}

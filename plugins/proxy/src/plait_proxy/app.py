@@ -80,30 +80,42 @@ class CompletionObserver(Protocol):
     def admit(self, headers: Mapping[str, str]) -> None:
         """Before sampling: raise a RequestError to refuse the request."""
 
-    async def completed(self, session: ProxySession, completion: Completion,
-                        headers: Mapping[str, str]) -> dict[str, Any]: ...
+    async def completed(
+        self, session: ProxySession, completion: Completion, headers: Mapping[str, str]
+    ) -> dict[str, Any]: ...
 
 
 class ProxyApp:
-    def __init__(self, proxy: Proxy, store: RolloutStore, options: ServeOptions | None = None, *,
-                 observer: CompletionObserver | None = None, routes: Sequence[Route] = ()) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        store: RolloutStore,
+        options: ServeOptions | None = None,
+        *,
+        observer: CompletionObserver | None = None,
+        routes: Sequence[Route] = (),
+    ) -> None:
         """`routes`: more endpoints (behind the API key; a RequestError they raise is the answer)."""
         self.proxy = proxy
         self.store = store
         self.options = options or ServeOptions()
         self.observer = observer
-        routes = [Route("/health", self.health, methods=["GET"]),
-                  Route("/sessions", self.open_session, methods=["POST"]),
-                  Route("/sessions", self.list_sessions, methods=["GET"]),
-                  Route("/sessions/{session}", self.show_session, methods=["GET"]),
-                  Route("/sessions/{session}", self.discard_session, methods=["DELETE"]),
-                  Route("/sessions/{session}/finish", self.finish_session, methods=["POST"]),
-                  *(Route(r.path, self._guarded(r.endpoint), methods=r.methods) for r in routes)]
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/sessions", self.open_session, methods=["POST"]),
+            Route("/sessions", self.list_sessions, methods=["GET"]),
+            Route("/sessions/{session}", self.show_session, methods=["GET"]),
+            Route("/sessions/{session}", self.discard_session, methods=["DELETE"]),
+            Route("/sessions/{session}/finish", self.finish_session, methods=["POST"]),
+            *(Route(r.path, self._guarded(r.endpoint), methods=r.methods) for r in routes),
+        ]
         for prefix in ("", "/s/{session}"):
             routes.append(Route(prefix + "/v1/models", self.models, methods=["GET"]))
             routes.append(Route(prefix + "/v1/models/{model:path}", self.model, methods=["GET"]))
             for path in APIS:
-                routes.append(Route(f"{prefix}/v1/{path}", self._completion_endpoint(path), methods=["POST"]))
+                routes.append(
+                    Route(f"{prefix}/v1/{path}", self._completion_endpoint(path), methods=["POST"])
+                )
         self.asgi = Starlette(routes=routes)
 
     # -- completions ---------------------------------------------------------------------------
@@ -116,42 +128,62 @@ class ProxyApp:
             try:
                 self._authenticate(request)
                 session_id = self._session_id(request)
-                chat = wire.parse_request(await read_json(request, self.options.max_body_bytes,
-                                                          self.options.max_json_depth))
+                chat = wire.parse_request(
+                    await read_json(
+                        request, self.options.max_body_bytes, self.options.max_json_depth
+                    )
+                )
                 if self.observer is not None:
                     self.observer.admit(request.headers)
                 session = self.store.open() if session_id is None else self.store.get(session_id)
                 try:
-                    completion = await _unless_disconnected(request, self.proxy.complete(session, chat, api))
+                    completion = await _unless_disconnected(
+                        request, self.proxy.complete(session, chat, api)
+                    )
                     meta = await self._observe(session, completion, request.headers)
                 finally:
                     if session_id is None:
                         self.store.discard(session.id)
-            except RequestError as error:  # the client's to fix: the SDKs' automatic retries would not help
-                return JSONResponse(wire.error_body(error), status_code=error.status,
-                                    headers=NO_RETRY if error.status < 500 else None)
+            except (
+                RequestError
+            ) as error:  # the client's to fix: the SDKs' automatic retries would not help
+                return JSONResponse(
+                    wire.error_body(error),
+                    status_code=error.status,
+                    headers=NO_RETRY if error.status < 500 else None,
+                )
             except _Disconnected:
                 return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
-            except DataError as exc:  # the engine's word on this request (its context, its vocabulary)
+            except (
+                DataError
+            ) as exc:  # the engine's word on this request (its context, its vocabulary)
                 refusal = _engine_refusal(exc)
                 return JSONResponse(wire.error_body(refusal), status_code=400, headers=NO_RETRY)
             except Exception as exc:  # the engine failed: the client's request was fine
                 log.error("completion failed", api=api, error=f"{type(exc).__name__}: {exc}")
-                failure = RequestError(f"the inference engine failed: {type(exc).__name__}: {exc}",
-                                       status=502, kind="api_error")
+                failure = RequestError(
+                    f"the inference engine failed: {type(exc).__name__}: {exc}",
+                    status=502,
+                    kind="api_error",
+                )
                 return JSONResponse(wire.error_body(failure), status_code=502)
-            headers = {f"x-plait-{key.replace('_', '-')}": str(value) for key, value in meta.items()}
+            headers = {
+                f"x-plait-{key.replace('_', '-')}": str(value) for key, value in meta.items()
+            }
             if chat.stream:
-                return StreamingResponse(_iterate(wire.stream_events(chat, completion)),
-                                         media_type="text/event-stream",
-                                         headers={"cache-control": "no-cache", **headers})
+                return StreamingResponse(
+                    _iterate(wire.stream_events(chat, completion)),
+                    media_type="text/event-stream",
+                    headers={"cache-control": "no-cache", **headers},
+                )
             body = wire.response_body(chat, completion)
             return JSONResponse({**body, "plait": meta} if meta else body, headers=headers)
 
         return endpoint
 
-    async def _observe(self, session: ProxySession, completion: Completion,
-                       headers: Mapping[str, str]) -> dict[str, Any]:
+    async def _observe(
+        self, session: ProxySession, completion: Completion, headers: Mapping[str, str]
+    ) -> dict[str, Any]:
         if self.observer is None:
             return {}
         try:
@@ -160,8 +192,11 @@ class ProxyApp:
             raise
         except Exception as exc:  # not recorded, so not answered: the client may retry
             log.error("recording an answer failed", error=f"{type(exc).__name__}: {exc}")
-            raise RequestError(f"the answer could not be recorded ({type(exc).__name__}: {exc}); retry",
-                               status=503, kind="api_error") from exc
+            raise RequestError(
+                f"the answer could not be recorded ({type(exc).__name__}: {exc}); retry",
+                status=503,
+                kind="api_error",
+            ) from exc
 
     def _authenticate(self, request: Request) -> None:
         if self.options.api_key is None:
@@ -178,8 +213,11 @@ class ProxyApp:
         if not session and self.options.session_per_request:
             return None
         if not session:
-            raise RequestError("no session: put its id in the path (/s/<id>/v1/...), the X-Plait-Session "
-                               "header, or the API key", param="session")
+            raise RequestError(
+                "no session: put its id in the path (/s/<id>/v1/...), the X-Plait-Session "
+                "header, or the API key",
+                param="session",
+            )
         if len(session) > 256:
             raise RequestError("the session id is over 256 characters", param="session")
         return session
@@ -196,15 +234,29 @@ class ProxyApp:
         return JSONResponse(self._model_card())
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.proxy.model_name, "object": "model", "created": 0, "owned_by": "plait",
-                "type": "model", "display_name": self.proxy.model_name, "created_at": "1970-01-01T00:00:00Z"}
+        return {
+            "id": self.proxy.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "plait",
+            "type": "model",
+            "display_name": self.proxy.model_name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
 
     async def open_session(self, request: Request) -> Response:
         return await self._session_call(request, lambda: {"session": self.store.open().id})
 
     async def list_sessions(self, request: Request) -> Response:
-        return await self._session_call(request, lambda: {"sessions": [
-            {"session": s.id, "calls": len(s.calls), "in_flight": s.in_flight} for s in self.store]})
+        return await self._session_call(
+            request,
+            lambda: {
+                "sessions": [
+                    {"session": s.id, "calls": len(s.calls), "in_flight": s.in_flight}
+                    for s in self.store
+                ]
+            },
+        )
 
     async def show_session(self, request: Request) -> Response:
         session = request.path_params["session"]
@@ -230,6 +282,7 @@ class ProxyApp:
 
     def _guarded(self, endpoint: Any) -> Any:
         """An extra route's endpoint behind the API key, its RequestErrors in OpenAI's shape."""
+
         async def call(request: Request) -> Response:
             try:
                 self._authenticate(request)
@@ -251,7 +304,9 @@ class ProxyApp:
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[str]:
         """Serve in this event loop (the engine's) until the block ends; yields the base URL."""
-        async with serving(self.asgi, self.options.host, self.options.port, "proxy's server") as url:
+        async with serving(
+            self.asgi, self.options.host, self.options.port, "proxy's server"
+        ) as url:
             yield url
 
 
@@ -269,9 +324,14 @@ async def read_json(request: Request, max_bytes: int, max_depth: int) -> Any:
 
 
 def _engine_refusal(error: DataError) -> RequestError:
-    if "max_model_len" in error.message:  # worded so that litellm (mini-swe-agent) stops, not retries
-        return RequestError(f"This model's maximum context length is exceeded: {error.message}",
-                            param="messages", kind="context_length_exceeded")
+    if (
+        "max_model_len" in error.message
+    ):  # worded so that litellm (mini-swe-agent) stops, not retries
+        return RequestError(
+            f"This model's maximum context length is exceeded: {error.message}",
+            param="messages",
+            kind="context_length_exceeded",
+        )
     return RequestError(f"the engine refused the request: {error.message}", param="messages")
 
 

@@ -21,8 +21,14 @@ class RequestError(Exception):
     """A request the proxy cannot serve, answered with `status` (4xx) and a message that says
     what to change. `param` names the offending field, as OpenAI's errors do."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status

@@ -63,8 +63,10 @@ class HarnessOptions:
 
     def __attrs_post_init__(self) -> None:
         if bool(self.command) == bool(self.function):
-            raise ValueError("give the agent as command = [\"{python}\", \"agent.py\"] or as "
-                             "function = \"module:name\", one of the two")
+            raise ValueError(
+                'give the agent as command = ["{python}", "agent.py"] or as '
+                'function = "module:name", one of the two'
+            )
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
@@ -88,8 +90,12 @@ class HarnessEnvironment:
 
     def __init__(self, options: HarnessOptions) -> None:
         self.options = options
-        self.tasks: Environment = build("env", options.tasks, options=options.task_options,
-                                        options_path="env.options.task_options")
+        self.tasks: Environment = build(
+            "env",
+            options.tasks,
+            options=options.task_options,
+            options_path="env.options.task_options",
+        )
         self.name = f"proxy.harness({self.tasks.name})"
         for chatty in ("httpx", "httpx2"):  # HTTP clients log every request at INFO
             logging.getLogger(chatty).setLevel(logging.WARNING)
@@ -107,7 +113,9 @@ class HarnessEnvironment:
     async def get_task(self, split: str, index: int) -> dict[str, Any]:
         return await self.tasks.get_task(split, index)
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> EnvSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> EnvSession:
         return await self.tasks.open(task, secrets)
 
     async def close(self) -> None:
@@ -123,22 +131,38 @@ class HarnessEnvironment:
             if key not in self._served:
                 if self._servers is None:
                     self._servers = contextlib.AsyncExitStack()
-                proxy = Proxy(engine, renderer, self.options.model_name,
-                              Limits(max_context_tokens=self.options.max_context_tokens))
+                proxy = Proxy(
+                    engine,
+                    renderer,
+                    self.options.model_name,
+                    Limits(max_context_tokens=self.options.max_context_tokens),
+                )
                 app = ProxyApp(proxy, self.store, ServeOptions(port=0))
                 self._served[key] = await self._servers.enter_async_context(app.serving())
         return self._served[key]
 
-    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                          config: EpisodeConfig) -> Trajectory:
+    async def run_episode(
+        self,
+        task: Mapping[str, Any],
+        engine: InferenceEngine,
+        renderer: Renderer,
+        config: EpisodeConfig,
+    ) -> Trajectory:
         url = await self._proxy_url(engine, renderer)
-        outcome: dict[str, Any] = {"rewards": [], "correct": False, "finished": False, "truncated": False}
+        outcome: dict[str, Any] = {
+            "rewards": [],
+            "correct": False,
+            "finished": False,
+            "truncated": False,
+        }
         turns: list[Any] = []
         error: str | None = None
         try:
             async with self._episode(task, config) as (session_id, env_session):
                 messages = await asyncio.wait_for(env_session.messages(), config.env_timeout_s)
-                answer, failure, timed_out = await self._run_agent(self._agent_episode(url, session_id, messages))
+                answer, failure, timed_out = await self._run_agent(
+                    self._agent_episode(url, session_id, messages)
+                )
                 turns = self.store.sessions[session_id].turns()
                 outcome["truncated"] = timed_out or self.store.sessions[session_id].policy_exhausted
                 if failure is not None and not turns:
@@ -148,13 +172,21 @@ class HarnessEnvironment:
         except Exception as exc:  # the task environment failed: this episode only
             error = f"{type(exc).__name__}: {exc}"
             log.warning("harness episode failed", error=error)
-        return Trajectory(task=dict(task), turns=turns, rewards=outcome["rewards"],
-                          reward=reduce_rewards(outcome["rewards"], config.reward_reduce),
-                          correct=outcome["correct"], finished=outcome["finished"],
-                          truncated=outcome["truncated"], error=error)
+        return Trajectory(
+            task=dict(task),
+            turns=turns,
+            rewards=outcome["rewards"],
+            reward=reduce_rewards(outcome["rewards"], config.reward_reduce),
+            correct=outcome["correct"],
+            finished=outcome["finished"],
+            truncated=outcome["truncated"],
+            error=error,
+        )
 
     @contextlib.asynccontextmanager
-    async def _episode(self, task: Mapping[str, Any], config: EpisodeConfig) -> AsyncIterator[tuple[str, EnvSession]]:
+    async def _episode(
+        self, task: Mapping[str, Any], config: EpisodeConfig
+    ) -> AsyncIterator[tuple[str, EnvSession]]:
         session = self.store.open()
         session.policy = SessionPolicy(config.sampling, config.max_turns)
         env_session: EnvSession | None = None
@@ -171,8 +203,12 @@ class HarnessEnvironment:
         return AgentEpisode(
             prompt="\n\n".join(m.content for m in messages if m.role == "user"),
             system="\n\n".join(m.content for m in messages if m.role == "system"),
-            messages=[m.to_hf() for m in messages], openai_base_url=f"{url}/s/{session_id}/v1",
-            anthropic_base_url=f"{url}/s/{session_id}", api_key=session_id, model=self.options.model_name)
+            messages=[m.to_hf() for m in messages],
+            openai_base_url=f"{url}/s/{session_id}/v1",
+            anthropic_base_url=f"{url}/s/{session_id}",
+            api_key=session_id,
+            model=self.options.model_name,
+        )
 
     async def _run_agent(self, episode: AgentEpisode) -> tuple[str, str | None, bool]:
         """(the answer, why the agent failed or None, whether it timed out)."""
@@ -194,21 +230,36 @@ class HarnessEnvironment:
         return str(answer if answer is not None else "").strip(), None, False
 
     async def _run_command(self, episode: AgentEpisode) -> tuple[str, str | None, bool]:
-        env = {**os.environ, **self.options.env,
-               "OPENAI_BASE_URL": episode.openai_base_url, "OPENAI_API_KEY": episode.api_key,
-               "ANTHROPIC_BASE_URL": episode.anthropic_base_url, "ANTHROPIC_API_KEY": episode.api_key,
-               "PLAIT_PROMPT": episode.prompt, "PLAIT_SYSTEM": episode.system, "PLAIT_MODEL": episode.model,
-               "PLAIT_MESSAGES": json.dumps(episode.messages)}
+        env = {
+            **os.environ,
+            **self.options.env,
+            "OPENAI_BASE_URL": episode.openai_base_url,
+            "OPENAI_API_KEY": episode.api_key,
+            "ANTHROPIC_BASE_URL": episode.anthropic_base_url,
+            "ANTHROPIC_API_KEY": episode.api_key,
+            "PLAIT_PROMPT": episode.prompt,
+            "PLAIT_SYSTEM": episode.system,
+            "PLAIT_MODEL": episode.model,
+            "PLAIT_MESSAGES": json.dumps(episode.messages),
+        }
         argv = [sys.executable if part == "{python}" else part for part in self.options.command]
         process = await asyncio.create_subprocess_exec(
-            *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            *argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             stdout, stderr = await asyncio.wait_for(process.communicate(), self.options.timeout_s)
         except TimeoutError:
             process.kill()
             stdout, stderr = await process.communicate()
-            return _last_line(stdout), f"the agent program ran past timeout_s={self.options.timeout_s}", True
+            return (
+                _last_line(stdout),
+                f"the agent program ran past timeout_s={self.options.timeout_s}",
+                True,
+            )
         except asyncio.CancelledError:
             process.kill()
             raise
@@ -219,13 +270,16 @@ class HarnessEnvironment:
             return _last_line(stdout), failure, False
         return _last_line(stdout), None, False
 
-    async def _score(self, env_session: EnvSession, answer: str, config: EpisodeConfig,
-                     outcome: dict[str, Any]) -> None:
+    async def _score(
+        self, env_session: EnvSession, answer: str, config: EpisodeConfig, outcome: dict[str, Any]
+    ) -> None:
         terminal = await asyncio.wait_for(env_session.terminal_tool(), config.env_timeout_s)
         if terminal is None:
             raise ValueError(f"{self.tasks.name} has no terminal tool to score a plain answer with")
-        output = await asyncio.wait_for(env_session.call(terminal.name, {terminal_argument(terminal): answer}),
-                                        config.env_timeout_s)
+        output = await asyncio.wait_for(
+            env_session.call(terminal.name, {terminal_argument(terminal): answer}),
+            config.env_timeout_s,
+        )
         if isinstance(output, ToolError):
             raise RuntimeError(f"scoring the answer failed: {output.error}")
         assert isinstance(output, ToolOutput)

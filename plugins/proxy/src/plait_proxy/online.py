@@ -121,8 +121,13 @@ class Feedback:
             else:
                 self.waiting[answer.id] = answer
         self._expire()
-        log.info("restored the online record", waiting=len(self.waiting), rewarded_untrained=len(self.ready),
-                 trained=len(earlier.trained), updates=earlier.updates)
+        log.info(
+            "restored the online record",
+            waiting=len(self.waiting),
+            rewarded_untrained=len(self.ready),
+            trained=len(earlier.trained),
+            updates=earlier.updates,
+        )
         return earlier.updates
 
     def answered(self, answer: Answer) -> None:
@@ -137,11 +142,18 @@ class Feedback:
         answer = self.waiting.get(answer_id)
         if answer is None:
             if answer_id in self.rewarded:
-                raise RequestError(f"response {answer_id!r} already has its reward", status=409,
-                                   param="response_id")
-            raise RequestError(f"no response {answer_id!r} awaits feedback: unknown, or answered over "
-                               f"{self.options.feedback_timeout_s:g} s ago (serve.online.feedback_timeout_s)",
-                               status=404, param="response_id", kind="not_found_error")
+                raise RequestError(
+                    f"response {answer_id!r} already has its reward",
+                    status=409,
+                    param="response_id",
+                )
+            raise RequestError(
+                f"no response {answer_id!r} awaits feedback: unknown, or answered over "
+                f"{self.options.feedback_timeout_s:g} s ago (serve.online.feedback_timeout_s)",
+                status=404,
+                param="response_id",
+                kind="not_found_error",
+            )
         self.log.rewarded(answer_id, reward)
         del self.waiting[answer_id]
         self.rewarded.add(answer_id)
@@ -151,7 +163,9 @@ class Feedback:
             self.arrived.notify_all()
         return len(self.ready)
 
-    async def take(self, count: int, fresh: Callable[[Answer], bool]) -> tuple[list[Answer], list[Answer]]:
+    async def take(
+        self, count: int, fresh: Callable[[Answer], bool]
+    ) -> tuple[list[Answer], list[Answer]]:
         """The oldest `count` rewarded answers that are `fresh`, once there are that many, and the
         stale ones passed over meanwhile (they would only be dropped later)."""
         dropped: list[Answer] = []
@@ -185,7 +199,9 @@ class OnlineServer:
         self.options = options
         self.policy = run.components.policies[0]
         self.candidate = candidate
-        self.gate_run = attrs.evolve(run, components=attrs.evolve(run.components, policies=[candidate], sinks=[]))
+        self.gate_run = attrs.evolve(
+            run, components=attrs.evolve(run.components, policies=[candidate], sinks=[])
+        )
         self.directory = run.run_dir / "online"
         self.log = OnlineLog(self.directory, fsync=options.fsync)
         self.feedback = Feedback(options, self.log)
@@ -234,16 +250,23 @@ class OnlineServer:
         """`CompletionObserver`: a malformed `x-plait-task` is refused before anything is sampled."""
         _task(headers.get(TASK_HEADER))
 
-    async def completed(self, session: ProxySession, completion: Completion,
-                        headers: Mapping[str, str]) -> dict[str, Any]:
+    async def completed(
+        self, session: ProxySession, completion: Completion, headers: Mapping[str, str]
+    ) -> dict[str, Any]:
         """`CompletionObserver`: record the answer (its first choice) and the conversation that led
         to it before the client sees it; with an `x-plait-task` header, have the environment judge it."""
         task = _task(headers.get(TASK_HEADER))
         choice = completion.choices[0]
         versions = choice.sequence.versions()
         version = versions[-1] if versions else self.serving_version
-        answer = Answer(completion.id, time.time(), version, tuple(session.conversation(completion.id)), task=task,
-                        text=choice.message.content if task is not None else "")
+        answer = Answer(
+            completion.id,
+            time.time(),
+            version,
+            tuple(session.conversation(completion.id)),
+            task=task,
+            text=choice.message.content if task is not None else "",
+        )
         self.feedback.answered(answer)
         if task is not None:
             self._judge_later(answer)
@@ -259,39 +282,60 @@ class OnlineServer:
         assert answer.task is not None
         try:
             async with self.judges:
-                reward = await asyncio.wait_for(judge_answer(self.run.components.env, answer.task, answer.text),
-                                                self.run.config.rl.env_timeout_s)
+                reward = await asyncio.wait_for(
+                    judge_answer(self.run.components.env, answer.task, answer.text),
+                    self.run.config.rl.env_timeout_s,
+                )
             await self.feedback.reward(answer.id, reward)
         except RequestError:
             pass  # rewarded through /v1/feedback meanwhile, or expired
         except Exception as exc:  # a bad task or a failing environment costs this answer its reward
             self.judge_errors += 1
-            log.warning("the environment could not judge an answer", response_id=answer.id,
-                        error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "the environment could not judge an answer",
+                response_id=answer.id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     async def post_feedback(self, request: Request) -> Response:
         body = await _json_object(request, '{"response_id": "...", "reward": 1.0}')
         answer_id = body.get("response_id")
         if not isinstance(answer_id, str) or not answer_id:
-            raise RequestError("response_id must be the id of a response (its `id`, or the "
-                               "x-plait-response-id header)", param="response_id")
+            raise RequestError(
+                "response_id must be the id of a response (its `id`, or the "
+                "x-plait-response-id header)",
+                param="response_id",
+            )
         answer_id, reward = _bare_id(answer_id), _number(body, "reward")
         queued = await self.feedback.reward(answer_id, reward)
         return JSONResponse({"response_id": answer_id, "accepted": True, "queued": queued})
 
     async def status(self, request: Request) -> Response:
         f = self.feedback
-        return JSONResponse({
-            "serving_version": self.serving_version, "trainer_version": self.policy.trainer.weight_version,
-            "serving_score": self.serving_score, "best_score": self.best_score,
-            "learning_rate": self.learning_rate,
-            "answers": f.answers, "feedback": f.feedback, "awaiting_feedback": len(f.waiting),
-            "awaiting_training": len(f.ready), "expired": f.expired, "updates": self.updates,
-            "promotions": self.promotions, "rejections": self.rejections, "rollbacks": self.rollbacks,
-            "failed_updates": self.failures,
-            "judge_errors": self.judge_errors, "judging": len(self.judging),
-            "learning": "running" if self.stopped is None else f"stopped: {self.stopped}",
-            "dropped_stale": self.dropped_stale, "events": list(self.events)})
+        return JSONResponse(
+            {
+                "serving_version": self.serving_version,
+                "trainer_version": self.policy.trainer.weight_version,
+                "serving_score": self.serving_score,
+                "best_score": self.best_score,
+                "learning_rate": self.learning_rate,
+                "answers": f.answers,
+                "feedback": f.feedback,
+                "awaiting_feedback": len(f.waiting),
+                "awaiting_training": len(f.ready),
+                "expired": f.expired,
+                "updates": self.updates,
+                "promotions": self.promotions,
+                "rejections": self.rejections,
+                "rollbacks": self.rollbacks,
+                "failed_updates": self.failures,
+                "judge_errors": self.judge_errors,
+                "judging": len(self.judging),
+                "learning": "running" if self.stopped is None else f"stopped: {self.stopped}",
+                "dropped_stale": self.dropped_stale,
+                "events": list(self.events),
+            }
+        )
 
     async def settings(self, request: Request) -> Response:
         """Change the learning rate of the next updates (the gate still guards what serves)."""
@@ -303,9 +347,11 @@ class OnlineServer:
         return JSONResponse({"learning_rate": self.learning_rate})
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/feedback", self.post_feedback, methods=["POST"]),
-                Route("/v1/online/status", self.status, methods=["GET"]),
-                Route("/v1/online/settings", self.settings, methods=["POST"])]
+        return [
+            Route("/v1/feedback", self.post_feedback, methods=["POST"]),
+            Route("/v1/online/status", self.status, methods=["GET"]),
+            Route("/v1/online/settings", self.settings, methods=["POST"]),
+        ]
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -316,7 +362,10 @@ class OnlineServer:
             await self._learn()
         except Exception as exc:
             self.stopped = f"{type(exc).__name__}: {exc}"
-            log.error("online learning stopped; the server keeps serving the promoted version", error=self.stopped)
+            log.error(
+                "online learning stopped; the server keeps serving the promoted version",
+                error=self.stopped,
+            )
 
     async def _learn(self) -> None:
         while True:
@@ -329,13 +378,25 @@ class OnlineServer:
                 await self.update(batch)
             except Exception as exc:
                 self.failures += 1
-                log.error("online update failed; its batch is dropped and the trainer goes back to the "
-                          "promoted state", update=self.updates, error=f"{type(exc).__name__}: {exc}")
-                self.log.updated({"update": self.updates, "version": self.serving_version,
-                                  "promoted": False, "error": f"{type(exc).__name__}: {exc}",
-                                  "ids": [a.id for a in batch]})
+                log.error(
+                    "online update failed; its batch is dropped and the trainer goes back to the "
+                    "promoted state",
+                    update=self.updates,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                self.log.updated(
+                    {
+                        "update": self.updates,
+                        "version": self.serving_version,
+                        "promoted": False,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "ids": [a.id for a in batch],
+                    }
+                )
                 await self._in_thread(self.policy.trainer.load_state, self.directory / PROMOTED)
-                if self.policy.engines[0].weight_version != self.serving_version:  # the push failed midway
+                if (
+                    self.policy.engines[0].weight_version != self.serving_version
+                ):  # the push failed midway
                     await self._serve_promoted()
 
     def _fresh(self, answer: Answer) -> bool:
@@ -346,35 +407,72 @@ class OnlineServer:
     async def update(self, batch: list[Answer]) -> None:
         trainer, start = self.policy.trainer, time.perf_counter()
         rewards = [a.reward or 0.0 for a in batch]  # every answer taken was rewarded
-        trajectories = [Trajectory(task={"response_id": a.id}, turns=a.turns, rewards=(r,), reward=r,
-                                   correct=r >= 1.0, finished=True) for a, r in zip(batch, rewards, strict=True)]
+        trajectories = [
+            Trajectory(
+                task={"response_id": a.id},
+                turns=a.turns,
+                rewards=(r,),
+                reward=r,
+                correct=r >= 1.0,
+                finished=True,
+            )
+            for a, r in zip(batch, rewards, strict=True)
+        ]
         trained_version, configured = trainer.weight_version, self.learning_rate
         learning_rate = configured * 0.5 ** min(self.backoff, 6)
-        self.policy.config = attrs.evolve(self.policy.config, trainer=attrs.evolve(
-            self.policy.config.trainer, learning_rate=learning_rate))
+        self.policy.config = attrs.evolve(
+            self.policy.config,
+            trainer=attrs.evolve(self.policy.config.trainer, learning_rate=learning_rate),
+        )
         prepared = await self._in_thread(prepare, self.run, self.policy, [trajectories])
-        trained = await self._in_thread(functools.partial(train, always_step=False), self.run, self.policy,
-                                        prepared.datums)
+        trained = await self._in_thread(
+            functools.partial(train, always_step=False), self.run, self.policy, prepared.datums
+        )
         train_seconds = time.perf_counter() - start
-        metrics = policy_metrics([trajectories], prepared=prepared.metrics, trained=trained, trainer=trainer,
-                                 trained_version=trained_version, train_seconds=train_seconds)
-        event: dict[str, Any] = {"update": self.updates, "version": trainer.weight_version, "time": time.time(),
-                                 "learning_rate": configured, "effective_learning_rate": learning_rate,
-                                 "reward": metrics["reward/mean"]}
+        metrics = policy_metrics(
+            [trajectories],
+            prepared=prepared.metrics,
+            trained=trained,
+            trainer=trainer,
+            trained_version=trained_version,
+            train_seconds=train_seconds,
+        )
+        event: dict[str, Any] = {
+            "update": self.updates,
+            "version": trainer.weight_version,
+            "time": time.time(),
+            "learning_rate": configured,
+            "effective_learning_rate": learning_rate,
+            "reward": metrics["reward/mean"],
+        }
         # Consumed from here on: a server killed later comes back without these answers rather
         # than train them twice (the promoted state it restores may already hold them).
-        self.log.updated({"update": self.updates, "version": trainer.weight_version, "ids": [a.id for a in batch]})
+        self.log.updated(
+            {
+                "update": self.updates,
+                "version": trainer.weight_version,
+                "ids": [a.id for a in batch],
+            }
+        )
         if trainer.weight_version != trained_version:  # a step was taken: the gate decides
             metrics.update(await self._gate(event))
         else:
             event["promoted"] = False
         event["serving_version"] = self.serving_version
-        metrics.update({
-            "online/serving_version": float(self.serving_version), "online/answers": float(self.feedback.answers),
-            "online/feedback": float(self.feedback.feedback), "online/awaiting_feedback": float(len(self.feedback.waiting)),
-            "online/dropped_stale": float(self.dropped_stale), "online/rejections": float(self.rejections),
-            "online/rollbacks": float(self.rollbacks),
-            "optim/lr": learning_rate, "time/train": train_seconds, "time/total": time.perf_counter() - start})
+        metrics.update(
+            {
+                "online/serving_version": float(self.serving_version),
+                "online/answers": float(self.feedback.answers),
+                "online/feedback": float(self.feedback.feedback),
+                "online/awaiting_feedback": float(len(self.feedback.waiting)),
+                "online/dropped_stale": float(self.dropped_stale),
+                "online/rejections": float(self.rejections),
+                "online/rollbacks": float(self.rollbacks),
+                "optim/lr": learning_rate,
+                "time/train": train_seconds,
+                "time/total": time.perf_counter() - start,
+            }
+        )
         self.events.append(event)
         self.log.updated(event)
         log_metrics(self.run, self.updates, metrics)
@@ -392,12 +490,25 @@ class OnlineServer:
         promoted = score >= self.best_score - self.options.gate_tolerance
         regression = score < self.best_score - self.options.regression_margin
         rolled_back = not promoted and (
-            regression or trainer.weight_version - self.serving_version >= self.run.config.off_policy.max_staleness)
-        event.update(promoted=promoted, rolled_back=rolled_back, score=score,
-                     serving_score=self.serving_score, best_score=self.best_score)
-        metrics = {"gate/score": score, "gate/serving_score": self.serving_score,
-                   "gate/best_score": self.best_score, "gate/promoted": float(promoted),
-                   "gate/rolled_back": float(rolled_back), "time/gate": gate_seconds}
+            regression
+            or trainer.weight_version - self.serving_version
+            >= self.run.config.off_policy.max_staleness
+        )
+        event.update(
+            promoted=promoted,
+            rolled_back=rolled_back,
+            score=score,
+            serving_score=self.serving_score,
+            best_score=self.best_score,
+        )
+        metrics = {
+            "gate/score": score,
+            "gate/serving_score": self.serving_score,
+            "gate/best_score": self.best_score,
+            "gate/promoted": float(promoted),
+            "gate/rolled_back": float(rolled_back),
+            "time/gate": gate_seconds,
+        }
         if promoted:  # saved first: from here on it is the version that serves, after a restart too
             await self._in_thread(trainer.save_state, self.directory / PROMOTED)
             self.promotions += 1
@@ -411,8 +522,13 @@ class OnlineServer:
         self.rejections += 1
         if rolled_back:
             self.rollbacks += 1
-            log.warning("rolling the trainer back to the serving version", candidate=trainer.weight_version,
-                        score=score, best_score=self.best_score, regression=regression)
+            log.warning(
+                "rolling the trainer back to the serving version",
+                candidate=trainer.weight_version,
+                score=score,
+                best_score=self.best_score,
+                regression=regression,
+            )
             self.backoff += 1
             await self._in_thread(trainer.load_state, self.directory / PROMOTED)
         return metrics
@@ -427,9 +543,11 @@ class OnlineServer:
 
     async def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
         """Trainer work off the event loop, one at a time; `close` waits for the one running."""
+
         def locked() -> T:
             with self.trainer_lock:
                 return work(*args)
+
         return await asyncio.to_thread(locked)
 
     async def close(self) -> None:
@@ -454,8 +572,11 @@ async def judge_answer(env: Environment, task: Mapping[str, Any], text: str) -> 
     try:
         tool = await session.terminal_tool()
         if tool is None:
-            raise ConfigError("env.name", "the environment has no terminal tool to judge answers with",
-                              fix="give rewards through POST /v1/feedback instead of x-plait-task")
+            raise ConfigError(
+                "env.name",
+                "the environment has no terminal tool to judge answers with",
+                fix="give rewards through POST /v1/feedback instead of x-plait-task",
+            )
         outcome = await session.call(tool.name, {terminal_argument(tool): text})
     finally:
         await session.close()
@@ -470,9 +591,14 @@ def _task(header: str | None) -> dict[str, Any] | None:
     try:
         task = json.loads(header)
     except ValueError as exc:
-        raise RequestError(f"the {TASK_HEADER} header is not valid JSON: {exc}", param=TASK_HEADER) from None
+        raise RequestError(
+            f"the {TASK_HEADER} header is not valid JSON: {exc}", param=TASK_HEADER
+        ) from None
     if not isinstance(task, dict):
-        raise RequestError(f"the {TASK_HEADER} header must be a JSON object (a task of env.name)", param=TASK_HEADER)
+        raise RequestError(
+            f"the {TASK_HEADER} header must be a JSON object (a task of env.name)",
+            param=TASK_HEADER,
+        )
     return task
 
 
@@ -485,7 +611,7 @@ def gate_score(evaluation: Mapping[str, float]) -> float:
 def _bare_id(answer_id: str) -> str:
     for prefix in ID_PREFIXES:
         if answer_id.startswith(prefix):
-            return answer_id[len(prefix):]
+            return answer_id[len(prefix) :]
     return answer_id
 
 
@@ -508,30 +634,60 @@ def online_options(config: RunConfig) -> OnlineOptions:
 
 
 @contextlib.asynccontextmanager
-async def online_server(config: RunConfig, serve: ServeOptions, *, fresh: bool = False) -> AsyncIterator[tuple[str, OnlineServer]]:
+async def online_server(
+    config: RunConfig, serve: ServeOptions, *, fresh: bool = False
+) -> AsyncIterator[tuple[str, OnlineServer]]:
     """Build the run's components and a candidate engine, restore, and serve with the learner
     running until the block ends; yields the base URL and the server."""
     options = online_options(config)
     if config.policies:
-        raise ConfigError("policies", "plait serve online serves one policy", fix="remove [policies] from the config")
+        raise ConfigError(
+            "policies",
+            "plait serve online serves one policy",
+            fix="remove [policies] from the config",
+        )
     run_dir = prepare_run_dir(config, resume=not fresh)
     components = build_components(config, run_dir)
     server: OnlineServer | None = None
     try:
         policy = components.policies[0]
-        candidate_engine = build(kinds.INFERENCE_ENGINE, config.inference.engine, policy.model,
-                                 options=config.inference.options, options_path="inference.options", seed=config.run.seed)
+        candidate_engine = build(
+            kinds.INFERENCE_ENGINE,
+            config.inference.engine,
+            policy.model,
+            options=config.inference.options,
+            options_path="inference.options",
+            seed=config.run.seed,
+        )
         sync_options = dict(config.sync.options)
         if sync_options.get("directory"):  # the serving sync's receivers live there too
             sync_options["directory"] = str(Path(sync_options["directory"]) / "candidate")
-        candidate = attrs.evolve(policy, engines=[candidate_engine], sync=build(
-            kinds.WEIGHT_SYNC, config.sync.method, options=sync_options, options_path="sync.options"))
+        candidate = attrs.evolve(
+            policy,
+            engines=[candidate_engine],
+            sync=build(
+                kinds.WEIGHT_SYNC,
+                config.sync.method,
+                options=sync_options,
+                options_path="sync.options",
+            ),
+        )
         run = Run(config, components, run_dir, RunState(), TaskSampler(1, config.run.seed))
         server = OnlineServer(run, options, candidate)
         await server.start()
-        proxy = Proxy(policy.engines[0], policy.renderer, config.model.name, Limits(max_tokens=options.max_tokens))
-        app = ProxyApp(proxy, RolloutStore(), attrs.evolve(serve, session_per_request=True), observer=server,
-                       routes=server.routes())
+        proxy = Proxy(
+            policy.engines[0],
+            policy.renderer,
+            config.model.name,
+            Limits(max_tokens=options.max_tokens),
+        )
+        app = ProxyApp(
+            proxy,
+            RolloutStore(),
+            attrs.evolve(serve, session_per_request=True),
+            observer=server,
+            routes=server.routes(),
+        )
         server.learner = asyncio.create_task(server.learn())
         async with app.serving() as url:
             yield url, server

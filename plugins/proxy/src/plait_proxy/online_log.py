@@ -64,14 +64,24 @@ class OnlineLog:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.fsync = fsync
-        self._files = {name: _open_repaired(directory / name) for name in (ANSWERS, FEEDBACK, UPDATES)}
+        self._files = {
+            name: _open_repaired(directory / name) for name in (ANSWERS, FEEDBACK, UPDATES)
+        }
         if fsync:
             fsync_dir(directory)
 
     def answered(self, answer: Answer) -> None:
         judged = {"task": answer.task, "text": answer.text} if answer.task is not None else {}
-        self._append(ANSWERS, {"id": answer.id, "time": answer.time, "version": answer.version,
-                               "turns": to_json(list(answer.turns)), **judged})
+        self._append(
+            ANSWERS,
+            {
+                "id": answer.id,
+                "time": answer.time,
+                "version": answer.version,
+                "turns": to_json(list(answer.turns)),
+                **judged,
+            },
+        )
 
     def rewarded(self, answer_id: str, reward: float) -> None:
         self._append(FEEDBACK, {"id": answer_id, "reward": reward, "time": time.time()})
@@ -123,10 +133,19 @@ def replay(directory: Path, *, since: float = 0.0) -> Replayed:
     for record in _records(directory / UPDATES):
         trained.update(record.get("ids", ()), record.get("stale", ()))
         updates = max(updates, int(record["update"]))
-    answers = [Answer(r["id"], float(r["time"]), int(r["version"]), tuple(from_json(list[Turn], r["turns"])),
-                      rewards.get(r["id"]), r.get("task"), r.get("text", ""))
-               for r in _records(directory / ANSWERS)
-               if r["id"] not in trained and (r["id"] in rewards or float(r["time"]) >= since)]
+    answers = [
+        Answer(
+            r["id"],
+            float(r["time"]),
+            int(r["version"]),
+            tuple(from_json(list[Turn], r["turns"])),
+            rewards.get(r["id"]),
+            r.get("task"),
+            r.get("text", ""),
+        )
+        for r in _records(directory / ANSWERS)
+        if r["id"] not in trained and (r["id"] in rewards or float(r["time"]) >= since)
+    ]
     return Replayed(answers, set(rewards), trained, updates)
 
 

@@ -18,8 +18,17 @@ MAX_JSON_DEPTH = 64
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-_ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error", "permission_error",
-                          "not_found_error", "rate_limit_error", "api_error", "server_error"})
+_ERROR_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+        "api_error",
+        "server_error",
+    }
+)
 
 
 def error_body(error: RequestError) -> dict[str, Any]:
@@ -53,8 +62,9 @@ def checked_text(value: str, param: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise RequestError(f"`{param}` holds a lone UTF-16 surrogate: send valid Unicode text",
-                           param=param) from None
+        raise RequestError(
+            f"`{param}` holds a lone UTF-16 surrogate: send valid Unicode text", param=param
+        ) from None
     return value
 
 
@@ -63,8 +73,11 @@ def checked_json(value: Any, param: str) -> Any:
     try:
         json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except (ValueError, TypeError, RecursionError):  # surrogates, NaN, nesting past the stack
-        raise RequestError(f"`{param}` is not plain JSON (lone surrogates, NaN or nesting too deep): "
-                           "send standard JSON", param=param) from None
+        raise RequestError(
+            f"`{param}` is not plain JSON (lone surrogates, NaN or nesting too deep): "
+            "send standard JSON",
+            param=param,
+        ) from None
     return value
 
 
@@ -75,7 +88,9 @@ class Fields:
     def __init__(self, value: Any, path: str = "") -> None:
         if not isinstance(value, dict):
             where = f"`{path}`" if path else "the request body"
-            raise RequestError(f"{where} must be a JSON object, got {json_type(value)}", param=path or None)
+            raise RequestError(
+                f"{where} must be a JSON object, got {json_type(value)}", param=path or None
+            )
         self.value: dict[str, Any] = value
         self.path = path
 
@@ -86,12 +101,16 @@ class Fields:
         return self.value.get(key)
 
     def fail(self, key: str, expected: str) -> RequestError:
-        return RequestError(f"`{self.param(key)}` must be {expected}, got {json_type(self.get(key))}",
-                            param=self.param(key))
+        return RequestError(
+            f"`{self.param(key)}` must be {expected}, got {json_type(self.get(key))}",
+            param=self.param(key),
+        )
 
     def required(self, key: str, expected: str) -> Any:
         if self.get(key) is None:
-            raise RequestError(f"`{self.param(key)}` is required: send {expected}", param=self.param(key))
+            raise RequestError(
+                f"`{self.param(key)}` is required: send {expected}", param=self.param(key)
+            )
         return self.get(key)
 
     def required_obj(self, key: str) -> Fields:
@@ -117,7 +136,9 @@ class Fields:
             return None
         if value not in options:
             allowed = ", ".join(f'"{o}"' for o in options)
-            raise RequestError(f"`{self.param(key)}` must be one of {allowed}", param=self.param(key))
+            raise RequestError(
+                f"`{self.param(key)}` must be one of {allowed}", param=self.param(key)
+            )
         return str(value)
 
     def flag(self, key: str) -> bool | None:
@@ -140,7 +161,11 @@ class Fields:
         value = self.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
             raise self.fail(key, f"a number from {low:g} to {high:g}")  # NaN fails the range too
         return float(value)
 
@@ -171,7 +196,9 @@ class Fields:
         400 saying `why`."""
         value = self.get(key)
         if value is not None and value != allowed:
-            raise RequestError(f"`{self.param(key)}` is not supported: {why}", param=self.param(key))
+            raise RequestError(
+                f"`{self.param(key)}` is not supported: {why}", param=self.param(key)
+            )
 
 
 def common_options(fields: Fields, max_tokens_keys: Sequence[str]) -> dict[str, Any]:
@@ -186,30 +213,42 @@ def common_options(fields: Fields, max_tokens_keys: Sequence[str]) -> dict[str, 
         "stream": fields.flag("stream"),
     }
     if options["top_p"] == 0:
-        raise RequestError("`top_p` must be above 0: send temperature 0 for greedy sampling", param="top_p")
+        raise RequestError(
+            "`top_p` must be above 0: send temperature 0 for greedy sampling", param="top_p"
+        )
     for key in ("parallel_tool_calls", "store"):
         fields.flag(key)
     fields.text("user")
     fields.string_map("metadata")
-    fields.refuse_unless("top_logprobs", 0, "the engine reports only the sampled token's logprob; "
-                         "send 0 or leave it out")
+    fields.refuse_unless(
+        "top_logprobs",
+        0,
+        "the engine reports only the sampled token's logprob; send 0 or leave it out",
+    )
     return {key: value for key, value in options.items() if value is not None}
 
 
 def parse_arguments(value: Any, param: str) -> dict[str, Any]:
     """A tool call's arguments: a JSON string that holds an object ("" reads as no arguments)."""
     if not isinstance(value, str):
-        raise RequestError(f"`{param}` must be a string of JSON (json.dumps of the arguments object), "
-                           f"got {json_type(value)}", param=param)
+        raise RequestError(
+            f"`{param}` must be a string of JSON (json.dumps of the arguments object), "
+            f"got {json_type(value)}",
+            param=param,
+        )
     if not value.strip():
         return {}
     try:
         arguments = parse_json(value, MAX_JSON_DEPTH)
     except ValueError as exc:
-        raise RequestError(f"`{param}` is not valid JSON ({exc}): send json.dumps of the arguments object",
-                           param=param) from None
+        raise RequestError(
+            f"`{param}` is not valid JSON ({exc}): send json.dumps of the arguments object",
+            param=param,
+        ) from None
     if not isinstance(arguments, dict):
-        raise RequestError(f"`{param}` must encode a JSON object, got {json_type(arguments)}", param=param)
+        raise RequestError(
+            f"`{param}` must encode a JSON object, got {json_type(arguments)}", param=param
+        )
     checked_json(arguments, param)
     return arguments
 
@@ -223,13 +262,18 @@ def read_tools(fields: Fields, function_of: Callable[[Fields], Fields]) -> tuple
         kind = tool.get("type")
         if kind != "function":
             named = f'"{kind[:40]}"' if isinstance(kind, str) else json_type(kind)
-            raise RequestError(f"only function tools are supported and `{tool.param('type')}` is {named}: "
-                               'send {"type": "function", ...} tools', param=tool.param("type"))
+            raise RequestError(
+                f"only function tools are supported and `{tool.param('type')}` is {named}: "
+                'send {"type": "function", ...} tools',
+                param=tool.param("type"),
+            )
         function = function_of(tool)
         name = function.required_text("name")
         if any(spec.name == name for spec in specs):
-            raise RequestError(f"two tools are named {name!r}: tool names must be unique",
-                               param=function.param("name"))
+            raise RequestError(
+                f"two tools are named {name!r}: tool names must be unique",
+                param=function.param("name"),
+            )
         parameters = function.obj("parameters")
         schema = None if parameters is None else checked_json(parameters.value, parameters.path)
         specs.append(ToolSpec(name, function.text("description") or "", schema))
@@ -240,13 +284,19 @@ def pick_tool(name: str, tools: Sequence[ToolSpec], param: str) -> str:
     """A tool choice that names a tool: it must be one of the request's tools."""
     if name not in {tool.name for tool in tools}:
         offered = ", ".join(repr(tool.name) for tool in tools) or "none"
-        raise RequestError(f"`{param}` names {name!r}, which is not among `tools` (offered: {offered})",
-                           param=param)
+        raise RequestError(
+            f"`{param}` names {name!r}, which is not among `tools` (offered: {offered})",
+            param=param,
+        )
     return name
 
 
-def read_tool_choice(fields: Fields, tools: Sequence[ToolSpec], name_holder: Callable[[Fields], Fields],
-                     named_form: str) -> str:
+def read_tool_choice(
+    fields: Fields,
+    tools: Sequence[ToolSpec],
+    name_holder: Callable[[Fields], Fields],
+    named_form: str,
+) -> str:
     """ChatRequest.tool_choice from `tool_choice`: a mode, or the name of one of `tools`, which
     `name_holder` finds in the API's named form (`named_form`, for the error message)."""
     value = fields.get("tool_choice")
@@ -259,10 +309,14 @@ def read_tool_choice(fields: Fields, tools: Sequence[ToolSpec], name_holder: Cal
             return pick_tool(holder.required_text("name"), tools, holder.param("name"))
     elif isinstance(value, str) and value in ("auto", "none", "required"):
         if value == "required" and not tools:
-            raise RequestError('`tool_choice` "required" needs `tools`: send tools or leave it out',
-                               param="tool_choice")
+            raise RequestError(
+                '`tool_choice` "required" needs `tools`: send tools or leave it out',
+                param="tool_choice",
+            )
         return value
-    raise RequestError(f'`tool_choice` must be "auto", "none", "required" or {named_form}', param="tool_choice")
+    raise RequestError(
+        f'`tool_choice` must be "auto", "none", "required" or {named_form}', param="tool_choice"
+    )
 
 
 def call_id(call: ToolCall, completion_id: str, choice_index: int, k: int) -> str:
@@ -280,17 +334,25 @@ def text_parts(value: Any, param: str, text_types: Sequence[str]) -> str:
     if isinstance(value, str):
         return checked_text(value, param)
     if not isinstance(value, list):
-        raise RequestError(f"`{param}` must be a string or a list of text parts, got {json_type(value)}",
-                           param=param)
+        raise RequestError(
+            f"`{param}` must be a string or a list of text parts, got {json_type(value)}",
+            param=param,
+        )
     texts = []
     for i, part in enumerate(value):
         fields = Fields(part, f"{param}[{i}]")
         kind = fields.get("type")
         if kind not in text_types:
-            named = f'"{kind[:40]}" parts are' if isinstance(kind, str) else "a part without a string `type` is"
-            raise RequestError(f"only text content is supported and {named} not: send "
-                               f'{" or ".join(f"{t!r}" for t in text_types)} parts',
-                               param=fields.param("type"))
+            named = (
+                f'"{kind[:40]}" parts are'
+                if isinstance(kind, str)
+                else "a part without a string `type` is"
+            )
+            raise RequestError(
+                f"only text content is supported and {named} not: send "
+                f"{' or '.join(f'{t!r}' for t in text_types)} parts",
+                param=fields.param("type"),
+            )
         texts.append(fields.required_text("text"))
     return "\n".join(texts)
 
@@ -299,14 +361,16 @@ def token_logprobs(choice: Choice) -> list[dict[str, Any]]:
     """One entry per sampled token (every token the engine sampled, reasoning and tool-call
     markup included: what a trainer sees), in OpenAI's shape."""
     texts = choice.token_texts or ("",) * len(choice.sequence.logprobs)
-    return [{"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-            for text, logprob in zip(texts, choice.sequence.logprobs, strict=False)]
+    return [
+        {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        for text, logprob in zip(texts, choice.sequence.logprobs, strict=False)
+    ]
 
 
 def pieces(text: str, size: int = 48) -> Iterator[str]:
     """`text` in stream-sized deltas (the engine returns whole sequences; clients want several)."""
     for start in range(0, len(text), size):
-        yield text[start:start + size]
+        yield text[start : start + size]
 
 
 def to_json(value: Any) -> str:

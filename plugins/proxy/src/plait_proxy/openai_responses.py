@@ -35,8 +35,12 @@ from plait_proxy.openai_common import (
 
 __all__ = ["error_body", "parse_request", "response_body", "stream_events"]
 
-_MESSAGE_ROLES: dict[str, Any] = {"system": "system", "developer": "system", "user": "user",
-                                  "assistant": "assistant"}
+_MESSAGE_ROLES: dict[str, Any] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 _TEXT_PARTS = ("input_text", "output_text")
 _LOGPROBS = "message.output_text.logprobs"
 _STATELESS = "the proxy keeps no conversations: send the whole conversation in `input`"
@@ -48,33 +52,50 @@ def parse_request(body: Any) -> ChatRequest:
     model = fields.required_text("model")
     for key in ("previous_response_id", "conversation"):
         fields.refuse_unless(key, None, _STATELESS)
-    fields.refuse_unless("background", False, "responses are answered within the request; leave it out")
+    fields.refuse_unless(
+        "background", False, "responses are answered within the request; leave it out"
+    )
     instructions = fields.text("instructions")
     messages = [Message("system", instructions)] if instructions else []
     messages += _input(fields)
     tools = read_tools(fields, _flat_function)
-    tool_choice = read_tool_choice(fields, tools, lambda choice: choice, '{"type": "function", "name": ...}')
+    tool_choice = read_tool_choice(
+        fields, tools, lambda choice: choice, '{"type": "function", "name": ...}'
+    )
     options = common_options(fields, ("max_output_tokens",))
     text = fields.obj("text")
     if text is not None:
-        text.refuse_unless("format", {"type": "text"}, "the engine does not constrain decoding; "
-                           'send {"type": "text"} or leave it out')
+        text.refuse_unless(
+            "format",
+            {"type": "text"},
+            'the engine does not constrain decoding; send {"type": "text"} or leave it out',
+        )
     fields.obj("reasoning")  # an object, when sent; the model reasons as its template says
     fields.text("prompt_cache_key")
     extra: dict[str, Any] = {  # what the response echoes
-        "instructions": instructions, "parallel_tool_calls": fields.flag("parallel_tool_calls"),
-        "metadata": fields.string_map("metadata"), "truncation": fields.choice("truncation", ("auto", "disabled")),
+        "instructions": instructions,
+        "parallel_tool_calls": fields.flag("parallel_tool_calls"),
+        "metadata": fields.string_map("metadata"),
+        "truncation": fields.choice("truncation", ("auto", "disabled")),
     }
-    return ChatRequest(model=model, messages=messages, tools=tools, tool_choice=tool_choice,
-                       logprobs=_LOGPROBS in _include(fields), **options,
-                       extra={key: value for key, value in extra.items() if value is not None})
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        logprobs=_LOGPROBS in _include(fields),
+        **options,
+        extra={key: value for key, value in extra.items() if value is not None},
+    )
 
 
 def _flat_function(tool: Fields) -> Fields:
     if tool.get("name") is None and tool.get("function") is not None:
-        raise RequestError("Responses tools are flat: send "
-                           '{"type": "function", "name": ..., "parameters": ...}, without a `function` object',
-                           param=tool.param("name"))
+        raise RequestError(
+            "Responses tools are flat: send "
+            '{"type": "function", "name": ..., "parameters": ...}, without a `function` object',
+            param=tool.param("name"),
+        )
     return tool
 
 
@@ -92,7 +113,9 @@ def _input(fields: Fields) -> list[Message]:
         return [Message("user", checked_text(value, "input"))]
     items = fields.items("input") or []
     if not items:
-        raise RequestError("`input` is empty: send a string or a non-empty list of input items", param="input")
+        raise RequestError(
+            "`input` is empty: send a string or a non-empty list of input items", param="input"
+        )
     transcript = _Transcript()
     for i, item in enumerate(items):
         transcript.add(Fields(item, f"input[{i}]"))
@@ -123,24 +146,44 @@ class _Transcript:
         elif kind == "function_call_output":
             self._close()
             tool_call_id = item.required_text("call_id")
-            output = text_parts(item.required("output", "a string or a list of text parts"),
-                                item.param("output"), _TEXT_PARTS)
-            self.messages.append(Message("tool", output, tool_call_id=tool_call_id,
-                                         name=self.call_names.get(tool_call_id)))
+            output = text_parts(
+                item.required("output", "a string or a list of text parts"),
+                item.param("output"),
+                _TEXT_PARTS,
+            )
+            self.messages.append(
+                Message(
+                    "tool",
+                    output,
+                    tool_call_id=tool_call_id,
+                    name=self.call_names.get(tool_call_id),
+                )
+            )
         else:
-            what = f"items of type {kind[:40]!r} are" if isinstance(kind, str) else "items without a `type` are"
-            raise RequestError(f"`{item.param('type')}`: {what} not supported: send message, function_call, "
-                               "function_call_output or reasoning items (the whole conversation, no references)",
-                               param=item.param("type"))
+            what = (
+                f"items of type {kind[:40]!r} are"
+                if isinstance(kind, str)
+                else "items without a `type` are"
+            )
+            raise RequestError(
+                f"`{item.param('type')}`: {what} not supported: send message, function_call, "
+                "function_call_output or reasoning items (the whole conversation, no references)",
+                param=item.param("type"),
+            )
 
     def _message(self, item: Fields) -> None:
         role = item.required_text("role")
         if role not in _MESSAGE_ROLES:
-            raise RequestError(f"`{item.param('role')}` must be one of "
-                               f"{', '.join(repr(r) for r in _MESSAGE_ROLES)}, got {role[:40]!r}",
-                               param=item.param("role"))
-        content = text_parts(item.required("content", "a string or a list of text parts"),
-                             item.param("content"), _TEXT_PARTS)
+            raise RequestError(
+                f"`{item.param('role')}` must be one of "
+                f"{', '.join(repr(r) for r in _MESSAGE_ROLES)}, got {role[:40]!r}",
+                param=item.param("role"),
+            )
+        content = text_parts(
+            item.required("content", "a string or a list of text parts"),
+            item.param("content"),
+            _TEXT_PARTS,
+        )
         if role == "assistant":
             self._open(Message("assistant", content, reasoning_content=self.reasoning))
         else:
@@ -149,13 +192,17 @@ class _Transcript:
 
     def _function_call(self, item: Fields) -> None:
         name, identifier = item.required_text("name"), item.required_text("call_id")
-        call = ToolCall(name, parse_arguments(item.get("arguments"), item.param("arguments")), identifier)
+        call = ToolCall(
+            name, parse_arguments(item.get("arguments"), item.param("arguments")), identifier
+        )
         self.call_names[identifier] = name
         if self.assistant_open:
             last = self.messages[-1]
             self.messages[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
         else:
-            self._open(Message("assistant", "", reasoning_content=self.reasoning, tool_calls=[call]))
+            self._open(
+                Message("assistant", "", reasoning_content=self.reasoning, tool_calls=[call])
+            )
 
     def _open(self, message: Message) -> None:
         self.messages.append(message)
@@ -189,7 +236,9 @@ def _response(request: ChatRequest, completion: Completion, *, done: bool) -> di
     choice = completion.choices[0]
     incomplete = done and choice.finish_reason == "length"
     return {
-        "id": f"resp_{completion.id}", "object": "response", "created_at": completion.created,
+        "id": f"resp_{completion.id}",
+        "object": "response",
+        "created_at": completion.created,
         "status": "incomplete" if incomplete else "completed" if done else "in_progress",
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
@@ -202,10 +251,20 @@ def _response(request: ChatRequest, completion: Completion, *, done: bool) -> di
         "temperature": request.temperature,
         "top_p": request.top_p,
         "text": {"format": {"type": "text"}},
-        "tool_choice": (request.tool_choice if request.tool_choice in ("auto", "none", "required")
-                        else {"type": "function", "name": request.tool_choice}),
-        "tools": [{"type": "function", "name": tool.name, "description": tool.description,
-                   "parameters": tool.input_schema} for tool in request.tools],
+        "tool_choice": (
+            request.tool_choice
+            if request.tool_choice in ("auto", "none", "required")
+            else {"type": "function", "name": request.tool_choice}
+        ),
+        "tools": [
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.input_schema,
+            }
+            for tool in request.tools
+        ],
         "truncation": request.extra.get("truncation", "disabled"),
         "metadata": request.extra.get("metadata", {}),
         "usage": _usage(completion) if done else None,
@@ -218,26 +277,53 @@ def _output(request: ChatRequest, completion_id: str, choice: Choice) -> list[di
     message = choice.message
     items: list[dict[str, Any]] = []
     if message.reasoning_content is not None:
-        items.append({"type": "reasoning", "id": f"rs_{completion_id}", "summary": [],
-                      "content": [{"type": "reasoning_text", "text": message.reasoning_content}]})
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{completion_id}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": message.reasoning_content}],
+            }
+        )
     if message.content or not message.tool_calls:
-        items.append({"type": "message", "id": f"msg_{completion_id}", "role": "assistant",
-                      "status": "incomplete" if choice.finish_reason == "length" else "completed",
-                      "content": [{"type": "output_text", "text": message.content, "annotations": [],
-                                   "logprobs": token_logprobs(choice) if request.logprobs else []}]})
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{completion_id}",
+                "role": "assistant",
+                "status": "incomplete" if choice.finish_reason == "length" else "completed",
+                "content": [
+                    {
+                        "type": "output_text",
+                        "text": message.content,
+                        "annotations": [],
+                        "logprobs": token_logprobs(choice) if request.logprobs else [],
+                    }
+                ],
+            }
+        )
     for k, call in enumerate(message.tool_calls):
-        items.append({"type": "function_call", "id": f"fc_{completion_id}_{k}",
-                      "call_id": call_id(call, completion_id, choice.index, k), "name": call.name,
-                      "arguments": dump_arguments(call.arguments), "status": "completed"})
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{completion_id}_{k}",
+                "call_id": call_id(call, completion_id, choice.index, k),
+                "name": call.name,
+                "arguments": dump_arguments(call.arguments),
+                "status": "completed",
+            }
+        )
     return items
 
 
 def _usage(completion: Completion) -> dict[str, Any]:
-    return {"input_tokens": completion.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": completion.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": completion.prompt_tokens + completion.completion_tokens}
+    return {
+        "input_tokens": completion.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+    }
 
 
 Emit = Callable[..., bytes]
@@ -268,16 +354,27 @@ def _item_events(emit: Emit, index: int, item: dict[str, Any]) -> Iterator[bytes
     if item["type"] == "function_call":
         for piece in pieces(item["arguments"]):
             yield emit("response.function_call_arguments.delta", **where, delta=piece)
-        yield emit("response.function_call_arguments.done", **where, name=item["name"],
-                   arguments=item["arguments"])
+        yield emit(
+            "response.function_call_arguments.done",
+            **where,
+            name=item["name"],
+            arguments=item["arguments"],
+        )
     else:
         part = item["content"][0]
         yield emit("response.content_part.added", **where, content_index=0, part=_started(part))
         if item["type"] == "message":
             for piece in pieces(part["text"]):
-                yield emit("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[])
-            yield emit("response.output_text.done", **where, content_index=0, text=part["text"],
-                       logprobs=part["logprobs"])
+                yield emit(
+                    "response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[]
+                )
+            yield emit(
+                "response.output_text.done",
+                **where,
+                content_index=0,
+                text=part["text"],
+                logprobs=part["logprobs"],
+            )
         else:
             for piece in pieces(part["text"]):
                 yield emit("response.reasoning_text.delta", **where, content_index=0, delta=piece)
@@ -289,6 +386,13 @@ def _item_events(emit: Emit, index: int, item: dict[str, Any]) -> Iterator[bytes
 def _started(value: dict[str, Any]) -> dict[str, Any]:
     """An output item or content part as its `added` event shows it: in progress, no text,
     arguments or parts yet."""
-    return {key: "" if key in ("text", "arguments") else [] if isinstance(field, list)
-            else "in_progress" if key == "status" else field
-            for key, field in value.items()}
+    return {
+        key: ""
+        if key in ("text", "arguments")
+        else []
+        if isinstance(field, list)
+        else "in_progress"
+        if key == "status"
+        else field
+        for key, field in value.items()
+    }

@@ -13,9 +13,13 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_envs(register: Any) -> None:
-    register("proxy.harness", "plait_proxy.harness:make_harness_env", options="plait_proxy.harness:HarnessOptions",
-             description="tasks of another environment played by an unmodified agent program through the proxy "
-                         "(options: tasks, command)")
+    register(
+        "proxy.harness",
+        "plait_proxy.harness:make_harness_env",
+        options="plait_proxy.harness:HarnessOptions",
+        description="tasks of another environment played by an unmodified agent program through the proxy "
+        "(options: tasks, command)",
+    )
 
 
 @hookimpl
@@ -24,12 +28,25 @@ def plait_register_commands(cli: Any) -> None:
 
     @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
-    @_serving("model.name=tiny-qwen3", "sessions then come from the path or the X-Plait-Session header")
-    @click.option("--store", "store_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="Append every finished session (token ids, logprobs, weight versions) to "
-                       "STORE/sessions.jsonl.")
-    def proxy(config: Path | None, overrides: tuple[str, ...], host: str, port: int, api_key: str | None,
-              store_dir: Path | None) -> None:
+    @_serving(
+        "model.name=tiny-qwen3", "sessions then come from the path or the X-Plait-Session header"
+    )
+    @click.option(
+        "--store",
+        "store_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Append every finished session (token ids, logprobs, weight versions) to "
+        "STORE/sessions.jsonl.",
+    )
+    def proxy(
+        config: Path | None,
+        overrides: tuple[str, ...],
+        host: str,
+        port: int,
+        api_key: str | None,
+        store_dir: Path | None,
+    ) -> None:
         """OpenAI- and Anthropic-compatible endpoints for the model, engine and renderer of the run
         config CONFIG, recording what they sample per session."""
         import asyncio
@@ -49,10 +66,14 @@ def plait_register_commands(cli: Any) -> None:
 
         async def serve_forever() -> None:
             proxy = build_proxy(cfg)
-            app = ProxyApp(proxy, RolloutStore(directory=store_dir), ServeOptions(host, port, api_key))
+            app = ProxyApp(
+                proxy, RolloutStore(directory=store_dir), ServeOptions(host, port, api_key)
+            )
             async with app.serving() as url:
-                click.echo(f"plait proxy for {proxy.model_name} on {url}  (OpenAI: {url}/v1, "
-                           f"Anthropic: {url}; per session: {url}/s/<id>/v1)")
+                click.echo(
+                    f"plait proxy for {proxy.model_name} on {url}  (OpenAI: {url}/v1, "
+                    f"Anthropic: {url}; per session: {url}/s/<id>/v1)"
+                )
                 await asyncio.Event().wait()
 
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a foreground server stops
@@ -61,10 +82,20 @@ def plait_register_commands(cli: Any) -> None:
     @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
     @_serving("serve.online.batch_size=16", "every endpoint then asks for it")
-    @click.option("--fresh", is_flag=True, help="Start over: delete the run directory (run.out_dir/run.name: "
-                  "the online record, the promoted state, the metrics) instead of resuming from it.")
-    def online(config: Path, overrides: tuple[str, ...], host: str, port: int, api_key: str | None,
-               fresh: bool) -> None:
+    @click.option(
+        "--fresh",
+        is_flag=True,
+        help="Start over: delete the run directory (run.out_dir/run.name: "
+        "the online record, the promoted state, the metrics) instead of resuming from it.",
+    )
+    def online(
+        config: Path,
+        overrides: tuple[str, ...],
+        host: str,
+        port: int,
+        api_key: str | None,
+        fresh: bool,
+    ) -> None:
         """Online RL: serve the policy of the run config CONFIG to live clients (OpenAI and
         Anthropic APIs), take rewards at POST /v1/feedback, train on them, and let a version
         serve only once it passes the held-out gate (options: [serve.online])."""
@@ -83,28 +114,53 @@ def plait_register_commands(cli: Any) -> None:
         configure(cfg.run.log_level)
 
         async def serve_forever() -> None:
-            async with online_server(cfg, ServeOptions(host, port, api_key), fresh=fresh) as (url, server):
-                click.echo(f"plait online for {cfg.model.name} on {url}  (OpenAI: {url}/v1, Anthropic: {url}); "
-                           f"rewards: POST {url}/v1/feedback; status: GET {url}/v1/online/status; "
-                           f"serving version {server.serving_version}", err=True)
+            async with online_server(cfg, ServeOptions(host, port, api_key), fresh=fresh) as (
+                url,
+                server,
+            ):
+                click.echo(
+                    f"plait online for {cfg.model.name} on {url}  (OpenAI: {url}/v1, Anthropic: {url}); "
+                    f"rewards: POST {url}/v1/feedback; status: GET {url}/v1/online/status; "
+                    f"serving version {server.serving_version}",
+                    err=True,
+                )
                 await asyncio.Event().wait()
 
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_forever())
 
 
-def _serving(override_example: str, with_key: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def _serving(
+    override_example: str, with_key: str
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """The options of a served command: config overrides, where to listen, the API key."""
+
     def add(command: Callable[..., None]) -> Callable[..., None]:
-        for option in reversed([
-            click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                         help=f"Override a config value, e.g. -s {override_example}."),
-            click.option("--host", default="127.0.0.1", show_default=True,
-                         help="Address to bind; anything but loopback needs --api-key."),
-            click.option("--port", default=8000, show_default=True, type=int),
-            click.option("--api-key", envvar="PLAIT_PROXY_API_KEY", default=None,
-                         help=f"Require this key (Bearer or x-api-key); {with_key}."),
-        ]):
+        for option in reversed(
+            [
+                click.option(
+                    "-s",
+                    "--set",
+                    "overrides",
+                    multiple=True,
+                    metavar="KEY=VALUE",
+                    help=f"Override a config value, e.g. -s {override_example}.",
+                ),
+                click.option(
+                    "--host",
+                    default="127.0.0.1",
+                    show_default=True,
+                    help="Address to bind; anything but loopback needs --api-key.",
+                ),
+                click.option("--port", default=8000, show_default=True, type=int),
+                click.option(
+                    "--api-key",
+                    envvar="PLAIT_PROXY_API_KEY",
+                    default=None,
+                    help=f"Require this key (Bearer or x-api-key); {with_key}.",
+                ),
+            ]
+        ):
             command = option(command)
         return command
 

@@ -39,8 +39,13 @@ class Limits:
 class Proxy:
     """Serves chat requests of many sessions with one engine and the model's renderer."""
 
-    def __init__(self, engine: InferenceEngine, renderer: Renderer, model_name: str,
-                 limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        renderer: Renderer,
+        model_name: str,
+        limits: Limits | None = None,
+    ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.model_name = model_name
@@ -55,47 +60,86 @@ class Proxy:
         sampling = self._sampling(session, request, prompt.length)
         session.in_flight += 1
         try:
-            sequences = await asyncio.gather(*(
-                sample_through_aborts(self.engine, prompt, _nth_seed(sampling, i)) for i in range(request.n)))
+            sequences = await asyncio.gather(
+                *(
+                    sample_through_aborts(self.engine, prompt, _nth_seed(sampling, i))
+                    for i in range(request.n)
+                )
+            )
         finally:
             session.in_flight -= 1
         completion_id = uuid.uuid4().hex[:24]
-        choices = tuple(self._choice(i, seq, request.stop, completion_id) for i, seq in enumerate(sequences))
-        session.calls.append(RecordedCall(
-            index=len(session.calls), api=api, messages=request.messages, tools=tools,
-            prompt_ids=tuple(prompt.to_ints()), prompt_source=source, choices=choices, parent=parent,
-            response_id=completion_id))
+        choices = tuple(
+            self._choice(i, seq, request.stop, completion_id) for i, seq in enumerate(sequences)
+        )
+        session.calls.append(
+            RecordedCall(
+                index=len(session.calls),
+                api=api,
+                messages=request.messages,
+                tools=tools,
+                prompt_ids=tuple(prompt.to_ints()),
+                prompt_source=source,
+                choices=choices,
+                parent=parent,
+                response_id=completion_id,
+            )
+        )
         return Completion(completion_id, request.model, int(time.time()), prompt.to_ints(), choices)
 
-    def _prompt(self, session: ProxySession, messages: Sequence[Message], tools: Sequence[object],
-                parent: tuple[int, int] | None, new_messages: Sequence[Message]) -> tuple[ModelInput, PromptSource]:
+    def _prompt(
+        self,
+        session: ProxySession,
+        messages: Sequence[Message],
+        tools: Sequence[object],
+        parent: tuple[int, int] | None,
+        new_messages: Sequence[Message],
+    ) -> tuple[ModelInput, PromptSource]:
         if parent is not None and new_messages:
             call = session.calls[parent[0]]
             bridged = self.renderer.bridge_to_next_turn(
-                call.prompt_ids, call.choices[parent[1]].sequence.tokens, new_messages)
+                call.prompt_ids, call.choices[parent[1]].sequence.tokens, new_messages
+            )
             if bridged is not None:
                 return ModelInput.from_ints(bridged), "bridge"
         try:
             if tools:
                 return self.renderer.build_generation_prompt(messages, tools=tools), "render"  # type: ignore[arg-type]
             return self.renderer.build_generation_prompt(messages), "render"
-        except (ValueError, TypeError, KeyError) as exc:  # the renderer's word on a conversation it cannot show
-            raise RequestError(f"the conversation cannot be rendered for this model: {exc}", param="messages") from None
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+        ) as exc:  # the renderer's word on a conversation it cannot show
+            raise RequestError(
+                f"the conversation cannot be rendered for this model: {exc}", param="messages"
+            ) from None
 
-    def _sampling(self, session: ProxySession, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
+    def _sampling(
+        self, session: ProxySession, request: ChatRequest, prompt_tokens: int
+    ) -> SamplingParams:
         policy = session.policy
         if policy is None:
-            return SamplingParams(max_tokens=self._completion_budget(prompt_tokens, request.max_tokens),
-                                  seed=request.seed, temperature=request.temperature, top_p=request.top_p,
-                                  top_k=request.top_k)
+            return SamplingParams(
+                max_tokens=self._completion_budget(prompt_tokens, request.max_tokens),
+                seed=request.seed,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,
+            )
         if len(session.calls) >= policy.max_calls:
             session.policy_exhausted = True
-            raise RequestError(f"this episode's budget of {policy.max_calls} model calls is spent",
-                               status=429, kind="rate_limit_error")
+            raise RequestError(
+                f"this episode's budget of {policy.max_calls} model calls is spent",
+                status=429,
+                kind="rate_limit_error",
+            )
         run = policy.sampling
         requested = min(filter(None, (request.max_tokens, run.max_tokens)), default=None)
         seed = None if run.seed is None else run.seed + 7919 * len(session.calls)
-        return attrs.evolve(run, max_tokens=self._completion_budget(prompt_tokens, requested), seed=seed)
+        return attrs.evolve(
+            run, max_tokens=self._completion_budget(prompt_tokens, requested), seed=seed
+        )
 
     def _completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
         room = self.limits.max_context_tokens - prompt_tokens
@@ -103,10 +147,15 @@ class Proxy:
             # litellm (and so mini-swe-agent) recognises this wording and stops instead of retrying
             raise RequestError(
                 f"This model's maximum context length is {self.limits.max_context_tokens} tokens; the prompt "
-                f"is {prompt_tokens}: shorten the conversation", param="messages", kind="context_length_exceeded")
+                f"is {prompt_tokens}: shorten the conversation",
+                param="messages",
+                kind="context_length_exceeded",
+            )
         return min(room, requested or self.limits.max_tokens, self.limits.max_tokens)
 
-    def _choice(self, index: int, sequence: SampledSequence, stops: Sequence[str], completion_id: str) -> Choice:
+    def _choice(
+        self, index: int, sequence: SampledSequence, stops: Sequence[str], completion_id: str
+    ) -> Choice:
         tokenizer = self.renderer.tokenizer
         stop_string = None
         if stops:
@@ -114,22 +163,42 @@ class Proxy:
         message, termination = self.renderer.parse_response(sequence.tokens)
         if stop_string is not None:
             message = attrs.evolve(message, content=message.content.split(stop_string, 1)[0])
-        message = attrs.evolve(message, tool_calls=[
-            call if call.id else ToolCall(call.name, call.arguments, f"call_{completion_id[:12]}_{index}_{k}")
-            for k, call in enumerate(message.tool_calls)])
-        finish: FinishReason = "length" if sequence.stop_reason == "length" and stop_string is None else "stop"
+        message = attrs.evolve(
+            message,
+            tool_calls=[
+                call
+                if call.id
+                else ToolCall(call.name, call.arguments, f"call_{completion_id[:12]}_{index}_{k}")
+                for k, call in enumerate(message.tool_calls)
+            ],
+        )
+        finish: FinishReason = (
+            "length" if sequence.stop_reason == "length" and stop_string is None else "stop"
+        )
         if message.tool_calls and finish == "stop":
             finish = "tool_calls"
-        return Choice(index, sequence, message, termination, finish, stop_string,
-                      tuple(tokenizer.decode([t]) for t in sequence.tokens))
+        return Choice(
+            index,
+            sequence,
+            message,
+            termination,
+            finish,
+            stop_string,
+            tuple(tokenizer.decode([t]) for t in sequence.tokens),
+        )
 
 
 def _nth_seed(sampling: SamplingParams, i: int) -> SamplingParams:
-    return sampling if sampling.seed is None or i == 0 else attrs.evolve(sampling, seed=sampling.seed + i)
+    return (
+        sampling
+        if sampling.seed is None or i == 0
+        else attrs.evolve(sampling, seed=sampling.seed + i)
+    )
 
 
-def _continuation(session: ProxySession, messages: Sequence[Message],
-                  tools: Sequence[object]) -> tuple[tuple[int, int] | None, list[Message]]:
+def _continuation(
+    session: ProxySession, messages: Sequence[Message], tools: Sequence[object]
+) -> tuple[tuple[int, int] | None, list[Message]]:
     """The (call, choice) whose conversation and answer `messages` start with, latest first, and
     the messages that follow it."""
     for call in reversed(session.calls):
@@ -140,19 +209,24 @@ def _continuation(session: ProxySession, messages: Sequence[Message],
             continue
         for choice in call.choices:
             if _same(messages[size], choice.message):
-                return (call.index, choice.index), list(messages[size + 1:])
+                return (call.index, choice.index), list(messages[size + 1 :])
     return None, list(messages)
 
 
 def _same(a: Message, b: Message) -> bool:
     """The same message as far as a client can be expected to echo it: reasoning and tool-call
     ids may be dropped or rewritten, whitespace at the ends trimmed."""
-    return (a.role == b.role and a.content.strip() == b.content.strip()
-            and [(c.name, c.arguments) for c in a.tool_calls] == [(c.name, c.arguments) for c in b.tool_calls])
+    return (
+        a.role == b.role
+        and a.content.strip() == b.content.strip()
+        and [(c.name, c.arguments) for c in a.tool_calls]
+        == [(c.name, c.arguments) for c in b.tool_calls]
+    )
 
 
-def _cut_at_stop_string(sequence: SampledSequence, stops: Sequence[str],
-                        decode: Callable[[list[int]], str]) -> tuple[SampledSequence, str | None]:
+def _cut_at_stop_string(
+    sequence: SampledSequence, stops: Sequence[str], decode: Callable[[list[int]], str]
+) -> tuple[SampledSequence, str | None]:
     """`sequence` up to the token that completes the first client stop string in its text, as an
     engine stopping on strings would have returned it (the later tokens were sampled after it and
     change nothing before it). Its routed experts lose the rows of the dropped tokens, keeping
@@ -174,8 +248,14 @@ def _cut_at_stop_string(sequence: SampledSequence, stops: Sequence[str],
     routing = sequence.routed_experts
     if routing is not None:
         routing = _first_rows(routing, max(len(routing) - (len(sequence.tokens) - low), 0))
-    return SampledSequence(sequence.tokens[:low], sequence.logprobs[:low], "stop",
-                           weight_version=versions[-1], token_versions=versions, routed_experts=routing), stop
+    return SampledSequence(
+        sequence.tokens[:low],
+        sequence.logprobs[:low],
+        "stop",
+        weight_version=versions[-1],
+        token_versions=versions,
+        routed_experts=routing,
+    ), stop
 
 
 def _first_rows(tensor: TensorData, rows: int) -> TensorData:
@@ -189,9 +269,22 @@ def build_proxy(config: RunConfig, limits: Limits | None = None) -> Proxy:
     from plait.components import resolve_model
     from plait.plugins import build
 
-    model = resolve_model(config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype)
-    engine = build("inference_engine", config.inference.engine, model, options=config.inference.options,
-                   options_path="inference.options", seed=config.run.seed)
-    renderer = build("renderer", config.renderer.name, model, options=config.renderer.options,
-                     options_path="renderer.options")
+    model = resolve_model(
+        config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype
+    )
+    engine = build(
+        "inference_engine",
+        config.inference.engine,
+        model,
+        options=config.inference.options,
+        options_path="inference.options",
+        seed=config.run.seed,
+    )
+    renderer = build(
+        "renderer",
+        config.renderer.name,
+        model,
+        options=config.renderer.options,
+        options_path="renderer.options",
+    )
     return Proxy(engine, renderer, config.model.name, limits)

@@ -43,7 +43,9 @@ async def env_user_tasks(env: Environment, split: str, count: int) -> list[UserT
         task = await env.get_task(split, index)
         session = await env.open(task)
         try:
-            messages = tuple({"role": m.role, "content": m.content} for m in await session.messages())
+            messages = tuple(
+                {"role": m.role, "content": m.content} for m in await session.messages()
+            )
         finally:
             await session.close()
         tasks.append(UserTask(messages, functools.partial(judge_answer, env, task)))
@@ -80,9 +82,15 @@ class Request:
     took it, "refused: ..." if it did not."""
 
 
-async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *, api_key: str = "online",
-                         during: Callable[[httpx.AsyncClient], Coroutine[Any, Any, None]] | None = None,
-                         until: Callable[[Sequence[Request]], bool] | None = None) -> list[Request]:
+async def simulate_users(
+    base_url: str,
+    tasks: Sequence[UserTask],
+    load: Load,
+    *,
+    api_key: str = "online",
+    during: Callable[[httpx.AsyncClient], Coroutine[Any, Any, None]] | None = None,
+    until: Callable[[Sequence[Request]], bool] | None = None,
+) -> list[Request]:
     """Run `load.users` users for `load.seconds` against the server at `base_url`, or until
     `until(the requests so far)` holds; late rewards still due then are sent before returning.
     `during(client)` runs beside them (e.g. to change the server's settings mid-run)."""
@@ -90,15 +98,23 @@ async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *
     late: list[asyncio.Task[None]] = []
     deadline = time.monotonic() + load.seconds
     limits = httpx.Limits(max_connections=load.users * 2 + 4)
-    async with httpx.AsyncClient(base_url=base_url, timeout=120.0, limits=limits,
-                                 headers={"authorization": f"Bearer {api_key}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url,
+        timeout=120.0,
+        limits=limits,
+        headers={"authorization": f"Bearer {api_key}"},
+    ) as client:
 
         async def feedback(request: Request, delay: float) -> None:
             await asyncio.sleep(delay)
             try:
-                reply = await client.post("/v1/feedback", json={"response_id": request.response_id,
-                                                                "reward": request.reward})
-                request.feedback = "acknowledged" if reply.status_code == 200 else f"refused: {reply.text}"
+                reply = await client.post(
+                    "/v1/feedback",
+                    json={"response_id": request.response_id, "reward": request.reward},
+                )
+                request.feedback = (
+                    "acknowledged" if reply.status_code == 200 else f"refused: {reply.text}"
+                )
             except httpx.HTTPError as exc:
                 request.feedback = f"refused: {type(exc).__name__}: {exc}"
 
@@ -109,9 +125,15 @@ async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *
                 request = Request(time.time(), 0.0, False)
                 requests.append(request)
                 try:
-                    reply = await client.post("/v1/chat/completions", json={
-                        "model": "policy", "messages": list(task.messages), "temperature": load.temperature,
-                        "max_tokens": load.max_tokens})
+                    reply = await client.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "policy",
+                            "messages": list(task.messages),
+                            "temperature": load.temperature,
+                            "max_tokens": load.max_tokens,
+                        },
+                    )
                     request.end = time.time()
                     if reply.status_code != 200:
                         request.error = f"HTTP {reply.status_code}: {reply.text[:300]}"
@@ -143,8 +165,15 @@ async def simulate_users(base_url: str, tasks: Sequence[UserTask], load: Load, *
     return requests
 
 
-async def inject_regression(client: httpx.AsyncClient, *, after_s: float, destructive_lr: float,
-                            report: dict[str, Any], min_score: float = 0.3, timeout_s: float = 300.0) -> None:
+async def inject_regression(
+    client: httpx.AsyncClient,
+    *,
+    after_s: float,
+    destructive_lr: float,
+    report: dict[str, Any],
+    min_score: float = 0.3,
+    timeout_s: float = 300.0,
+) -> None:
     """Set a destructive learning rate after `after_s` (and once the serving version's held-out
     accuracy has reached `min_score`, so that there is something to lose), wait until the gate
     has judged a version trained at it, set the learning rate back. `report` says what happened:
@@ -157,20 +186,33 @@ async def inject_regression(client: httpx.AsyncClient, *, after_s: float, destru
         await asyncio.sleep(1.0)
         before = (await client.get("/v1/online/status")).json()
     await client.post("/v1/online/settings", json={"learning_rate": destructive_lr})
-    report.update(at=time.time(), serving_version_before=before["serving_version"],
-                  serving_score_before=before["serving_score"], destructive_lr=destructive_lr)
+    report.update(
+        at=time.time(),
+        serving_version_before=before["serving_version"],
+        serving_score_before=before["serving_score"],
+        destructive_lr=destructive_lr,
+    )
     destructive: list[dict[str, Any]] = []
     status = before
     while not destructive and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
         status = (await client.get("/v1/online/status")).json()
-        destructive = [e for e in status["events"] if e.get("learning_rate") == destructive_lr and "score" in e]
+        destructive = [
+            e for e in status["events"] if e.get("learning_rate") == destructive_lr and "score" in e
+        ]
     await client.post("/v1/online/settings", json={"learning_rate": before["learning_rate"]})
-    report.update(restored_at=time.time(), gated=destructive[:1],
-                  caught=bool(destructive) and not destructive[0]["promoted"] and destructive[0]["rolled_back"])
+    report.update(
+        restored_at=time.time(),
+        gated=destructive[:1],
+        caught=bool(destructive)
+        and not destructive[0]["promoted"]
+        and destructive[0]["rolled_back"],
+    )
 
 
-def summarize(requests: Sequence[Request], events: Sequence[Mapping[str, Any]], *, windows: int = 10) -> dict[str, Any]:
+def summarize(
+    requests: Sequence[Request], events: Sequence[Mapping[str, Any]], *, windows: int = 10
+) -> dict[str, Any]:
     """Served reward per time window, failures, and latency during weight updates (a request
     whose interval overlaps a push to the serving engines) and between them."""
     done = [r for r in requests if r.ok]
@@ -179,19 +221,32 @@ def summarize(requests: Sequence[Request], events: Sequence[Mapping[str, Any]], 
     width = span / windows if span > 0 else 1.0
     reward_by_window = []
     for w in range(windows):
-        inside = [r.reward for r in done if r.reward is not None and start + w * width <= r.start < start + (w + 1) * width]
+        inside = [
+            r.reward
+            for r in done
+            if r.reward is not None and start + w * width <= r.start < start + (w + 1) * width
+        ]
         reward_by_window.append(float(np.mean(inside)) if inside else None)
     pushes = [(e["push_start"], e["push_end"]) for e in events if "push_start" in e]
     during = [r.end - r.start for r in done if any(r.start < b and r.end > a for a, b in pushes)]
-    between = [r.end - r.start for r in done if not any(r.start < b and r.end > a for a, b in pushes)]
+    between = [
+        r.end - r.start for r in done if not any(r.start < b and r.end > a for a, b in pushes)
+    ]
     return {
-        "requests": len(requests), "failed": len(requests) - len(done),
+        "requests": len(requests),
+        "failed": len(requests) - len(done),
         "errors": sorted({r.error for r in requests if r.error})[:5],
-        "feedback": {kind: sum(r.feedback == kind for r in requests) for kind in ("acknowledged", "missing")},
+        "feedback": {
+            kind: sum(r.feedback == kind for r in requests) for kind in ("acknowledged", "missing")
+        },
         "feedback_refused": sum(r.feedback.startswith("refused") for r in requests),
-        "reward_by_window": reward_by_window, "window_s": width, "start": start,
-        "latency_during_updates_s": _percentiles(during), "latency_between_updates_s": _percentiles(between),
-        "updates": len(events), "promotions": sum(bool(e.get("promoted")) for e in events),
+        "reward_by_window": reward_by_window,
+        "window_s": width,
+        "start": start,
+        "latency_during_updates_s": _percentiles(during),
+        "latency_between_updates_s": _percentiles(between),
+        "updates": len(events),
+        "promotions": sum(bool(e.get("promoted")) for e in events),
         "rejections": sum(e.get("promoted") is False and "score" in e for e in events),
         "rollbacks": sum(bool(e.get("rolled_back")) for e in events),
         "versions_served": sorted({r.version for r in done if r.version is not None}),
@@ -201,19 +256,39 @@ def summarize(requests: Sequence[Request], events: Sequence[Mapping[str, Any]], 
 def _percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50": None, "p99": None}
-    return {"count": len(values), "p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+    return {
+        "count": len(values),
+        "p50": float(np.percentile(values, 50)),
+        "p99": float(np.percentile(values, 99)),
+    }
 
 
 @contextlib.contextmanager
-def online_process(config: str | Path, log_path: Path, *overrides: str, port: int = 0,
-                   fresh: bool = False, ready_s: float = 600.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def online_process(
+    config: str | Path,
+    log_path: Path,
+    *overrides: str,
+    port: int = 0,
+    fresh: bool = False,
+    ready_s: float = 600.0,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`plait serve online CONFIG` in a process of its own, once it answers /health (killed at
     the end of the block if still running); yields its base URL and the process."""
     from plait_server.engine import free_port
 
     port = port or free_port()
-    argv = [sys.executable, "-m", "plait.cli", "serve", "online", str(config), "--port", str(port),
-            *(["--fresh"] if fresh else []), *(a for o in overrides for a in ("-s", o))]
+    argv = [
+        sys.executable,
+        "-m",
+        "plait.cli",
+        "serve",
+        "online",
+        str(config),
+        "--port",
+        str(port),
+        *(["--fresh"] if fresh else []),
+        *(a for o in overrides for a in ("-s", o)),
+    ]
     url = f"http://127.0.0.1:{port}"
     with log_path.open("ab") as out:
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -221,7 +296,9 @@ def online_process(config: str | Path, log_path: Path, *overrides: str, port: in
             deadline = time.monotonic() + ready_s
             while True:
                 if server.poll() is not None:
-                    raise RuntimeError(f"plait serve online exited ({server.returncode}): {log_path.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"plait serve online exited ({server.returncode}): {log_path.read_text()[-3000:]}"
+                    )
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                         break

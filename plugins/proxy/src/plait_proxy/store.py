@@ -82,7 +82,10 @@ class ProxySession:
         return [call.choices[taken[call.index]] for call in self.calls]
 
     def turns(self) -> list[Turn]:
-        return [_turn(call, choice) for call, choice in zip(self.calls, self.taken_choices(), strict=True)]
+        return [
+            _turn(call, choice)
+            for call, choice in zip(self.calls, self.taken_choices(), strict=True)
+        ]
 
     def conversation(self, response_id: str) -> list[Turn]:
         """The turns that led to the answer `response_id` (its first choice): its call, and each
@@ -96,26 +99,47 @@ class ProxySession:
         return [_turn(call, call.choices[choice]) for call, choice in reversed(chain)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"session": self.id, "created": self.created, "calls": [_call_json(c) for c in self.calls]}
+        return {
+            "session": self.id,
+            "created": self.created,
+            "calls": [_call_json(c) for c in self.calls],
+        }
 
 
 def _turn(call: RecordedCall, choice: Choice) -> Turn:
-    return Turn(call.prompt_ids, choice.sequence, choice.termination is not ParseTermination.MALFORMED,
-                call.prompt_source)
+    return Turn(
+        call.prompt_ids,
+        choice.sequence,
+        choice.termination is not ParseTermination.MALFORMED,
+        call.prompt_source,
+    )
 
 
 def _call_json(call: RecordedCall) -> dict[str, Any]:
     return {
-        "index": call.index, "api": call.api, "prompt_ids": list(call.prompt_ids),
-        "prompt_source": call.prompt_source, "parent": list(call.parent) if call.parent else None,
-        "choices": [{
-            "index": c.index, "token_ids": list(c.sequence.tokens), "logprobs": list(c.sequence.logprobs),
-            "weight_versions": list(c.sequence.versions()), "stop_reason": c.sequence.stop_reason,
-            "finish_reason": c.finish_reason, "content": c.message.content,
-            "reasoning_content": c.message.reasoning_content,
-            "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in c.message.tool_calls],
-            "routed_experts": to_json(c.sequence.routed_experts),
-        } for c in call.choices],
+        "index": call.index,
+        "api": call.api,
+        "prompt_ids": list(call.prompt_ids),
+        "prompt_source": call.prompt_source,
+        "parent": list(call.parent) if call.parent else None,
+        "choices": [
+            {
+                "index": c.index,
+                "token_ids": list(c.sequence.tokens),
+                "logprobs": list(c.sequence.logprobs),
+                "weight_versions": list(c.sequence.versions()),
+                "stop_reason": c.sequence.stop_reason,
+                "finish_reason": c.finish_reason,
+                "content": c.message.content,
+                "reasoning_content": c.message.reasoning_content,
+                "tool_calls": [
+                    {"id": t.id, "name": t.name, "arguments": t.arguments}
+                    for t in c.message.tool_calls
+                ],
+                "routed_experts": to_json(c.sequence.routed_experts),
+            }
+            for c in call.choices
+        ],
     }
 
 
@@ -133,7 +157,9 @@ class RolloutStore:
     def open(self, session_id: str | None = None) -> ProxySession:
         session_id = session_id or secrets.token_urlsafe(16)
         if session_id in self.sessions:
-            raise RequestError(f"session {session_id!r} is already open", status=409, param="session")
+            raise RequestError(
+                f"session {session_id!r} is already open", status=409, param="session"
+            )
         self._make_room()
         session = self.sessions[session_id] = ProxySession(session_id)
         return session
@@ -142,8 +168,12 @@ class RolloutStore:
         session = self.sessions.get(session_id)
         if session is None:
             if not self.auto_create:
-                raise RequestError(f"unknown session {session_id!r}: open it first (POST /sessions)",
-                                   status=404, param="session", kind="not_found_error")
+                raise RequestError(
+                    f"unknown session {session_id!r}: open it first (POST /sessions)",
+                    status=404,
+                    param="session",
+                    kind="not_found_error",
+                )
             session = self.open(session_id)
         session.last_active = time.monotonic()
         return session
@@ -153,8 +183,12 @@ class RolloutStore:
         not recorded)."""
         session = self.sessions.pop(session_id, None)
         if session is None:
-            raise RequestError(f"unknown session {session_id!r}", status=404, param="session",
-                               kind="not_found_error")
+            raise RequestError(
+                f"unknown session {session_id!r}",
+                status=404,
+                param="session",
+                kind="not_found_error",
+            )
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             with (self.directory / "sessions.jsonl").open("a") as f:
@@ -176,6 +210,9 @@ class RolloutStore:
             if session.in_flight == 0 and now - session.last_active > self.idle_timeout_s:
                 self.finish(session.id)
         if len(self.sessions) >= self.max_sessions:
-            raise RequestError(f"the proxy holds {self.max_sessions} open sessions; finish some "
-                               "(POST /sessions/<id>/finish) or raise max_sessions", status=429,
-                               kind="rate_limit_error")
+            raise RequestError(
+                f"the proxy holds {self.max_sessions} open sessions; finish some "
+                "(POST /sessions/<id>/finish) or raise max_sessions",
+                status=429,
+                kind="rate_limit_error",
+            )

@@ -18,7 +18,11 @@ from plait.trajectory import merge_turns
 from plait_proxy.store import ProxySession, RolloutStore
 
 SYSTEM = "You are terse."
-PARAMETERS = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+PARAMETERS = {
+    "type": "object",
+    "properties": {"expression": {"type": "string"}},
+    "required": ["expression"],
+}
 GREEDY = {"temperature": 0}  # anthropic's SDK has no temperature argument (its API does)
 CALLS = 2
 
@@ -38,88 +42,174 @@ def check_one_sequence(session: ProxySession, script: list[int], calls: int) -> 
     assert all(list(c.sequence.tokens) == script for c in session.taken_choices())  # as sampled
     assert [c.prompt_source for c in session.calls] == ["render"] + ["bridge"] * (calls - 1)
     (segment,) = merge_turns(session.turns())
-    assert [t for t, sampled in zip(segment.tokens, segment.sampled, strict=True) if sampled] == script * calls
+    assert [
+        t for t, sampled in zip(segment.tokens, segment.sampled, strict=True) if sampled
+    ] == script * calls
 
 
-async def chat(url: str, store: RolloutStore, session: str, expected: Expected, stream: bool) -> None:
+async def chat(
+    url: str, store: RolloutStore, session: str, expected: Expected, stream: bool
+) -> None:
     import openai
 
-    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": expected.question}]
-    tools: Any = [{"type": "function", "function": {"name": expected.call[0], "parameters": PARAMETERS}}]
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": expected.question},
+    ]
+    tools: Any = [
+        {"type": "function", "function": {"name": expected.call[0], "parameters": PARAMETERS}}
+    ]
     async with openai.AsyncOpenAI(base_url=f"{url}/s/{session}/v1", api_key="key") as sdk:
         client: Any = sdk  # untyped: the checks read optional fields that this server always fills
         for _ in range(CALLS):
             if stream:
-                chunks = [c async for c in await client.chat.completions.create(
-                    model="tool-model", messages=messages, tools=tools, temperature=0, stream=True)]
-                (call,) = {d.id: d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if d.id}.values()
-                arguments = "".join(d.function.arguments or "" for c in chunks
-                                    for d in (c.choices[0].delta.tool_calls or []))
+                chunks = [
+                    c
+                    async for c in await client.chat.completions.create(
+                        model="tool-model",
+                        messages=messages,
+                        tools=tools,
+                        temperature=0,
+                        stream=True,
+                    )
+                ]
+                (call,) = {
+                    d.id: d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if d.id
+                }.values()
+                arguments = "".join(
+                    d.function.arguments or ""
+                    for c in chunks
+                    for d in (c.choices[0].delta.tool_calls or [])
+                )
                 name, call_id = call.function.name, call.id
                 assert chunks[-1].choices[0].finish_reason == "tool_calls"
-                messages.append({"role": "assistant", "content": None, "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": arguments},
+                            }
+                        ],
+                    }
+                )
             else:
-                response = await client.chat.completions.create(model="tool-model", messages=messages,
-                                                                 tools=tools, temperature=0, logprobs=True)
+                response = await client.chat.completions.create(
+                    model="tool-model", messages=messages, tools=tools, temperature=0, logprobs=True
+                )
                 choice = response.choices[0]
-                assert choice.finish_reason == "tool_calls" and response.usage.completion_tokens == len(expected.script)
+                assert (
+                    choice.finish_reason == "tool_calls"
+                    and response.usage.completion_tokens == len(expected.script)
+                )
                 assert [t.logprob for t in choice.logprobs.content] == list(
-                    store.sessions[session].calls[-1].choices[0].sequence.logprobs)
+                    store.sessions[session].calls[-1].choices[0].sequence.logprobs
+                )
                 (tool_call,) = choice.message.tool_calls
-                name, arguments, call_id = tool_call.function.name, tool_call.function.arguments, tool_call.id
+                name, arguments, call_id = (
+                    tool_call.function.name,
+                    tool_call.function.arguments,
+                    tool_call.id,
+                )
                 messages.append(choice.message.model_dump(exclude_none=True))
             assert (name, json.loads(arguments)) == expected.call
             messages.append({"role": "tool", "tool_call_id": call_id, "content": "42"})
     check_one_sequence(store.sessions[session], expected.script, calls=CALLS)
 
 
-async def responses(url: str, store: RolloutStore, session: str, expected: Expected, stream: bool) -> None:
+async def responses(
+    url: str, store: RolloutStore, session: str, expected: Expected, stream: bool
+) -> None:
     import openai
 
     items: list[Any] = [{"role": "user", "content": expected.question}]
-    tools: Any = [{"type": "function", "name": expected.call[0], "parameters": PARAMETERS, "strict": False}]
+    tools: Any = [
+        {"type": "function", "name": expected.call[0], "parameters": PARAMETERS, "strict": False}
+    ]
     async with openai.AsyncOpenAI(base_url=f"{url}/s/{session}/v1", api_key="key") as sdk:
         client: Any = sdk  # untyped: the checks read optional fields that this server always fills
         for _ in range(CALLS):
             if stream:
-                async with client.responses.stream(model="tool-model", instructions=SYSTEM, input=items,
-                                                   tools=tools, temperature=0) as events:
+                async with client.responses.stream(
+                    model="tool-model", instructions=SYSTEM, input=items, tools=tools, temperature=0
+                ) as events:
                     response = await events.get_final_response()
             else:
-                response = await client.responses.create(model="tool-model", instructions=SYSTEM, input=items,
-                                                         tools=tools, temperature=0)
+                response = await client.responses.create(
+                    model="tool-model", instructions=SYSTEM, input=items, tools=tools, temperature=0
+                )
             calls = [item for item in response.output if item.type == "function_call"]
             assert [(c.name, json.loads(c.arguments)) for c in calls] == [expected.call]
             items += [item.model_dump(exclude_none=True) for item in response.output]
-            items.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": "42"})
+            items.append(
+                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "42"}
+            )
     check_one_sequence(store.sessions[session], expected.script, calls=CALLS)
 
 
-async def messages(url: str, store: RolloutStore, session: str, expected: Expected, stream: bool) -> None:
+async def messages(
+    url: str, store: RolloutStore, session: str, expected: Expected, stream: bool
+) -> None:
     import anthropic
 
     conversation: list[Any] = [{"role": "user", "content": expected.question}]
-    tools: Any = [{"name": expected.call[0], "description": "Evaluate arithmetic.", "input_schema": PARAMETERS}]
+    tools: Any = [
+        {
+            "name": expected.call[0],
+            "description": "Evaluate arithmetic.",
+            "input_schema": PARAMETERS,
+        }
+    ]
     async with anthropic.AsyncAnthropic(base_url=f"{url}/s/{session}", api_key="key") as sdk:
         client: Any = sdk  # untyped: the checks read optional fields that this server always fills
         for _ in range(CALLS):
             if stream:
-                async with client.messages.stream(model="tool-model", max_tokens=64, system=SYSTEM,
-                                                  messages=conversation, tools=tools, extra_body=GREEDY) as events:
+                async with client.messages.stream(
+                    model="tool-model",
+                    max_tokens=64,
+                    system=SYSTEM,
+                    messages=conversation,
+                    tools=tools,
+                    extra_body=GREEDY,
+                ) as events:
                     message = await events.get_final_message()
             else:
-                message = await client.messages.create(model="tool-model", max_tokens=64, system=SYSTEM,
-                                                       messages=conversation, tools=tools, extra_body=GREEDY)
+                message = await client.messages.create(
+                    model="tool-model",
+                    max_tokens=64,
+                    system=SYSTEM,
+                    messages=conversation,
+                    tools=tools,
+                    extra_body=GREEDY,
+                )
             assert message.stop_reason == "tool_use"
             uses = [block for block in message.content if block.type == "tool_use"]
             assert [(u.name, u.input) for u in uses] == [expected.call]
-            assert [b.thinking for b in message.content if b.type == "thinking"] == [expected.reasoning]
-            conversation.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
-            conversation.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": uses[0].id, "content": "42"}]})
+            assert [b.thinking for b in message.content if b.type == "thinking"] == [
+                expected.reasoning
+            ]
+            conversation.append(
+                {
+                    "role": "assistant",
+                    "content": [b.model_dump(exclude_none=True) for b in message.content],
+                }
+            )
+            conversation.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": uses[0].id, "content": "42"}
+                    ],
+                }
+            )
     check_one_sequence(store.sessions[session], expected.script, calls=CALLS)
 
 
 ROUND_TRIPS: dict[str, Callable[[str, RolloutStore, str, Expected, bool], Awaitable[None]]] = {
-    "chat": chat, "responses": responses, "messages": messages}
+    "chat": chat,
+    "responses": responses,
+    "messages": messages,
+}

@@ -33,11 +33,15 @@ class RemoteEngine(ServerEngine):
     server_name = "plait inference service"
     options: RemoteOptions
 
-    def __init__(self, model: ResolvedModel, *, options: RemoteOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: RemoteOptions | None = None, seed: int = 0
+    ) -> None:
         options = options or RemoteOptions()
         if options.engine == "remote" and not options.url:
-            raise EngineError("inference.options.engine is 'remote': the service would launch itself",
-                              fix="name the engine the service runs, e.g. inference.options.engine = \"torch\"")
+            raise EngineError(
+                "inference.options.engine is 'remote': the service would launch itself",
+                fix='name the engine the service runs, e.g. inference.options.engine = "torch"',
+            )
         if options.ray is not None and not options.api_key:  # a Ray node's address is not loopback
             options = attrs.evolve(options, api_key=secrets.token_urlsafe(24))
         self._config_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -48,13 +52,30 @@ class RemoteEngine(ServerEngine):
         if self._config_dir is None:
             self._config_dir = tempfile.TemporaryDirectory(prefix="plait-remote-")
         o = self.options
-        return launch_config(Path(self._config_dir.name), "inference", o.engine, o.engine_options,
-                             model=self.model, seed=self._launch_seed)
+        return launch_config(
+            Path(self._config_dir.name),
+            "inference",
+            o.engine,
+            o.engine_options,
+            model=self.model,
+            seed=self._launch_seed,
+        )
 
     def _command(self, host: str, port: int) -> tuple[list[str], dict[str, str]]:
         o = self.options
-        argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "inference", str(self._config()),
-                "--host", host, "--port", str(port), *o.server_args]
+        argv = [
+            o.python or sys.executable,
+            "-m",
+            "plait.cli",
+            "serve",
+            "inference",
+            str(self._config()),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *o.server_args,
+        ]
         env = {"PLAIT_API_KEY": o.api_key} if o.api_key else {}
         return argv, {**env, **o.env}
 
@@ -67,8 +88,13 @@ class RemoteEngine(ServerEngine):
         from plait_remote.on_ray import RayServer
 
         config = self._config()
-        server = RayServer(self.server_name, self.options.ray, self._command, files={str(config): config.read_text()},
-                           timeout_s=self.options.startup_timeout_s)
+        server = RayServer(
+            self.server_name,
+            self.options.ray,
+            self._command,
+            files={str(config): config.read_text()},
+            timeout_s=self.options.startup_timeout_s,
+        )
         return server, server.url
 
     async def _on_ready(self) -> None:
@@ -83,24 +109,40 @@ class RemoteEngine(ServerEngine):
         if self._config_dir is not None:
             self._config_dir.cleanup()
 
-    async def _call(self, path: str, body: dict[str, Any], *, timeout_s: float | None = None) -> Any:
+    async def _call(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None
+    ) -> Any:
         """POST `body`; the service's 400 comes back as the `DataError` it was on the other side."""
-        response = await self.http.request("POST", path, json=body, timeout_s=timeout_s, accept=(200, 400))
+        response = await self.http.request(
+            "POST", path, json=body, timeout_s=timeout_s, accept=(200, 400)
+        )
         if response.status_code == 400:
             raise refused(response)
         return response.json()
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
+    async def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> SampleResponse:
         prompt_token_ids(prompt, self.vocab_size)  # a bad prompt fails here, before the wire
         if num_samples < 1:
             raise DataError(f"num_samples must be >= 1, got {num_samples}")
         params = sampling_params
         if params.seed is None:  # a seed per request, so that a request sent again samples the same
-            params = SamplingParams(max_tokens=params.max_tokens, seed=self._seed(None), stop=params.stop,
-                                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
-        body = {"prompt": to_json(prompt), "num_samples": num_samples, "sampling_params": to_json(params)}
+            params = SamplingParams(
+                max_tokens=params.max_tokens,
+                seed=self._seed(None),
+                stop=params.stop,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+            )
+        body = {
+            "prompt": to_json(prompt),
+            "num_samples": num_samples,
+            "sampling_params": to_json(params),
+        }
 
         async def send() -> Any:
             return await self._call("/sample", body, timeout_s=self.options.request_timeout_s)
@@ -112,7 +154,9 @@ class RemoteEngine(ServerEngine):
         body = {"prompt": to_json(prompt)}
 
         async def send() -> Any:
-            return await self._call("/compute_logprobs", body, timeout_s=self.options.request_timeout_s)
+            return await self._call(
+                "/compute_logprobs", body, timeout_s=self.options.request_timeout_s
+            )
 
         reply = await self._reissued_after_restart(send, in_flight=True)
         return [None if value is None else float(value) for value in reply["logprobs"]]
@@ -124,7 +168,9 @@ class RemoteEngine(ServerEngine):
             raise ValueError(f"pause mode must be 'keep', 'abort' or 'wait', got {mode!r}")
         await self._ensure_ready()
         self._gate.pause()
-        timeout = self.options.request_timeout_s if mode == "wait" else None  # "wait" lasts as long as a request
+        timeout = (
+            self.options.request_timeout_s if mode == "wait" else None
+        )  # "wait" lasts as long as a request
         await self._call("/pause", {"mode": mode}, timeout_s=timeout)
 
     async def resume(self) -> None:

@@ -70,12 +70,17 @@ class EnvPool:
         if options.rollout_config is not None:
             config = Path(options.rollout_config).expanduser().resolve()
             if not config.is_file():
-                raise ConfigError("env.options.rollout_config", f"{options.rollout_config} is not a file",
-                                  fix="give the run config the rollout workers are built from (this run's own)")
+                raise ConfigError(
+                    "env.options.rollout_config",
+                    f"{options.rollout_config} is not a file",
+                    fix="give the run config the rollout workers are built from (this run's own)",
+                )
             options = attrs.evolve(options, rollout_config=str(config))
         self.options = options
         self._autoscaler = autoscaler_for(options, "env", "environment pool")
-        self._api_key = secrets.token_urlsafe(24) if options.ray is not None else None  # beyond loopback
+        self._api_key = (
+            secrets.token_urlsafe(24) if options.ray is not None else None
+        )  # beyond loopback
         self._built = 0
         self.members = [self._launch() for _ in range(options.members)]
         self._ready: asyncio.Task[None] | None = None
@@ -100,8 +105,17 @@ class EnvPool:
             for key, value in o.env_options.items():
                 argv += ["-o", f"{key}={toml_value(value)}"]
             return argv, {"PLAIT_ORS_API_KEY": self._api_key} if self._api_key else {}
-        argv = [*python, "serve", "rollout", o.rollout_config, "-s", f"env.name={o.env}",
-                "-s", f"env.options={toml_value(o.env_options)}", *where]
+        argv = [
+            *python,
+            "serve",
+            "rollout",
+            o.rollout_config,
+            "-s",
+            f"env.name={o.env}",
+            "-s",
+            f"env.options={toml_value(o.env_options)}",
+            *where,
+        ]
         return argv, {"PLAIT_API_KEY": self._api_key} if self._api_key else {}
 
     def _launch(self) -> _Member:
@@ -111,14 +125,23 @@ class EnvPool:
         self._built += 1
         kind = "environment" if self.options.rollout_config is None else "rollout worker"
         name = f"{self.options.env} {kind} #{self._built}"
-        server, url = start_service(f"{self.options.env} {kind}", self._command, ray=self.options.ray,
-                                    host="127.0.0.1", port=None, log_path=None, files={},
-                                    timeout_s=self.options.startup_timeout_s)
+        server, url = start_service(
+            f"{self.options.env} {kind}",
+            self._command,
+            ray=self.options.ray,
+            host="127.0.0.1",
+            port=None,
+            log_path=None,
+            files={},
+            timeout_s=self.options.startup_timeout_s,
+        )
         env_class = ORSEnvironment if self.options.rollout_config is None else RolloutWorkerEnv
         return _Member(name, server, env_class(ORSOptions(url=url, api_key=self._api_key)))
 
     async def _healthy(self, member: _Member) -> None:
-        await member.server.wait_healthy(lambda: answers_health(member.env.url), timeout_s=self.options.startup_timeout_s)
+        await member.server.wait_healthy(
+            lambda: answers_health(member.env.url), timeout_s=self.options.startup_timeout_s
+        )
 
     async def _ensure_ready(self) -> None:
         if self._closed:
@@ -130,8 +153,9 @@ class EnvPool:
     async def _start(self) -> None:
         self._room, self._membership = asyncio.Condition(), asyncio.Lock()
         await asyncio.gather(*(self._healthy(member) for member in self.members))
-        self._watcher = start_sizing(self.options, self._autoscaler, lambda: self.members, self.scale,
-                                     "environment pool")
+        self._watcher = start_sizing(
+            self.options, self._autoscaler, lambda: self.members, self.scale, "environment pool"
+        )
 
     async def _notify(self) -> None:
         assert self._room is not None
@@ -155,7 +179,11 @@ class EnvPool:
                     await self._stop(member)
                     raise
                 self.members.append(member)
-                log.info("member joined the environment pool", member=member.name, members=len(self.members))
+                log.info(
+                    "member joined the environment pool",
+                    member=member.name,
+                    members=len(self.members),
+                )
             drain(serving[members:], self._retire, self._retiring)
         await self._notify()
 
@@ -169,8 +197,13 @@ class EnvPool:
         if member not in self.members:  # another of its episodes saw it die first
             return
         self.members.remove(member)
-        log.info("member left the environment pool", member=member.name, why=why, episodes=member.episodes,
-                 members=len(self.members))
+        log.info(
+            "member left the environment pool",
+            member=member.name,
+            why=why,
+            episodes=member.episodes,
+            members=len(self.members),
+        )
         await self._stop(member)
 
     @staticmethod
@@ -187,20 +220,33 @@ class EnvPool:
         cap = self.options.max_in_flight
 
         def room() -> list[_Member]:
-            return [m for m in self.members if not m.draining and (cap is None or m.in_flight < cap)]
+            return [
+                m for m in self.members if not m.draining and (cap is None or m.in_flight < cap)
+            ]
 
         async with self._room:
-            queued = self._autoscaler.waiting() if self._autoscaler and not room() else contextlib.nullcontext()
+            queued = (
+                self._autoscaler.waiting()
+                if self._autoscaler and not room()
+                else contextlib.nullcontext()
+            )
             with queued:
                 await self._room.wait_for(lambda: bool(room()) or self._closed or not self.members)
             if self._closed or not self.members:
-                raise EnvironmentError_("the environment pool is closed, or every member of it died")
+                raise EnvironmentError_(
+                    "the environment pool is closed, or every member of it died"
+                )
             member = min(room(), key=lambda m: m.in_flight)
             member.in_flight += 1
             return member
 
-    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                          config: EpisodeConfig) -> Trajectory:
+    async def run_episode(
+        self,
+        task: Mapping[str, Any],
+        engine: InferenceEngine,
+        renderer: Renderer,
+        config: EpisodeConfig,
+    ) -> Trajectory:
         member = await self._acquire()
         trajectory: Trajectory | None = None
         try:
@@ -211,8 +257,11 @@ class EnvPool:
             # or a waiting episode would be sent to it. The process can still look alive when its
             # sockets are already closed, so a member that does not answer /health counts as dead.
             if (trajectory is None or trajectory.error) and not await self._answers(member):
-                log.warning("a member of the environment pool died; its running episodes fail",
-                            member=member.name, error=member.server.crash_error().message)
+                log.warning(
+                    "a member of the environment pool died; its running episodes fail",
+                    member=member.name,
+                    error=member.server.crash_error().message,
+                )
                 await self._leave(member, "died")
             member.in_flight -= 1
             member.episodes += 1
@@ -228,7 +277,9 @@ class EnvPool:
         await self._ensure_ready()
         serving = [m for m in self.members if not m.draining]
         if not serving:
-            raise EnvironmentError_("every member of the environment pool died", fix="read the members' logs")
+            raise EnvironmentError_(
+                "every member of the environment pool died", fix="read the members' logs"
+            )
         return serving
 
     async def _any(self) -> Any:
@@ -243,7 +294,9 @@ class EnvPool:
     async def get_task(self, split: str, index: int) -> dict[str, Any]:
         return dict(await (await self._any()).get_task(split, index))
 
-    async def open(self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None) -> EnvSession:
+    async def open(
+        self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
+    ) -> EnvSession:
         """A session on the least busy member, outside the episode caps (the run's episodes go
         through `run_episode`)."""
         return await min(await self._serving(), key=lambda m: m.in_flight).env.open(task, secrets)

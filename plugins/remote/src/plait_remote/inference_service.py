@@ -60,22 +60,37 @@ class InferenceService:
         self._weights_lock = asyncio.Lock()
         what = f"{name} inference engine"
         routes = [Route("/health", self.health, methods=["GET"])]
-        for path, handler in [("/sample", self.sample), ("/compute_logprobs", self.compute_logprobs),
-                              ("/pause", self.pause), ("/resume", self.resume),
-                              ("/load_weights", self.load_weights), ("/weight_version", self.weight_version)]:
-            routes.append(Route(path, endpoint(handler, name=what, api_key=api_key), methods=["POST"]))
+        for path, handler in [
+            ("/sample", self.sample),
+            ("/compute_logprobs", self.compute_logprobs),
+            ("/pause", self.pause),
+            ("/resume", self.resume),
+            ("/load_weights", self.load_weights),
+            ("/weight_version", self.weight_version),
+        ]:
+            routes.append(
+                Route(path, endpoint(handler, name=what, api_key=api_key), methods=["POST"])
+            )
         self.app = Starlette(routes=routes)
 
     async def health(self, request: Request) -> Response:
         health = await self.engine.health()
-        body = {"ok": health.ok, "weight_version": health.weight_version, "detail": health.detail, "engine": self.name}
+        body = {
+            "ok": health.ok,
+            "weight_version": health.weight_version,
+            "detail": health.detail,
+            "engine": self.name,
+        }
         return reply(body, 200 if health.ok else 503)
 
     async def sample(self, body: dict[str, Any]) -> Any:
         prompt = field(body, "prompt", lambda v: from_json(ModelInput, v))
         num_samples = field(body, "num_samples", int)
-        params = field(body, "sampling_params", lambda v: from_json(SamplingParams, v)) \
-            if "sampling_params" in body else SamplingParams()
+        params = (
+            field(body, "sampling_params", lambda v: from_json(SamplingParams, v))
+            if "sampling_params" in body
+            else SamplingParams()
+        )
         return to_json(await self.engine.sample(prompt, num_samples, params))
 
     async def compute_logprobs(self, body: dict[str, Any]) -> Any:
@@ -109,8 +124,14 @@ class InferenceService:
         return {"weight_version": self.engine.weight_version}
 
 
-def serve_inference(config_path: Path | None, overrides: tuple[str, ...], *, host: str, port: int,
-                    api_key: str | None) -> None:
+def serve_inference(
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+) -> None:
     """Build the config's inference engine, then serve it until SIGINT or SIGTERM."""
     from plait import kinds
     from plait_remote.wire import component_factory, serve_until_stopped
@@ -118,6 +139,10 @@ def serve_inference(config_path: Path | None, overrides: tuple[str, ...], *, hos
     async def start() -> Any:
         make, name = component_factory(kinds.INFERENCE_ENGINE, config_path, overrides)
         engine = make()
-        return InferenceService(engine, name=name, api_key=api_key).app, "inference service", engine.close
+        return (
+            InferenceService(engine, name=name, api_key=api_key).app,
+            "inference service",
+            engine.close,
+        )
 
     serve_until_stopped(start, host=host, port=port, api_key=api_key)

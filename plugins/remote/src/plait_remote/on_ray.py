@@ -52,17 +52,26 @@ def connect(placement: RayPlacement) -> None:
         joined = ray.get_runtime_context().gcs_address
         if wanted in (None, "auto", _joined_as, joined):
             return
-        raise EngineError(f"this process is connected to the Ray cluster at {joined}, and a process joins one Ray "
-                          f"cluster: it cannot place a service on {wanted}",
-                          fix="give every component of the run the same ray.address, and reach services on another "
-                              "cluster over HTTP: start them there with plait serve and set options.url")
+        raise EngineError(
+            f"this process is connected to the Ray cluster at {joined}, and a process joins one Ray "
+            f"cluster: it cannot place a service on {wanted}",
+            fix="give every component of the run the same ray.address, and reach services on another "
+            "cluster over HTTP: start them there with plait serve and set options.url",
+        )
     try:
-        ray.init(address=wanted, namespace=placement.namespace, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=wanted,
+            namespace=placement.namespace,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise EngineError(f"cannot reach the Ray cluster at {wanted!r}: {exc}",
-                          fix="start it (ray start --head) or correct ray.address; leave it unset to start a "
-                              "local cluster for the run") from exc
+        raise EngineError(
+            f"cannot reach the Ray cluster at {wanted!r}: {exc}",
+            fix="start it (ray start --head) or correct ray.address; leave it unset to start a "
+            "local cluster for the run",
+        ) from exc
     _joined_as = wanted
 
 
@@ -85,7 +94,9 @@ class ServiceHost:
         for path, text in files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text)
-        log_path = os.path.join(tempfile.gettempdir(), f"plait-{self.name.replace(' ', '-')}-{os.getpid()}.log")
+        log_path = os.path.join(
+            tempfile.gettempdir(), f"plait-{self.name.replace(' ', '-')}-{os.getpid()}.log"
+        )
         self.server = ServerProcess(self.name, argv, log_path=log_path, env=env)
         return self.server.pid, log_path
 
@@ -105,8 +116,15 @@ class ServiceHost:
 class RayServer(LaunchedServer):
     """A service started by a `ServiceHost` actor on the node Ray chose."""
 
-    def __init__(self, name: str, placement: RayPlacement, command: Command, *, files: dict[str, str],
-                 timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        placement: RayPlacement,
+        command: Command,
+        *,
+        files: dict[str, str],
+        timeout_s: float,
+    ) -> None:
         import ray
         from ray.exceptions import GetTimeoutError
 
@@ -115,19 +133,25 @@ class RayServer(LaunchedServer):
         self.placement = placement
         host: Any = ray.remote(ServiceHost)  # typed loosely: Ray's actor stubs lose the methods
         self.actor: Any = host.options(
-            num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, resources=dict(placement.resources),
-            max_restarts=0).remote(name)
+            num_cpus=placement.num_cpus,
+            num_gpus=placement.num_gpus,
+            resources=dict(placement.resources),
+            max_restarts=0,
+        ).remote(name)
         self._exit_code: int | None = None
         self._actor_failure: str | None = None
         try:
-            address, port, node_id, self.actor_id = ray.get(self.actor.where.remote(), timeout=timeout_s)
+            address, port, node_id, self.actor_id = ray.get(
+                self.actor.where.remote(), timeout=timeout_s
+            )
         except GetTimeoutError:
             ray.kill(self.actor)
             raise EngineError(
                 f"no node of the Ray cluster took the {name} within {timeout_s:g} s: it asks for "
                 f"{self._request()}; the cluster has {ray.cluster_resources()}, free now {ray.available_resources()}",
                 fix="ask for resources a node has (options.ray), add a node that has them, "
-                    "or raise startup_timeout_s") from None
+                "or raise startup_timeout_s",
+            ) from None
         self.address, self.node_id = address, node_id
         self.location = f" (Ray actor {self.actor_id[:12]} on node {node_id[:12]} at {address})"
         self.log_path = Path("(not started)")
@@ -136,7 +160,9 @@ class RayServer(LaunchedServer):
         self.log_path = Path(log_path)
         self.url = f"http://{address}:{port}"
         self._checked = time.monotonic()
-        log.info("service started on Ray", server=name, node=node_id[:12], url=self.url, log=log_path)
+        log.info(
+            "service started on Ray", server=name, node=node_id[:12], url=self.url, log=log_path
+        )
 
     def _request(self) -> str:
         p = self.placement

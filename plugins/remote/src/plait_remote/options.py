@@ -90,7 +90,9 @@ class PoolOptions:
     count = 2}, {engine = "vllm", options = {...}}]. Scaling up repeats the last spec."""
 
     replicas: list[ReplicaSpec] = attrs.field(factory=lambda: [ReplicaSpec()])
-    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    max_in_flight: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive)
+    )
     """Requests one replica runs at once (None = no cap); others wait for room."""
     max_reissues: int = attrs.field(default=3, validator=attrs.validators.ge(0))
     scale_file: str | None = None
@@ -111,7 +113,9 @@ class EnvPoolOptions:
     env: str = "math.arith"
     env_options: dict[str, Any] = attrs.field(factory=dict)
     members: int = attrs.field(default=1, validator=attrs.validators.ge(1))
-    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    max_in_flight: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive)
+    )
     """Episodes one member runs at once (its capacity: a slow verifier, a sandbox pool); None = no cap."""
     scale_file: str | None = None
     """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to (`plait scale`)."""

@@ -63,12 +63,17 @@ class _Replica:
 class PoolEngine:
     """`plait.protocols.InferenceEngine` over a pool of replicas (see the module docstring)."""
 
-    def __init__(self, model: ResolvedModel, *, options: PoolOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: PoolOptions | None = None, seed: int = 0
+    ) -> None:
         self.model = model
         self.options = options or PoolOptions()
         if not self.options.replicas or not any(spec.count for spec in self.options.replicas):
-            raise ConfigError("inference.options.replicas", "the pool needs at least one replica",
-                              fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, count = 2}]')
+            raise ConfigError(
+                "inference.options.replicas",
+                "the pool needs at least one replica",
+                fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, count = 2}]',
+            )
         self._autoscaler = autoscaler_for(self.options, "inference", "inference pool")
         self._seed = seed
         self._built = 0
@@ -91,8 +96,14 @@ class PoolEngine:
         if spec.engine == "pool":
             raise ConfigError("inference.options.replicas", "a pool's replica cannot be a pool")
         self._built += 1
-        engine = build("inference_engine", spec.engine, self.model, options=spec.options,
-                       options_path="inference.options.replicas", seed=self._seed + self._built)
+        engine = build(
+            "inference_engine",
+            spec.engine,
+            self.model,
+            options=spec.options,
+            options_path="inference.options.replicas",
+            seed=self._seed + self._built,
+        )
         return _Replica(f"{spec.engine}-{self._built}", engine)
 
     @property
@@ -105,8 +116,9 @@ class PoolEngine:
         if self._room is None:
             self._room = asyncio.Condition()
         if self._watcher is None and not self._closed:
-            self._watcher = start_sizing(self.options, self._autoscaler, lambda: self.replicas, self.scale,
-                                         "inference pool")
+            self._watcher = start_sizing(
+                self.options, self._autoscaler, lambda: self.replicas, self.scale, "inference pool"
+            )
         return self._room
 
     async def _notify(self) -> None:
@@ -132,7 +144,9 @@ class PoolEngine:
                     await replica.engine.close()
                     raise
                 self.replicas.append(replica)
-                log.info("replica joined the pool", replica=replica.name, replicas=len(self.replicas))
+                log.info(
+                    "replica joined the pool", replica=replica.name, replicas=len(self.replicas)
+                )
             drain(serving[replicas:], self._retire, self._retiring)
         await self._notify()
 
@@ -155,10 +169,16 @@ class PoolEngine:
         cap = self.options.max_in_flight
 
         def candidates() -> list[_Replica]:
-            return [r for r in self.replicas if not r.draining and (cap is None or r.in_flight < cap)]
+            return [
+                r for r in self.replicas if not r.draining and (cap is None or r.in_flight < cap)
+            ]
 
         async with room:
-            queued = self._autoscaler.waiting() if self._autoscaler and not candidates() else contextlib.nullcontext()
+            queued = (
+                self._autoscaler.waiting()
+                if self._autoscaler and not candidates()
+                else contextlib.nullcontext()
+            )
             with queued:
                 await room.wait_for(lambda: bool(candidates()) or self._closed)
             if self._closed:
@@ -167,7 +187,9 @@ class PoolEngine:
             replica.in_flight += 1
             return replica
 
-    async def _on_replica(self, send: Callable[[_Replica], Awaitable[T]], measure: Callable[[T], int]) -> T:
+    async def _on_replica(
+        self, send: Callable[[_Replica], Awaitable[T]], measure: Callable[[T], int]
+    ) -> T:
         failures: list[str] = []
         while True:
             replica = await self._pick()
@@ -180,9 +202,13 @@ class PoolEngine:
                 failures.append(f"{replica.name}: {exc.message}")
                 await self._check(replica)
                 if len(failures) > self.options.max_reissues:
-                    raise EngineError(f"the request failed on {len(failures)} replicas: {'; '.join(failures)}",
-                                      fix="check the replicas' logs") from exc
-                log.warning("re-issuing a request on another replica", failed=replica.name, error=str(exc))
+                    raise EngineError(
+                        f"the request failed on {len(failures)} replicas: {'; '.join(failures)}",
+                        fix="check the replicas' logs",
+                    ) from exc
+                log.warning(
+                    "re-issuing a request on another replica", failed=replica.name, error=str(exc)
+                )
                 continue
             finally:
                 replica.in_flight -= 1
@@ -191,7 +217,9 @@ class PoolEngine:
             tokens = measure(result)
             if seconds > 0 and tokens:
                 rate = tokens / seconds
-                replica.tokens_per_s = rate if not replica.requests else 0.8 * replica.tokens_per_s + 0.2 * rate
+                replica.tokens_per_s = (
+                    rate if not replica.requests else 0.8 * replica.tokens_per_s + 0.2 * rate
+                )
             replica.requests += 1
             return result
 
@@ -202,22 +230,34 @@ class PoolEngine:
             return
         async with self._membership:
             self._forget(replica)
-        log.warning("replica left the pool: it is not healthy", replica=replica.name, detail=health.detail)
+        log.warning(
+            "replica left the pool: it is not healthy", replica=replica.name, detail=health.detail
+        )
         with contextlib.suppress(Exception):
             await replica.engine.close()
         if not self.replicas:
-            raise EngineError(f"every replica of the inference pool failed (last: {replica.name}: {health.detail})",
-                              fix="check the replicas' logs")
+            raise EngineError(
+                f"every replica of the inference pool failed (last: {replica.name}: {health.detail})",
+                fix="check the replicas' logs",
+            )
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
+    async def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> SampleResponse:
         async def tagged(replica: _Replica) -> SampleResponse:
             reply = await replica.engine.sample(prompt, num_samples, sampling_params)
-            return attrs.evolve(reply, sequences=[attrs.evolve(s, replica=replica.name) for s in reply.sequences])
+            return attrs.evolve(
+                reply, sequences=[attrs.evolve(s, replica=replica.name) for s in reply.sequences]
+            )
 
-        return await self._on_replica(tagged, lambda reply: sum(len(s.tokens) for s in reply.sequences))
+        return await self._on_replica(
+            tagged, lambda reply: sum(len(s.tokens) for s in reply.sequences)
+        )
 
     async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
-        return await self._on_replica(lambda replica: replica.engine.compute_logprobs(prompt), lambda _: 0)
+        return await self._on_replica(
+            lambda replica: replica.engine.compute_logprobs(prompt), lambda _: 0
+        )
 
     # -- control --------------------------------------------------------------------------
 
@@ -235,8 +275,10 @@ class PoolEngine:
 
     async def apply_weights(self, update: WeightUpdate) -> None:
         if update.kind != "full":
-            raise EngineError("the inference pool takes full weight updates (a replica that joins later gets the newest)",
-                              fix="use sync.options.payload = \"full\"")
+            raise EngineError(
+                "the inference pool takes full weight updates (a replica that joins later gets the newest)",
+                fix='use sync.options.payload = "full"',
+            )
         await self._everywhere(lambda engine: engine.apply_weights(update))
         self._latest = update if update.tensors else self._latest
         self._version = update.version
@@ -244,9 +286,13 @@ class PoolEngine:
     async def health(self) -> EngineHealth:
         healths = await asyncio.gather(*(r.engine.health() for r in self.replicas))
         ok = [h.ok for h in healths]
-        detail = ", ".join(f"{r.name}: {'ok' if h.ok else h.detail}{' (draining)' if r.draining else ''}"
-                           for r, h in zip(self.replicas, healths, strict=True))
-        return EngineHealth(any(ok), self._version, f"{sum(ok)} of {len(ok)} replicas healthy; {detail}")
+        detail = ", ".join(
+            f"{r.name}: {'ok' if h.ok else h.detail}{' (draining)' if r.draining else ''}"
+            for r, h in zip(self.replicas, healths, strict=True)
+        )
+        return EngineHealth(
+            any(ok), self._version, f"{sum(ok)} of {len(ok)} replicas healthy; {detail}"
+        )
 
     async def close(self) -> None:
         self._closed = True

@@ -50,8 +50,15 @@ class RolloutWorkerOptions(ORSOptions):
 class RolloutService:
     """The worker's HTTP face (see the module docstring for the wire)."""
 
-    def __init__(self, env: Any, renderer: Renderer, model: Any, *, names: Mapping[str, str],
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        renderer: Renderer,
+        model: Any,
+        *,
+        names: Mapping[str, str],
+        api_key: str | None = None,
+    ) -> None:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
@@ -64,10 +71,20 @@ class RolloutService:
         self._engines: dict[tuple[str, str | None], InferenceEngine] = {}
         self.ors = Server([env], options=ServerOptions(api_key=api_key))
         what = f"rollout worker of {names['env']}"
-        self._rollout = Starlette(routes=[
-            Route("/rollout/episode", endpoint(self.episode, name=what, api_key=api_key), methods=["POST"]),
-            Route("/rollout/info", endpoint(self.info, name=what, api_key=api_key), methods=["GET"]),
-        ])
+        self._rollout = Starlette(
+            routes=[
+                Route(
+                    "/rollout/episode",
+                    endpoint(self.episode, name=what, api_key=api_key),
+                    methods=["POST"],
+                ),
+                Route(
+                    "/rollout/info",
+                    endpoint(self.info, name=what, api_key=api_key),
+                    methods=["GET"],
+                ),
+            ]
+        )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """ASGI: the worker's own routes, and every other path (and the lifespan) to the ORS server."""
@@ -83,7 +100,9 @@ class RolloutService:
 
         key = (url, api_key)
         if key not in self._engines:
-            self._engines[key] = RemoteEngine(self.model, options=RemoteOptions(url=url, api_key=api_key))
+            self._engines[key] = RemoteEngine(
+                self.model, options=RemoteOptions(url=url, api_key=api_key)
+            )
         return self._engines[key]
 
     async def episode(self, body: dict[str, Any]) -> Any:
@@ -111,7 +130,9 @@ def _mapping(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def build_worker(config_path: Path | None, overrides: tuple[str, ...], *, api_key: str | None) -> RolloutService:
+def build_worker(
+    config_path: Path | None, overrides: tuple[str, ...], *, api_key: str | None
+) -> RolloutService:
     """The worker of a run config: its `[model]`, `[renderer]` and `[env]`."""
     from plait.components import resolve_model
     from plait.config import load_config
@@ -120,18 +141,34 @@ def build_worker(config_path: Path | None, overrides: tuple[str, ...], *, api_ke
 
     config = load_config(config_path, overrides)
     if config.env.name in NOT_WORKER_ENVS:
-        raise ConfigError("env.name", f"a rollout worker runs one environment itself, not {config.env.name!r}",
-                          fix="name the environment the worker runs, e.g. -s env.name=math.arith")
-    model = resolve_model(config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype)
-    renderer = build("renderer", config.renderer.name, model, options=config.renderer.options,
-                     options_path="renderer.options")
+        raise ConfigError(
+            "env.name",
+            f"a rollout worker runs one environment itself, not {config.env.name!r}",
+            fix="name the environment the worker runs, e.g. -s env.name=math.arith",
+        )
+    model = resolve_model(
+        config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype
+    )
+    renderer = build(
+        "renderer",
+        config.renderer.name,
+        model,
+        options=config.renderer.options,
+        options_path="renderer.options",
+    )
     env = build_environment(config.env.name, dict(config.env.options))
     names = {"model": str(model.path), "renderer": config.renderer.name, "env": config.env.name}
     return RolloutService(env, renderer, model, names=names, api_key=api_key)
 
 
-def serve_rollout(config_path: Path | None, overrides: tuple[str, ...], *, host: str, port: int,
-                  api_key: str | None) -> None:
+def serve_rollout(
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+) -> None:
     """Build the config's rollout worker, then serve it until SIGINT or SIGTERM."""
     from plait_remote.wire import serve_until_stopped
 
@@ -154,27 +191,47 @@ class RolloutWorkerEnv(ORSEnvironment):
     def from_options(cls, *, options: ORSOptions) -> RolloutWorkerEnv:
         return cls(options)
 
-    async def run_episode(self, task: Mapping[str, Any], engine: InferenceEngine, renderer: Renderer,
-                          config: EpisodeConfig) -> Trajectory:
+    async def run_episode(
+        self,
+        task: Mapping[str, Any],
+        engine: InferenceEngine,
+        renderer: Renderer,
+        config: EpisodeConfig,
+    ) -> Trajectory:
         from plait_remote.engine import RemoteEngine
 
         if not isinstance(engine, RemoteEngine):
-            raise ConfigError("inference.engine", f"rollout workers sample from the run's inference service, and "
-                                                  f"this run's engine is {type(engine).__name__} in its own process",
-                              fix='set inference.engine = "remote" (a plait serve inference service)')
-        body = {"task": dict(task), "config": to_json(config),
-                "inference": {"url": engine.base_url, "api_key": engine.options.api_key}}
+            raise ConfigError(
+                "inference.engine",
+                f"rollout workers sample from the run's inference service, and "
+                f"this run's engine is {type(engine).__name__} in its own process",
+                fix='set inference.engine = "remote" (a plait serve inference service)',
+            )
+        body = {
+            "task": dict(task),
+            "config": to_json(config),
+            "inference": {"url": engine.base_url, "api_key": engine.options.api_key},
+        }
         try:
             answer = await self._post_episode(body)
         except Exception as exc:  # a worker that died or refused costs this episode only
-            log.warning("rollout worker failed an episode", url=self.url, error=f"{type(exc).__name__}: {exc}")
-            return Trajectory(task=dict(task), turns=(),
-                              error=f"the rollout worker at {self.url} failed: {type(exc).__name__}: {exc}")
+            log.warning(
+                "rollout worker failed an episode",
+                url=self.url,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return Trajectory(
+                task=dict(task),
+                turns=(),
+                error=f"the rollout worker at {self.url} failed: {type(exc).__name__}: {exc}",
+            )
         trajectory = from_json(Trajectory, answer["trajectory"])
         # The worker timed its environment calls on its own clock: shift them onto this one.
         offset = time.perf_counter() - float(answer["clock"])
-        return attrs.evolve(trajectory, env_seconds=[(start + offset, end + offset)
-                                                     for start, end in trajectory.env_seconds])
+        return attrs.evolve(
+            trajectory,
+            env_seconds=[(start + offset, end + offset) for start, end in trajectory.env_seconds],
+        )
 
     async def _post_episode(self, body: dict[str, Any]) -> Any:
         """One attempt, no deadline: an episode may run for long, and one sent again after a
@@ -182,10 +239,10 @@ class RolloutWorkerEnv(ORSEnvironment):
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=None, connect=10.0)
-        async with self.http.client().post(self.url + "/rollout/episode", json=body, headers=self.headers(),
-                                           timeout=timeout) as response:
+        async with self.http.client().post(
+            self.url + "/rollout/episode", json=body, headers=self.headers(), timeout=timeout
+        ) as response:
             reply = Reply(response.status, await response.read())
         if reply.status_code != 200:
             raise RuntimeError(f"HTTP {reply.status_code}: {error_message(reply)}")
         return reply.json()
-

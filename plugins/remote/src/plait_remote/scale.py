@@ -40,25 +40,37 @@ def scale_file_of(run_dir: Path, section: str) -> tuple[Path, float]:
     """(the scale file the run's `section` pool reads, how often it reads it)."""
     config_path = run_dir / "config.toml"
     if not config_path.is_file():
-        raise ConfigError("RUN_DIR", f"{run_dir} holds no config.toml, so it is not a run's directory",
-                          fix="give the directory `plait run` printed at its start (out_dir/name)")
+        raise ConfigError(
+            "RUN_DIR",
+            f"{run_dir} holds no config.toml, so it is not a run's directory",
+            fix="give the directory `plait run` printed at its start (out_dir/name)",
+        )
     table, key = tomllib.loads(config_path.read_text()).get(section, {}), SCALABLE[section]
     if table.get(key) != "pool":
-        raise ConfigError(f"{section}.{key}", f"the run in {run_dir} has {section}.{key} = {table.get(key)!r}, "
-                                              f"and only a pool scales",
-                          fix=f'start the run with {section}.{key} = "pool" and {section}.options.scale_file set')
+        raise ConfigError(
+            f"{section}.{key}",
+            f"the run in {run_dir} has {section}.{key} = {table.get(key)!r}, "
+            f"and only a pool scales",
+            fix=f'start the run with {section}.{key} = "pool" and {section}.options.scale_file set',
+        )
     options = table.get("options") or {}
     if not options.get("scale_file"):
-        raise ConfigError(f"{section}.options.scale_file", f"the {section} pool of the run in {run_dir} reads no scale file",
-                          fix=f'start the run with {section}.options.scale_file = "{run_dir / f"{section}-scale.json"}"')
+        raise ConfigError(
+            f"{section}.options.scale_file",
+            f"the {section} pool of the run in {run_dir} reads no scale file",
+            fix=f'start the run with {section}.options.scale_file = "{run_dir / f"{section}-scale.json"}"',
+        )
     return Path(options["scale_file"]).expanduser(), float(options.get("poll_s", 1.0))
 
 
 def scale(run_dir: Path, section: str, replicas: int) -> Path:
     """Ask the run's `section` pool for `replicas` members; the scale file written."""
     if replicas < 1:
-        raise ConfigError(section, f"a pool needs at least one member, asked for {replicas}",
-                          fix="ask for 1 or more")
+        raise ConfigError(
+            section,
+            f"a pool needs at least one member, asked for {replicas}",
+            fix="ask for 1 or more",
+        )
     path, _ = scale_file_of(run_dir, section)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -67,7 +79,9 @@ def scale(run_dir: Path, section: str, replicas: int) -> Path:
     return path
 
 
-async def follow_scale_file(path: Path, poll_s: float, resize: Callable[[int], Awaitable[None]], what: str) -> None:
+async def follow_scale_file(
+    path: Path, poll_s: float, resize: Callable[[int], Awaitable[None]], what: str
+) -> None:
     """Every `poll_s` seconds, `resize(n)` when `{"replicas": n}` in `path` changes (until cancelled).
     A missing or unreadable file is waited for; a resize that fails is logged, and tried again
     when the file asks for something else."""
@@ -85,7 +99,9 @@ async def follow_scale_file(path: Path, poll_s: float, resize: Callable[[int], A
         await asyncio.sleep(poll_s)
 
 
-def drain(members: Sequence[Any], retire: Callable[[Any], Awaitable[None]], tasks: set[asyncio.Task[None]]) -> None:
+def drain(
+    members: Sequence[Any], retire: Callable[[Any], Awaitable[None]], tasks: set[asyncio.Task[None]]
+) -> None:
     """Mark `members` draining (they take no new work) and retire each, newest first, in a task
     kept in `tasks` until it is done (a pool cancels what is left when it closes)."""
     for member in reversed(members):
@@ -118,12 +134,18 @@ def autoscaler_for(options: Any, section: str, what: str) -> Autoscaler | None:
     if options.autoscale is None:
         return None
     if options.max_in_flight is None:
-        raise ConfigError(f"{section}.options.max_in_flight", "autoscale sizes the pool by the work that waits "
-                                                              "for room, and without a cap nothing waits",
-                          fix=f"set {section}.options.max_in_flight (what one member runs at once)")
+        raise ConfigError(
+            f"{section}.options.max_in_flight",
+            "autoscale sizes the pool by the work that waits "
+            "for room, and without a cap nothing waits",
+            fix=f"set {section}.options.max_in_flight (what one member runs at once)",
+        )
     if options.scale_file is not None:
-        raise ConfigError(f"{section}.options.scale_file", "a pool follows either its scale file or autoscale",
-                          fix=f"leave out {section}.options.scale_file or {section}.options.autoscale")
+        raise ConfigError(
+            f"{section}.options.scale_file",
+            "a pool follows either its scale file or autoscale",
+            fix=f"leave out {section}.options.scale_file or {section}.options.autoscale",
+        )
     return Autoscaler(options.autoscale, what)
 
 
@@ -139,7 +161,9 @@ class Autoscaler:
         self._queued_since: float | None = None
         self._calm_since = now  # the last time work waited, or the pool changed size
         self._changed = now
-        self._load: collections.deque[tuple[float, int]] = collections.deque()  # (time, in flight) over idle_s
+        self._load: collections.deque[tuple[float, int]] = (
+            collections.deque()
+        )  # (time, in flight) over idle_s
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -165,22 +189,40 @@ class Autoscaler:
             return o.min
         if now - self._changed < o.stall_s:
             return serving
-        if self._queued_since is not None and now - self._queued_since >= o.stall_s and serving < o.max:
+        if (
+            self._queued_since is not None
+            and now - self._queued_since >= o.stall_s
+            and serving < o.max
+        ):
             return serving + 1
-        if serving > o.min and not self.waiting_now and now - self._calm_since >= o.idle_s \
-                and max(load for _, load in self._load) <= (serving - 1) * cap:
+        if (
+            serving > o.min
+            and not self.waiting_now
+            and now - self._calm_since >= o.idle_s
+            and max(load for _, load in self._load) <= (serving - 1) * cap
+        ):
             return serving - 1
         return min(serving, o.max)
 
-    async def follow(self, poll_s: float, load: Callable[[], tuple[int, int]], cap: int,
-                     resize: Callable[[int], Awaitable[None]]) -> None:
+    async def follow(
+        self,
+        poll_s: float,
+        load: Callable[[], tuple[int, int]],
+        cap: int,
+        resize: Callable[[int], Awaitable[None]],
+    ) -> None:
         """Every `poll_s` seconds, `resize` the pool to what `wanted` says for `load()` (serving
         members, work in flight), until cancelled; a resize that fails is logged and tried again."""
         while True:
             serving, in_flight = load()
             size = self.wanted(serving, in_flight, cap)
             if size != serving:
-                log.info(f"autoscaling the {self.what}", members=size, waiting=self.waiting_now, in_flight=in_flight)
+                log.info(
+                    f"autoscaling the {self.what}",
+                    members=size,
+                    waiting=self.waiting_now,
+                    in_flight=in_flight,
+                )
                 self._changed = self._calm_since = time.monotonic()
                 try:
                     await resize(size)
@@ -189,12 +231,19 @@ class Autoscaler:
             await asyncio.sleep(poll_s)
 
 
-def start_sizing(options: Any, autoscaler: Autoscaler | None, members: Callable[[], Sequence[Any]],
-                 resize: Callable[[int], Awaitable[None]], what: str) -> asyncio.Task[None] | None:
+def start_sizing(
+    options: Any,
+    autoscaler: Autoscaler | None,
+    members: Callable[[], Sequence[Any]],
+    resize: Callable[[int], Awaitable[None]],
+    what: str,
+) -> asyncio.Task[None] | None:
     """The task that sizes a pool while it runs: following `options.scale_file`, or `autoscaler`
     on the load of `members()` (each with `draining` and `in_flight`); None for neither."""
     if options.scale_file:
-        return asyncio.ensure_future(follow_scale_file(Path(options.scale_file), options.poll_s, resize, what))
+        return asyncio.ensure_future(
+            follow_scale_file(Path(options.scale_file), options.poll_s, resize, what)
+        )
     if autoscaler is None or options.max_in_flight is None:
         return None
 
@@ -202,4 +251,6 @@ def start_sizing(options: Any, autoscaler: Autoscaler | None, members: Callable[
         serving = [m for m in members() if not m.draining]
         return len(serving), sum(m.in_flight for m in serving)
 
-    return asyncio.ensure_future(autoscaler.follow(options.poll_s, load, options.max_in_flight, resize))
+    return asyncio.ensure_future(
+        autoscaler.follow(options.poll_s, load, options.max_in_flight, resize)
+    )

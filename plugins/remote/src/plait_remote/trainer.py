@@ -42,7 +42,9 @@ class RemoteTrainer:
     """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and `plait_weights.capabilities.WritesWeightFiles`)
     on a `plait serve trainer` service."""
 
-    def __init__(self, model: ResolvedModel, *, options: RemoteTrainerOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: RemoteTrainerOptions | None = None, seed: int = 0
+    ) -> None:
         import httpx
 
         self.model = model
@@ -51,15 +53,24 @@ class RemoteTrainer:
             options = attrs.evolve(options, api_key=secrets.token_urlsafe(24))
         self.options = options
         if options.engine == "remote" and not options.url:
-            raise EngineError("trainer.options.engine is 'remote': the service would launch itself",
-                              fix="name the engine the service runs, e.g. trainer.options.engine = \"torch\"")
+            raise EngineError(
+                "trainer.options.engine is 'remote': the service would launch itself",
+                fix='name the engine the service runs, e.g. trainer.options.engine = "torch"',
+            )
         self._scratch = Path(tempfile.mkdtemp(prefix="plait-remote-trainer-"))
-        self._exports = Path(options.exchange_dir).expanduser() if options.exchange_dir else self._scratch / "exports"
+        self._exports = (
+            Path(options.exchange_dir).expanduser()
+            if options.exchange_dir
+            else self._scratch / "exports"
+        )
         self.server: Any = None
         base_url = options.url or self._launch(seed)
         headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
-        self._http = httpx.Client(base_url=base_url, headers=headers,
-                                  timeout=httpx.Timeout(options.request_timeout_s, connect=10.0))
+        self._http = httpx.Client(
+            base_url=base_url,
+            headers=headers,
+            timeout=httpx.Timeout(options.request_timeout_s, connect=10.0),
+        )
         self.base_url = base_url.rstrip("/")
         try:
             created = self._post("/trainers", {})
@@ -75,20 +86,45 @@ class RemoteTrainer:
     def _launch(self, seed: int) -> str:
 
         o = self.options
-        config = launch_config(self._scratch, "trainer", o.engine, o.engine_options, model=self.model, seed=seed)
+        config = launch_config(
+            self._scratch, "trainer", o.engine, o.engine_options, model=self.model, seed=seed
+        )
 
         def command(host: str, port: int) -> tuple[list[str], dict[str, str]]:
-            argv = [o.python or sys.executable, "-m", "plait.cli", "serve", "trainer", str(config),
-                    "--host", host, "--port", str(port)]
+            argv = [
+                o.python or sys.executable,
+                "-m",
+                "plait.cli",
+                "serve",
+                "trainer",
+                str(config),
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ]
             return argv, {**({"PLAIT_API_KEY": o.api_key} if o.api_key else {}), **o.env}
 
-        self.server, url = start_service(SERVICE, command, ray=o.ray, host=o.host, port=o.port, log_path=o.log_path,
-                                         files={str(config): config.read_text()}, timeout_s=o.startup_timeout_s)
+        self.server, url = start_service(
+            SERVICE,
+            command,
+            ray=o.ray,
+            host=o.host,
+            port=o.port,
+            log_path=o.log_path,
+            files={str(config): config.read_text()},
+            timeout_s=o.startup_timeout_s,
+        )
 
         # wait_healthy is async and a trainer is built from synchronous code that may run inside
         # an event loop: wait in a thread of its own
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, self.server.wait_healthy(lambda: answers_health(url), timeout_s=o.startup_timeout_s)).result()
+            pool.submit(
+                asyncio.run,
+                self.server.wait_healthy(
+                    lambda: answers_health(url), timeout_s=o.startup_timeout_s
+                ),
+            ).result()
         return url
 
     # -- the wire ---------------------------------------------------------------------------
@@ -107,12 +143,16 @@ class RemoteTrainer:
         except httpx.TransportError as exc:
             if self.server is not None and not self.server.alive():
                 raise self.server.crash_error(f" (during {what})") from None
-            raise EngineError(f"cannot reach the {SERVICE} at {self._http.base_url} ({what}): {type(exc).__name__}: {exc}",
-                              fix="start the service, or check trainer.options.url") from exc
+            raise EngineError(
+                f"cannot reach the {SERVICE} at {self._http.base_url} ({what}): {type(exc).__name__}: {exc}",
+                fix="start the service, or check trainer.options.url",
+            ) from exc
         if response.status_code == 400:
             raise refused(response)
         if response.status_code != 200:
-            raise EngineError(f"the {SERVICE} answered {what} with HTTP {response.status_code}: {error_message(response)}")
+            raise EngineError(
+                f"the {SERVICE} answered {what} with HTTP {response.status_code}: {error_message(response)}"
+            )
         return response.json()
 
     def _trainer(self, call: str, body: Mapping[str, Any]) -> Any:
@@ -126,22 +166,37 @@ class RemoteTrainer:
     def weight_version(self) -> int:
         return self._version
 
-    def _losses(self, call: str, data: Sequence[Datum], loss_fn: str,
-                loss_fn_config: Mapping[str, float] | None) -> ForwardBackwardOutput:
-        body = {"data": [to_json(datum) for datum in data], "loss_fn": loss_fn,
-                "loss_fn_config": dict(loss_fn_config) if loss_fn_config is not None else None}
+    def _losses(
+        self,
+        call: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float] | None,
+    ) -> ForwardBackwardOutput:
+        body = {
+            "data": [to_json(datum) for datum in data],
+            "loss_fn": loss_fn,
+            "loss_fn_config": dict(loss_fn_config) if loss_fn_config is not None else None,
+        }
         return from_json(ForwardBackwardOutput, self._trainer(call, body))
 
-    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> ForwardBackwardOutput:
         return self._losses("forward", data, loss_fn, loss_fn_config)
 
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
         return self._losses("forward_backward", data, loss_fn, loss_fn_config)
 
     def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
-        result = from_json(OptimStepResult, self._trainer("optim_step", {"adam_params": to_json(adam_params)}))
+        result = from_json(
+            OptimStepResult, self._trainer("optim_step", {"adam_params": to_json(adam_params)})
+        )
         self._version = result.weight_version
         return result
 
@@ -149,7 +204,9 @@ class RemoteTrainer:
         self._trainer("save_state", {"path": str(Path(path).resolve())})
 
     def load_state(self, path: str | Path) -> None:
-        self._version = int(self._trainer("load_state", {"path": str(Path(path).resolve())})["weight_version"])
+        self._version = int(
+            self._trainer("load_state", {"path": str(Path(path).resolve())})["weight_version"]
+        )
 
     def export_weights(self) -> Iterator[tuple[str, Any]]:
         from safetensors.torch import load_file
@@ -165,7 +222,9 @@ class RemoteTrainer:
         """The service writes `directory/model.safetensors` (`plait_weights.capabilities.WritesWeightFiles`:
         the disk sync has it written where the engines load it). `directory` must be writable by
         the service."""
-        return Path(self._trainer("export_weights", {"path": str(Path(directory).resolve())})["path"])
+        return Path(
+            self._trainer("export_weights", {"path": str(Path(directory).resolve())})["path"]
+        )
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

@@ -66,13 +66,17 @@ class _Hosted:
         self.engine: TrainerEngine
 
     async def call(self, method: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.worker, functools.partial(method, *args))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.worker, functools.partial(method, *args)
+        )
 
 
 class TrainerService:
     """Trainer engines made by `make_trainer`, served by id (see the module docstring)."""
 
-    def __init__(self, make_trainer: Callable[[], TrainerEngine], *, name: str, api_key: str | None = None) -> None:
+    def __init__(
+        self, make_trainer: Callable[[], TrainerEngine], *, name: str, api_key: str | None = None
+    ) -> None:
         self.make_trainer = make_trainer
         self.name = name
         self.trainers: dict[str, _Hosted] = {}
@@ -82,17 +86,23 @@ class TrainerService:
         def post(path: str, handler: Callable[..., Any]) -> Route:
             return Route(path, endpoint(handler, name=what, api_key=api_key), methods=["POST"])
 
-        self.app = Starlette(routes=[
-            Route("/health", self.health, methods=["GET"]),
-            post("/trainers", self.create),
-            post("/trainers/{trainer_id}/forward", self.forward),
-            post("/trainers/{trainer_id}/forward_backward", self.forward_backward),
-            post("/trainers/{trainer_id}/optim_step", self.optim_step),
-            post("/trainers/{trainer_id}/save_state", self.save_state),
-            post("/trainers/{trainer_id}/load_state", self.load_state),
-            post("/trainers/{trainer_id}/export_weights", self.export_weights),
-            Route("/trainers/{trainer_id}", endpoint(self.delete, name=what, api_key=api_key), methods=["DELETE"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                post("/trainers", self.create),
+                post("/trainers/{trainer_id}/forward", self.forward),
+                post("/trainers/{trainer_id}/forward_backward", self.forward_backward),
+                post("/trainers/{trainer_id}/optim_step", self.optim_step),
+                post("/trainers/{trainer_id}/save_state", self.save_state),
+                post("/trainers/{trainer_id}/load_state", self.load_state),
+                post("/trainers/{trainer_id}/export_weights", self.export_weights),
+                Route(
+                    "/trainers/{trainer_id}",
+                    endpoint(self.delete, name=what, api_key=api_key),
+                    methods=["DELETE"],
+                ),
+            ]
+        )
 
     async def health(self, request: Request) -> Response:
         return reply({"ok": True, "engine": self.name, "trainers": len(self.trainers)})
@@ -100,7 +110,9 @@ class TrainerService:
     def _hosted(self, trainer_id: str) -> _Hosted:
         hosted = self.trainers.get(trainer_id)
         if hosted is None:
-            raise NotFound(f"no trainer {trainer_id!r} on this service (deleted, or the service restarted)")
+            raise NotFound(
+                f"no trainer {trainer_id!r} on this service (deleted, or the service restarted)"
+            )
         return hosted
 
     async def create(self, body: dict[str, Any]) -> Any:
@@ -113,9 +125,14 @@ class TrainerService:
         trainer_id = f"t{next(self._ids)}"
         self.trainers[trainer_id] = hosted
         log.info("trainer created", trainer=trainer_id, engine=self.name)
-        return {"id": trainer_id, "weight_version": engine.weight_version,
-                "capabilities": to_json(engine.capabilities),
-                "peak_flops_per_s": engine.peak_flops_per_s if isinstance(engine, MeasuresFlops) else None}
+        return {
+            "id": trainer_id,
+            "weight_version": engine.weight_version,
+            "capabilities": to_json(engine.capabilities),
+            "peak_flops_per_s": engine.peak_flops_per_s
+            if isinstance(engine, MeasuresFlops)
+            else None,
+        }
 
     async def _losses(self, trainer_id: str, body: dict[str, Any], backward: bool) -> Any:
         hosted = self._hosted(trainer_id)
@@ -172,8 +189,14 @@ class TrainerService:
             await self.delete({}, trainer_id)
 
 
-def serve_trainer(config_path: Path | None, overrides: tuple[str, ...], *, host: str, port: int,
-                  api_key: str | None) -> None:
+def serve_trainer(
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+) -> None:
     """Serve trainer engines of the config's `[trainer]` kind until SIGINT or SIGTERM."""
     from plait import kinds
     from plait_remote.wire import component_factory, serve_until_stopped

@@ -40,10 +40,14 @@ class NotFound(BadRequest):
 
 def reply(data: Any, status: int = 200) -> Response:
     # allow_nan: a logprob can be -inf (a token the model gives no mass), which JSON proper lacks
-    return Response(json.dumps(data, allow_nan=True), status_code=status, media_type="application/json")
+    return Response(
+        json.dumps(data, allow_nan=True), status_code=status, media_type="application/json"
+    )
 
 
-def error(status: int, message: str, *, fix: str | None = None, kind: str | None = None) -> Response:
+def error(
+    status: int, message: str, *, fix: str | None = None, kind: str | None = None
+) -> Response:
     return reply({"error": {"message": message, "fix": fix, "type": kind}}, status)
 
 
@@ -57,7 +61,9 @@ def field(body: dict[str, Any], name: str, parse: Callable[[Any], Any]) -> Any:
         raise BadRequest(f"{name!r} is not valid: {exc}") from None
 
 
-def endpoint(handler: Handler, *, name: str, api_key: str | None) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(
+    handler: Handler, *, name: str, api_key: str | None
+) -> Callable[[Request], Awaitable[Response]]:
     """A route that checks the key, reads a JSON object body and answers `handler(body,
     **path_params)`, mapping every failure to its status."""
 
@@ -65,7 +71,11 @@ def endpoint(handler: Handler, *, name: str, api_key: str | None) -> Callable[[R
         from plait_sdk.server import key_matches
 
         if api_key and not key_matches(request.headers, api_key):
-            return error(401, "missing or wrong API key", fix="send it as Authorization: Bearer <key> (options.api_key)")
+            return error(
+                401,
+                "missing or wrong API key",
+                fix="send it as Authorization: Bearer <key> (options.api_key)",
+            )
         try:
             body = json.loads(await request.body() or b"{}")
             if not isinstance(body, dict):
@@ -95,7 +105,9 @@ def refused(response: Any) -> DataError:
     return DataError(error_message(response), fix=fix)
 
 
-def component_factory(kind: Any, config_path: Path | None, overrides: tuple[str, ...]) -> tuple[Callable[[], Any], str]:
+def component_factory(
+    kind: Any, config_path: Path | None, overrides: tuple[str, ...]
+) -> tuple[Callable[[], Any], str]:
     """(a function that builds a new instance of run config's component of `kind`: the trainer or
     inference engine on its model, options and seed; the component's name)."""
     from plait.components import resolve_model
@@ -106,17 +118,27 @@ def component_factory(kind: Any, config_path: Path | None, overrides: tuple[str,
     section = getattr(config, kind.config_key.split(".")[0])
     name = getattr(section, kind.config_key.split(".")[1])
     if name == "remote":
-        raise ConfigError(kind.config_key, "a service cannot serve the 'remote' component (it would call itself)",
-                          fix=f"name the component the service runs, e.g. -s {kind.config_key}=torch")
+        raise ConfigError(
+            kind.config_key,
+            "a service cannot serve the 'remote' component (it would call itself)",
+            fix=f"name the component the service runs, e.g. -s {kind.config_key}=torch",
+        )
     factory = get_registry().get(kind, name)
     options = factory.validate_options(section.options, f"{kind.config_key.split('.')[0]}.options")
-    model = resolve_model(config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype)
+    model = resolve_model(
+        config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype
+    )
     make = factory.load()
     return (lambda: make(model, options=options, seed=config.run.seed)), name
 
 
-def serve_until_stopped(start: Callable[[], Awaitable[tuple[Any, str, Callable[[], Awaitable[None]]]]], *,
-                        host: str, port: int, api_key: str | None) -> None:
+def serve_until_stopped(
+    start: Callable[[], Awaitable[tuple[Any, str, Callable[[], Awaitable[None]]]]],
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+) -> None:
     """`start()` -> (ASGI app, what it serves, an async close); serve the app on host:port until
     SIGINT or SIGTERM, then close. Beyond loopback an API key is required."""
     import click
@@ -145,8 +167,15 @@ def serve_until_stopped(start: Callable[[], Awaitable[tuple[Any, str, Callable[[
     asyncio.run(main())
 
 
-def launch_config(directory: Path, section: str, engine: str, engine_options: dict[str, Any], *,
-                  model: Any, seed: int) -> Path:
+def launch_config(
+    directory: Path,
+    section: str,
+    engine: str,
+    engine_options: dict[str, Any],
+    *,
+    model: Any,
+    seed: int,
+) -> Path:
     """A run config for a launched service: the model, `[section]` running `engine`, the seed."""
     import tomli_w
 
@@ -154,14 +183,29 @@ def launch_config(directory: Path, section: str, engine: str, engine_options: di
     if model.tokenizer_path and str(model.tokenizer_path) != str(model.path):
         table["tokenizer"] = str(model.tokenizer_path)
     path = directory / f"{section}-service.toml"
-    path.write_text(tomli_w.dumps({"run": {"seed": seed}, "model": table,
-                                   section: {"engine": engine, "options": dict(engine_options)}}))
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "run": {"seed": seed},
+                "model": table,
+                section: {"engine": engine, "options": dict(engine_options)},
+            }
+        )
+    )
     return path
 
 
-def start_service(name: str, command: Callable[[str, int], tuple[list[str], dict[str, str]]], *, ray: Any,
-                  host: str, port: int | None, log_path: str | None, files: dict[str, str],
-                  timeout_s: float) -> tuple[Any, str]:
+def start_service(
+    name: str,
+    command: Callable[[str, int], tuple[list[str], dict[str, str]]],
+    *,
+    ray: Any,
+    host: str,
+    port: int | None,
+    log_path: str | None,
+    files: dict[str, str],
+    timeout_s: float,
+) -> tuple[Any, str]:
     """(the launched server, its base URL): `command(host, port)` started on this machine, or on
     a Ray node when `ray` (a RayPlacement) is given, with `files` (path -> text) written there."""
     import os
@@ -176,7 +220,9 @@ def start_service(name: str, command: Callable[[str, int], tuple[list[str], dict
         return server, server.url
     port = port or free_port(host)
     argv, env = command(host, port)
-    log_path = log_path or os.path.join(tempfile.gettempdir(), f"plait-{name.replace(' ', '-')}-{os.getpid()}-{port}.log")
+    log_path = log_path or os.path.join(
+        tempfile.gettempdir(), f"plait-{name.replace(' ', '-')}-{os.getpid()}-{port}.log"
+    )
     return ServerProcess(name, argv, log_path=log_path, env=env), f"http://{host}:{port}"
 
 

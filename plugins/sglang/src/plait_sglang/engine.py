@@ -83,8 +83,10 @@ def stop_params(stop: Any) -> dict[str, Any]:
         return {"stop": list(items), "ignore_eos": True}
     if all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
         return {"stop_token_ids": [int(s) for s in items]}
-    raise DataError(f"SamplingParams.stop mixes strings and token ids: {items!r}",
-                    fix="give either stop strings or stop token ids")
+    raise DataError(
+        f"SamplingParams.stop mixes strings and token ids: {items!r}",
+        fix="give either stop strings or stop token ids",
+    )
 
 
 def decode_routed_experts(encoded: str | None, num_layers: int, top_k: int) -> TensorData | None:
@@ -95,8 +97,10 @@ def decode_routed_experts(encoded: str | None, num_layers: int, top_k: int) -> T
         return None
     flat = np.frombuffer(base64.b64decode(encoded), dtype="<i4")
     if flat.size % (num_layers * top_k):
-        raise EngineError(f"routed_experts has {flat.size} ids, not a multiple of layers x top-k = "
-                          f"{num_layers} x {top_k}")
+        raise EngineError(
+            f"routed_experts has {flat.size} ids, not a multiple of layers x top-k = "
+            f"{num_layers} x {top_k}"
+        )
     return TensorData.compact(flat.reshape(-1, num_layers, top_k))
 
 
@@ -107,24 +111,49 @@ class SGLangEngine(ServerEngine):
     server_name = "SGLang"
     options: SGLangOptions
 
-    def __init__(self, model: ResolvedModel, *, options: SGLangOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: SGLangOptions | None = None, seed: int = 0
+    ) -> None:
         super().__init__(model, options or SGLangOptions(), seed)
         config = json.loads((Path(model.path) / "config.json").read_text())
-        self._moe_shape = (int(config.get("num_hidden_layers", 0)), int(config.get("num_experts_per_tok", 0)))
+        self._moe_shape = (
+            int(config.get("num_hidden_layers", 0)),
+            int(config.get("num_experts_per_tok", 0)),
+        )
         self._server_paused = False
         self._pause_mode: PauseMode | None = None
 
     def launch_command(self, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
         o = self.options
         argv = [
-            o.python or sys.executable, "-m", o.launch_module,
-            "--model-path", str(self.model.path), "--tokenizer-path", str(self.model.tokenizer_path),
-            "--host", o.host, "--port", str(port), "--dtype", o.dtype or self.model.dtype,
-            "--context-length", str(o.context_length), "--random-seed", str(seed),
+            o.python or sys.executable,
+            "-m",
+            o.launch_module,
+            "--model-path",
+            str(self.model.path),
+            "--tokenizer-path",
+            str(self.model.tokenizer_path),
+            "--host",
+            o.host,
+            "--port",
+            str(port),
+            "--dtype",
+            o.dtype or self.model.dtype,
+            "--context-length",
+            str(o.context_length),
+            "--random-seed",
+            str(seed),
         ]
         if o.enable_lora:
-            argv += ["--enable-lora", "--max-lora-rank", str(o.max_lora_rank),
-                     "--max-loras-per-batch", str(o.max_loras_per_batch), "--lora-target-modules", "all"]
+            argv += [
+                "--enable-lora",
+                "--max-lora-rank",
+                str(o.max_lora_rank),
+                "--max-loras-per-batch",
+                str(o.max_loras_per_batch),
+                "--lora-target-modules",
+                "all",
+            ]
         if o.enable_return_routed_experts:
             argv.append("--enable-return-routed-experts")
         if o.mem_fraction_static is not None:
@@ -143,18 +172,33 @@ class SGLangEngine(ServerEngine):
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams,
-                     *, lora: str | None = None) -> SampleResponse:
+    async def sample(
+        self,
+        prompt: ModelInput,
+        num_samples: int,
+        sampling_params: SamplingParams,
+        *,
+        lora: str | None = None,
+    ) -> SampleResponse:
         """`num_samples` completions; `lora` names an adapter loaded with `load_lora_adapter`."""
-        ids, room = sampling_room(prompt, num_samples, self.vocab_size, self.options.context_length, "context_length")
+        ids, room = sampling_room(
+            prompt, num_samples, self.vocab_size, self.options.context_length, "context_length"
+        )
         params = sampling_params
         seed = self._seed(params.seed)
-        common = {"max_new_tokens": min(params.max_tokens or room, room), "temperature": params.temperature,
-                  "top_p": params.top_p, "top_k": params.top_k, **stop_params(params.stop)}
+        common = {
+            "max_new_tokens": min(params.max_tokens or room, room),
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            **stop_params(params.stop),
+        }
         rid = uuid.uuid4().hex
         body: dict[str, Any] = {
             "input_ids": [ids] * num_samples,
-            "sampling_params": [{**common, "sampling_seed": (seed + i) % 2**31} for i in range(num_samples)],
+            "sampling_params": [
+                {**common, "sampling_seed": (seed + i) % 2**31} for i in range(num_samples)
+            ],
             "return_logprob": True,
             "rid": [f"plait-{rid}-{i}" for i in range(num_samples)],
         }
@@ -176,34 +220,55 @@ class SGLangEngine(ServerEngine):
         reason = finish.get("type")
         if reason not in _FINISH:
             raise EngineError(f"SGLang finished a sample with reason {finish!r}")
-        label = parse_weight_version(meta.get("weight_version")) if "weight_version" in meta else start_version
+        label = (
+            parse_weight_version(meta.get("weight_version"))
+            if "weight_version" in meta
+            else start_version
+        )
         versions = token_versions(meta.get("weight_versions"), len(tokens), label)
         routed = None
         if self.options.enable_return_routed_experts:
             if "routed_experts" not in meta:
-                raise EngineError("SGLang returned no routed_experts",
-                                  fix="use SGLang >= 0.5.7 launched with --enable-return-routed-experts, on a MoE model")
+                raise EngineError(
+                    "SGLang returned no routed_experts",
+                    fix="use SGLang >= 0.5.7 launched with --enable-return-routed-experts, on a MoE model",
+                )
             routed = decode_routed_experts(meta["routed_experts"], *self._moe_shape)
-        return SampledSequence(tokens, [e[0] for e in entries], _FINISH[reason],
-                               weight_version=versions[-1] if versions else label, token_versions=versions,
-                               routed_experts=routed)
+        return SampledSequence(
+            tokens,
+            [e[0] for e in entries],
+            _FINISH[reason],
+            weight_version=versions[-1] if versions else label,
+            token_versions=versions,
+            routed_experts=routed,
+        )
 
     async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
         ids = prompt_token_ids(prompt, self.vocab_size)
         if len(ids) > self.options.context_length:
-            raise DataError(f"prompt of {len(ids)} tokens exceeds context_length {self.options.context_length}",
-                            fix="shorten the prompt or raise inference.options.context_length")
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                "logprob_start_len": 0}
+            raise DataError(
+                f"prompt of {len(ids)} tokens exceeds context_length {self.options.context_length}",
+                fix="shorten the prompt or raise inference.options.context_length",
+            )
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
         reply = await self._generate(body)
         entries = reply["meta_info"].get("input_token_logprobs") or []
         if len(entries) != len(ids):
-            raise EngineError(f"SGLang returned {len(entries)} prompt logprobs for a prompt of {len(ids)} tokens")
+            raise EngineError(
+                f"SGLang returned {len(entries)} prompt logprobs for a prompt of {len(ids)} tokens"
+            )
         return [None, *(float(e[0]) for e in entries[1:])]
 
     async def _generate(self, body: dict[str, Any]) -> Any:
         async def send() -> Any:
-            return await self.http.request("POST", "/generate", json=body, timeout_s=self.options.request_timeout_s)
+            return await self.http.request(
+                "POST", "/generate", json=body, timeout_s=self.options.request_timeout_s
+            )
 
         return (await self._reissued_after_restart(send, in_flight=True)).json()
 
@@ -239,17 +304,27 @@ class SGLangEngine(ServerEngine):
     async def _weights_call(self, path: str, body: dict[str, Any]) -> None:
         await self._ensure_ready()
         async with self._lock():
-            await self.http.request("POST", path, json=body)  # 400 {"success": false, "message"} -> EngineError
+            await self.http.request(
+                "POST", path, json=body
+            )  # 400 {"success": false, "message"} -> EngineError
 
     async def _load_weights_from_disk(self, path: str, version: int) -> None:
-        await self._weights_call("/update_weights_from_disk", {
-            "model_path": str(path), "weight_version": str(version), "flush_cache": self._flush_allowed(),
-            "abort_all_requests": False})
+        await self._weights_call(
+            "/update_weights_from_disk",
+            {
+                "model_path": str(path),
+                "weight_version": str(version),
+                "flush_cache": self._flush_allowed(),
+                "abort_all_requests": False,
+            },
+        )
         self._version = int(version)
         log.debug("weights loaded from disk", path=path, version=version)
 
     async def _set_weight_version(self, version: int) -> None:
-        await self._weights_call("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+        await self._weights_call(
+            "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}
+        )
         self._version = int(version)
 
     async def weight_broadcast_ranks(self) -> int:
@@ -259,17 +334,30 @@ class SGLangEngine(ServerEngine):
 
     async def join_weight_broadcast(self, group: BroadcastGroup) -> None:
         await self._ensure_ready()
-        await self.http.request("POST", "/init_weights_update_group", json={
-            "master_address": group.master_address, "master_port": group.master_port,
-            "rank_offset": group.rank_offset, "world_size": group.world_size,
-            "group_name": GROUP_NAME, "backend": group.backend})
+        await self.http.request(
+            "POST",
+            "/init_weights_update_group",
+            json={
+                "master_address": group.master_address,
+                "master_port": group.master_port,
+                "rank_offset": group.rank_offset,
+                "world_size": group.world_size,
+                "group_name": GROUP_NAME,
+                "backend": group.backend,
+            },
+        )
         self._in_broadcast_group = True
 
-    async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
+    async def receive_weight_broadcast(
+        self, tensors: Sequence[TensorMeta], version: int | None
+    ) -> None:
         body: dict[str, Any] = {
-            "names": [t.name for t in tensors], "dtypes": [t.dtype for t in tensors],
-            "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME,
-            "flush_cache": version is not None and self._flush_allowed()}
+            "names": [t.name for t in tensors],
+            "dtypes": [t.dtype for t in tensors],
+            "shapes": [list(t.shape) for t in tensors],
+            "group_name": GROUP_NAME,
+            "flush_cache": version is not None and self._flush_allowed(),
+        }
         if version is not None:
             body["weight_version"] = str(version)
         self._weights_from_broadcast = True  # from the first bucket on, no copy is on disk

@@ -53,33 +53,88 @@ REQUIRED = object()
 
 # Sampling-param keys of SGLang 0.5.23's contract (`api_types.SamplingParams`), in its order.
 SAMPLING_KEYS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
-    "watermark", "choice",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
 )
 
 # Bodies of the control endpoints (SGLang's io_struct request classes): field -> default.
 CONTROL_BODIES: dict[str, dict[str, Any]] = {
     "UpdateWeightFromDiskReqInput": {
-        "model_path": REQUIRED, "load_format": None, "abort_all_requests": False, "weight_version": None,
-        "is_async": False, "torch_empty_cache": False, "keep_pause": False, "recapture_cuda_graph": False,
-        "token_step": 0, "flush_cache": True, "manifest": None},
+        "model_path": REQUIRED,
+        "load_format": None,
+        "abort_all_requests": False,
+        "weight_version": None,
+        "is_async": False,
+        "torch_empty_cache": False,
+        "keep_pause": False,
+        "recapture_cuda_graph": False,
+        "token_step": 0,
+        "flush_cache": True,
+        "manifest": None,
+    },
     "InitWeightsUpdateGroupReqInput": {
-        "master_address": REQUIRED, "master_port": REQUIRED, "rank_offset": REQUIRED, "world_size": REQUIRED,
-        "group_name": "weight_update_group", "backend": "nccl"},
+        "master_address": REQUIRED,
+        "master_port": REQUIRED,
+        "rank_offset": REQUIRED,
+        "world_size": REQUIRED,
+        "group_name": "weight_update_group",
+        "backend": "nccl",
+    },
     "UpdateWeightsFromDistributedReqInput": {
-        "names": REQUIRED, "dtypes": REQUIRED, "shapes": REQUIRED, "group_name": "weight_update_group",
-        "flush_cache": True, "abort_all_requests": False, "weight_version": None, "load_format": None,
-        "selector": "all", "torch_empty_cache": False},
+        "names": REQUIRED,
+        "dtypes": REQUIRED,
+        "shapes": REQUIRED,
+        "group_name": "weight_update_group",
+        "flush_cache": True,
+        "abort_all_requests": False,
+        "weight_version": None,
+        "load_format": None,
+        "selector": "all",
+        "torch_empty_cache": False,
+    },
     "DestroyWeightsUpdateGroupReqInput": {"group_name": "weight_update_group"},
     "PauseGenerationReqInput": {"mode": "abort"},
     "ContinueGenerationReqInput": {"torch_empty_cache": True},
     "UpdateWeightVersionReqInput": {"new_version": REQUIRED, "abort_all_requests": True},
-    "LoadLoRAAdapterReqInput": {"lora_name": REQUIRED, "lora_path": REQUIRED, "pinned": False, "lora_id": None},
+    "LoadLoRAAdapterReqInput": {
+        "lora_name": REQUIRED,
+        "lora_path": REQUIRED,
+        "pinned": False,
+        "lora_id": None,
+    },
     "UnloadLoRAAdapterReqInput": {"lora_name": REQUIRED, "lora_id": None},
-    "AbortReq": {"abort_all": False, "finished_reason": None, "abort_message": None, "weight_versions": None},
+    "AbortReq": {
+        "abort_all": False,
+        "finished_reason": None,
+        "abort_message": None,
+        "weight_versions": None,
+    },
 }
 BASE_REQ = {"rid": None, "http_worker_ipc": None}  # BaseReq, every request class's base
 
@@ -113,8 +168,15 @@ def contract_error(body: Any) -> str | None:
 class Sequence_:
     """One generation request (one element of a batch)."""
 
-    def __init__(self, rid: str, input_ids: list[int], params: dict[str, Any], body: dict[str, Any],
-                 index: int, seed: int) -> None:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: dict[str, Any],
+        body: dict[str, Any],
+        index: int,
+        seed: int,
+    ) -> None:
         self.rid = rid
         self.input_ids = input_ids
         self.params = params
@@ -153,14 +215,21 @@ class FakeSGLang:
 
         self.args = args
         self.version = args.fake_version
-        self.dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
-                      "float16": torch.float16}[args.dtype]
+        self.dtype = {
+            "auto": torch.float32,
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+        }[args.dtype]
         self.model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=self.dtype).eval()
         self.model.requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         self.config = self.model.config
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
-        self.original_logprob = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true")
+        self.original_logprob = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in (
+            "1",
+            "true",
+        )
         self.is_moe = bool(getattr(self.config, "num_experts_per_tok", 0))
         self.weight_version = args.weight_version
         self.model_lock = threading.Lock()
@@ -170,7 +239,9 @@ class FakeSGLang:
         self.pause_mode = "abort"
         self.waiting: collections.deque[Sequence_] = collections.deque()
         self.running: list[Sequence_] = []
-        self.prefix_cache: collections.OrderedDict[tuple[Any, ...], tuple[Any, torch.Tensor]] = collections.OrderedDict()
+        self.prefix_cache: collections.OrderedDict[tuple[Any, ...], tuple[Any, torch.Tensor]] = (
+            collections.OrderedDict()
+        )
         self.loras: dict[str, dict[str, torch.Tensor]] = {}
         self.groups: dict[str, Any] = {}
         self.record = open(args.record, "a") if args.record else None  # noqa: SIM115
@@ -185,7 +256,9 @@ class FakeSGLang:
     async def run_scheduler(self) -> None:
         while True:
             async with self.cond:
-                await self.cond.wait_for(lambda: (self.running or self.waiting) and not self.scheduler_stopped)
+                await self.cond.wait_for(
+                    lambda: (self.running or self.waiting) and not self.scheduler_stopped
+                )
             if self.waiting:  # a moment for requests sent together to join one batch, as in SGLang
                 await asyncio.sleep(BATCH_WINDOW_S)
             async with self.cond:
@@ -224,7 +297,9 @@ class FakeSGLang:
                 return None, 0.0, {"type": "length", "length": len(seq.output_ids)}
             return self._sample(seq)
 
-    def _commit(self, seq: Sequence_, token: int | None, logprob: float, finish: dict[str, Any] | None) -> None:
+    def _commit(
+        self, seq: Sequence_, token: int | None, logprob: float, finish: dict[str, Any] | None
+    ) -> None:
         if token is not None:
             seq.output_ids.append(token)
             seq.output_logprobs.append(logprob)
@@ -236,9 +311,17 @@ class FakeSGLang:
     def _prefill(self, seq: Sequence_) -> None:
         ids = seq.input_ids + seq.output_ids
         key = (seq.lora, *ids)  # like SGLang's radix cache, one namespace per LoRA adapter
-        wants_input_logprobs = seq.return_logprob and seq.logprob_start_len is not None and seq.logprob_start_len >= 0
-        hit = self.prefix_cache.get(key) if not (wants_input_logprobs or seq.return_routed_experts) else None
-        if hit is not None:  # KV as computed then, even if the weights changed since (unless flushed)
+        wants_input_logprobs = (
+            seq.return_logprob and seq.logprob_start_len is not None and seq.logprob_start_len >= 0
+        )
+        hit = (
+            self.prefix_cache.get(key)
+            if not (wants_input_logprobs or seq.return_routed_experts)
+            else None
+        )
+        if (
+            hit is not None
+        ):  # KV as computed then, even if the weights changed since (unless flushed)
             seq.cache, seq.next_logits = _copy_cache(hit[0]), hit[1]
             seq.cached_tokens = len(ids)
             return
@@ -247,7 +330,7 @@ class FakeSGLang:
         if wants_input_logprobs and seq.input_logprobs is None:
             logprobs = torch.log_softmax(logits[:-1].float(), -1)
             values = logprobs.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
-            seq.input_logprobs = [None, *values][seq.logprob_start_len:len(seq.input_ids)]
+            seq.input_logprobs = [None, *values][seq.logprob_start_len : len(seq.input_ids)]
         if not seq.output_ids:
             self.prefix_cache[key] = (_copy_cache(seq.cache), seq.next_logits)
             while len(self.prefix_cache) > 64:
@@ -255,29 +338,42 @@ class FakeSGLang:
 
     def _forward(self, ids: list[int], cache: Any, seq: Sequence_) -> tuple[torch.Tensor, Any]:
         with torch.inference_mode():
-            kwargs = {"output_router_logits": True} if self.is_moe and seq.return_routed_experts else {}
-            out = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, **kwargs)
+            kwargs = (
+                {"output_router_logits": True} if self.is_moe and seq.return_routed_experts else {}
+            )
+            out = self.model(
+                input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, **kwargs
+            )
         if kwargs and out.router_logits is not None:
             top_k = self.config.num_experts_per_tok
-            per_layer = [r.reshape(-1, r.shape[-1])[-len(ids):].topk(top_k, -1).indices for r in out.router_logits]
+            per_layer = [
+                r.reshape(-1, r.shape[-1])[-len(ids) :].topk(top_k, -1).indices
+                for r in out.router_logits
+            ]
             seq.routing.extend(torch.stack(per_layer, 1).tolist())
         return out.logits[0], out.past_key_values
 
     def _sample(self, seq: Sequence_) -> tuple[int, float, dict[str, Any] | None]:
         params = seq.params
         logits = seq.next_logits.float()
-        temperature = float(params.get("temperature", 1.0) if params.get("temperature") is not None else 1.0)
+        temperature = float(
+            params.get("temperature", 1.0) if params.get("temperature") is not None else 1.0
+        )
         raw = torch.log_softmax(logits, -1)
         if temperature <= 1e-5:
             token = int(logits.argmax())
             scaled = raw
         else:
             scaled = torch.log_softmax(logits / temperature, -1)
-            probs = _filter(scaled.exp(), int(params.get("top_k") or -1), float(params.get("top_p") or 1.0))
+            probs = _filter(
+                scaled.exp(), int(params.get("top_k") or -1), float(params.get("top_p") or 1.0)
+            )
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
         logprob = float((raw if self.original_logprob else scaled)[token])
         # SGLang's token-based stop: ignore_eos turns off stop_token_ids as well as the EOS ids
-        if not params.get("ignore_eos") and token in self.eos_ids | set(params.get("stop_token_ids") or ()):
+        if not params.get("ignore_eos") and token in self.eos_ids | set(
+            params.get("stop_token_ids") or ()
+        ):
             return token, logprob, {"type": "stop", "matched": token}
         stops = params.get("stop") or []
         if isinstance(stops, str):
@@ -317,30 +413,61 @@ class FakeSGLang:
 
     def reply(self, seq: Sequence_) -> dict[str, Any]:
         meta: dict[str, Any] = {
-            "id": seq.rid, "finish_reason": seq.finish, "prompt_tokens": len(seq.input_ids),
+            "id": seq.rid,
+            "finish_reason": seq.finish,
+            "prompt_tokens": len(seq.input_ids),
             "weight_version": self.weight_version,
-            "input_token_logprobs": [[lp, t, None] for lp, t in zip(
-                seq.input_logprobs or [], seq.input_ids[seq.logprob_start_len or 0:], strict=False)]
-            if seq.return_logprob else [],
+            "input_token_logprobs": [
+                [lp, t, None]
+                for lp, t in zip(
+                    seq.input_logprobs or [],
+                    seq.input_ids[seq.logprob_start_len or 0 :],
+                    strict=False,
+                )
+            ]
+            if seq.return_logprob
+            else [],
         }
-        meta["total_retractions" if self.version in ("0.5.6", "0.5.9") else "num_retractions"] = seq.retractions
+        meta["total_retractions" if self.version in ("0.5.6", "0.5.9") else "num_retractions"] = (
+            seq.retractions
+        )
         if seq.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)]
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)
+            ]
             meta["output_token_logprobs_length"] = len(seq.output_ids)
-        meta.update({"reasoning_tokens": 0, "completion_tokens": len(seq.output_ids), "cached_tokens": seq.cached_tokens})
+        meta.update(
+            {
+                "reasoning_tokens": 0,
+                "completion_tokens": len(seq.output_ids),
+                "cached_tokens": seq.cached_tokens,
+            }
+        )
         if self.version == "0.5.23":
             meta["weight_versions"] = _spans(seq.versions)
         if seq.return_routed_experts and self.version != "0.5.6" and self.is_moe:
             end = len(seq.input_ids) + len(seq.output_ids) - 1
-            data = torch.tensor(seq.routing[seq.routed_start:end], dtype=torch.int32).numpy().astype("<i4").tobytes()
+            data = (
+                torch.tensor(seq.routing[seq.routed_start : end], dtype=torch.int32)
+                .numpy()
+                .astype("<i4")
+                .tobytes()
+            )
             meta["routed_experts"] = base64.b64encode(data).decode()
         if seq.finish is not None:
             meta["e2e_latency"] = time.monotonic() - seq.started
-        return {"text": self.tokenizer.decode(seq.output_ids), "output_ids": list(seq.output_ids), "meta_info": meta}
+        return {
+            "text": self.tokenizer.decode(seq.output_ids),
+            "output_ids": list(seq.output_ids),
+            "meta_info": meta,
+        }
 
     def log_wire(self, path: str, request: Any, status: int, reply: Any) -> None:
         if self.record is not None:
-            self.record.write(json.dumps({"path": path, "request": request, "status": status, "reply": reply}) + "\n")
+            self.record.write(
+                json.dumps({"path": path, "request": request, "status": status, "reply": reply})
+                + "\n"
+            )
             self.record.flush()
 
     # -- control ------------------------------------------------------------------------
@@ -348,12 +475,22 @@ class FakeSGLang:
     async def abort_all(self, waiting_message: str = "Abort in waiting queue") -> None:
         async with self.cond:
             for seq in list(self.waiting):
-                seq.finish = {"type": "abort", "message": waiting_message, "status_code": None, "err_type": None}
+                seq.finish = {
+                    "type": "abort",
+                    "message": waiting_message,
+                    "status_code": None,
+                    "err_type": None,
+                }
                 self._finish(seq)
             self.waiting.clear()
             for seq in list(self.running):
                 if seq.finish is None:
-                    seq.finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+                    seq.finish = {
+                        "type": "abort",
+                        "message": "Aborted",
+                        "status_code": None,
+                        "err_type": None,
+                    }
                 self._finish(seq)
 
     def flush(self) -> bool:
@@ -462,7 +599,9 @@ def build_app(server: FakeSGLang) -> FastAPI:
     @app.on_event("startup")
     async def startup() -> None:
         app.state.scheduler = asyncio.create_task(server.run_scheduler())
-        asyncio.get_running_loop().call_later(server.args.startup_delay, state.update, {"ready": True})
+        asyncio.get_running_loop().call_later(
+            server.args.startup_delay, state.update, {"ready": True}
+        )
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -472,33 +611,63 @@ def build_app(server: FakeSGLang) -> FastAPI:
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> JSONResponse:
-        return ok_json("/model_info", None, {
-            "model_path": server.args.model_path, "served_model_name": server.args.model_path,
-            "tokenizer_path": server.args.tokenizer_path or server.args.model_path, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": server.weight_version, "load_format": "auto",
-            "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": server.config.model_type, "architectures": server.config.architectures})
+        return ok_json(
+            "/model_info",
+            None,
+            {
+                "model_path": server.args.model_path,
+                "served_model_name": server.args.model_path,
+                "tokenizer_path": server.args.tokenizer_path or server.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": server.weight_version,
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": server.config.model_type,
+                "architectures": server.config.architectures,
+            },
+        )
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> JSONResponse:
-        return ok_json("/server_info", None, {
-            "model_path": server.args.model_path, "served_model_name": server.args.model_path,
-            "tokenizer_path": server.args.tokenizer_path or server.args.model_path,
-            "max_context_length": server.args.context_length, "version": server.version, "internal_states": [{}],
-            "host": server.args.host, "port": server.args.port, "incremental_streaming_output": False,
-            "disaggregation_mode": "null", "tp_size": 1, "dp_size": 1, "random_seed": server.args.random_seed,
-            "enable_return_routed_experts": server.args.enable_return_routed_experts})
+        return ok_json(
+            "/server_info",
+            None,
+            {
+                "model_path": server.args.model_path,
+                "served_model_name": server.args.model_path,
+                "tokenizer_path": server.args.tokenizer_path or server.args.model_path,
+                "max_context_length": server.args.context_length,
+                "version": server.version,
+                "internal_states": [{}],
+                "host": server.args.host,
+                "port": server.args.port,
+                "incremental_streaming_output": False,
+                "disaggregation_mode": "null",
+                "tp_size": 1,
+                "dp_size": 1,
+                "random_seed": server.args.random_seed,
+                "enable_return_routed_experts": server.args.enable_return_routed_experts,
+            },
+        )
 
     if server.version in ("0.5.6", "0.5.9"):
+
         @app.get("/get_weight_version")
         async def get_weight_version() -> JSONResponse:
             return ok_json("/get_weight_version", None, {"weight_version": server.weight_version})
     elif server.version == "0.5.15":
+
         @app.get("/get_weight_version")
         async def get_weight_version_deprecated() -> JSONResponse:
-            return JSONResponse({"detail": "/get_weight_version is deprecated; use /model_info"}, status_code=404)
+            return JSONResponse(
+                {"detail": "/get_weight_version is deprecated; use /model_info"}, status_code=404
+            )
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> JSONResponse:
@@ -509,7 +678,11 @@ def build_app(server: FakeSGLang) -> FastAPI:
         batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
         prompts = ids if batch else [ids]
         if not prompts or any(not isinstance(p, list) or not p for p in prompts):
-            return bad("/generate", body, "The input_ids must be a non-empty list of token ids (text is not supported by this fake)")
+            return bad(
+                "/generate",
+                body,
+                "The input_ids must be a non-empty list of token ids (text is not supported by this fake)",
+            )
         vocab = server.config.vocab_size
         for prompt in prompts:
             if any(not 0 <= int(t) < vocab for t in prompt):
@@ -521,12 +694,16 @@ def build_app(server: FakeSGLang) -> FastAPI:
             for i, prompt in enumerate(prompts):
                 params = _pick(body.get("sampling_params") or {}, i) or {}
                 if int(params.get("n") or 1) != 1:
-                    return bad("/generate", body, "n > 1 is only supported with text input in this fake")
+                    return bad(
+                        "/generate", body, "n > 1 is only supported with text input in this fake"
+                    )
                 seed = params.get("sampling_seed")
                 if seed is None:
                     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=server.rng))
                 rid = _pick(body.get("rid"), i) or uuid.uuid4().hex
-                seqs.append(Sequence_(str(rid), [int(t) for t in prompt], params, body, i, int(seed)))
+                seqs.append(
+                    Sequence_(str(rid), [int(t) for t in prompt], params, body, i, int(seed))
+                )
             server.waiting.extend(seqs)
             server.cond.notify_all()
         await asyncio.gather(*(s.done for s in seqs))
@@ -540,8 +717,10 @@ def build_app(server: FakeSGLang) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         if server.flush():
-            text = ("Cache flushed.\nPlease check backend logs for more details. "
-                    "(When there are running or waiting requests, the operation will not be performed.)\n")
+            text = (
+                "Cache flushed.\nPlease check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be performed.)\n"
+            )
             return Response(content=text, status_code=200)
         return Response(content="Flush cache failed.\n", status_code=400)
 
@@ -559,7 +738,11 @@ def build_app(server: FakeSGLang) -> FastAPI:
             server.pause_mode = body["mode"]
         if body["mode"] == "abort":
             await server.abort_all()
-            return ok_json("/pause_generation", raw, {"message": "Generation paused successfully.", "status": "ok"})
+            return ok_json(
+                "/pause_generation",
+                raw,
+                {"message": "Generation paused successfully.", "status": "ok"},
+            )
         async with server.iteration:  # the scheduler stops between iterations
             pass
         if body["mode"] == "retract":
@@ -570,7 +753,9 @@ def build_app(server: FakeSGLang) -> FastAPI:
                         seq.retractions += 1
                 server.waiting.extendleft(reversed(server.running))
                 server.running.clear()
-        return ok_json("/pause_generation", raw, {"message": "Generation paused successfully.", "status": "ok"})
+        return ok_json(
+            "/pause_generation", raw, {"message": "Generation paused successfully.", "status": "ok"}
+        )
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request) -> JSONResponse:
@@ -578,7 +763,11 @@ def build_app(server: FakeSGLang) -> FastAPI:
         async with server.cond:
             server.is_pause = False
             server.cond.notify_all()
-        return ok_json("/continue_generation", raw, {"message": "Generation continued successfully.", "status": "ok"})
+        return ok_json(
+            "/continue_generation",
+            raw,
+            {"message": "Generation continued successfully.", "status": "ok"},
+        )
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -590,21 +779,32 @@ def build_app(server: FakeSGLang) -> FastAPI:
             async with server.cond:
                 for seq in [*server.waiting, *server.running]:
                     if seq.rid.startswith(body["rid"]) and seq.finish is None:
-                        seq.finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+                        seq.finish = {
+                            "type": "abort",
+                            "message": "Aborted",
+                            "status_code": None,
+                            "err_type": None,
+                        }
                         if seq in server.waiting:
                             server.waiting.remove(seq)
                         server._finish(seq)
         server.log_wire("/abort_request", raw, 200, None)
         return Response(status_code=200)
 
-    def weights_reply(path: str, raw: Any, success: bool, message: str, **extra: Any) -> JSONResponse:
-        return ok_json(path, raw, {"success": success, "message": message, **extra}, 200 if success else 400)
+    def weights_reply(
+        path: str, raw: Any, success: bool, message: str, **extra: Any
+    ) -> JSONResponse:
+        return ok_json(
+            path, raw, {"success": success, "message": message, **extra}, 200 if success else 400
+        )
 
     async def after_update(body: dict[str, Any], path: str, raw: Any, **extra: Any) -> JSONResponse:
         if body.get("weight_version") is not None:
             server.weight_version = str(body["weight_version"])
         if body.get("flush_cache") and not server.flush():
-            return weights_reply(path, raw, False, "Cache flush failed after updating weights", **extra)
+            return weights_reply(
+                path, raw, False, "Cache flush failed after updating weights", **extra
+            )
         return weights_reply(path, raw, True, "Succeeded to update model weights.", **extra)
 
     @app.post("/update_weights_from_disk")
@@ -623,8 +823,13 @@ def build_app(server: FakeSGLang) -> FastAPI:
             tensors = await asyncio.to_thread(_load_safetensors_dir, body["model_path"])
             await asyncio.to_thread(server.load_weights, tensors)
         except (OSError, ValueError, RuntimeError) as exc:
-            return weights_reply("/update_weights_from_disk", raw, False, f"Failed to update weights: {exc}",
-                                 num_paused_requests=0)
+            return weights_reply(
+                "/update_weights_from_disk",
+                raw,
+                False,
+                f"Failed to update weights: {exc}",
+                num_paused_requests=0,
+            )
         return await after_update(body, "/update_weights_from_disk", raw, num_paused_requests=0)
 
     @app.post("/init_weights_update_group")
@@ -635,14 +840,22 @@ def build_app(server: FakeSGLang) -> FastAPI:
         except ContractError as exc:
             return bad("/init_weights_update_group", raw, str(exc), 422)
         if body["backend"] != "gloo":
-            return weights_reply("/init_weights_update_group", raw, False,
-                                 f"backend {body['backend']!r} needs GPUs; this CPU fake speaks 'gloo'")
+            return weights_reply(
+                "/init_weights_update_group",
+                raw,
+                False,
+                f"backend {body['backend']!r} needs GPUs; this CPU fake speaks 'gloo'",
+            )
         try:
             group = await asyncio.to_thread(_open_gloo_group, body)
         except RuntimeError as exc:
-            return weights_reply("/init_weights_update_group", raw, False, f"Failed to init group: {exc}")
+            return weights_reply(
+                "/init_weights_update_group", raw, False, f"Failed to init group: {exc}"
+            )
         server.groups[body["group_name"]] = group
-        return weights_reply("/init_weights_update_group", raw, True, "Succeeded to initialize custom process group.")
+        return weights_reply(
+            "/init_weights_update_group", raw, True, "Succeeded to initialize custom process group."
+        )
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(request: Request) -> JSONResponse:
@@ -653,15 +866,23 @@ def build_app(server: FakeSGLang) -> FastAPI:
             return bad("/update_weights_from_distributed", raw, str(exc), 422)
         group = server.groups.get(body["group_name"])
         if group is None:
-            return weights_reply("/update_weights_from_distributed", raw, False,
-                                 f"Group {body['group_name']} not in the process groups")
+            return weights_reply(
+                "/update_weights_from_distributed",
+                raw,
+                False,
+                f"Group {body['group_name']} not in the process groups",
+            )
         if body["abort_all_requests"]:
             await server.abort_all()
         try:
-            tensors = await asyncio.to_thread(_receive, group, body["names"], body["dtypes"], body["shapes"])
+            tensors = await asyncio.to_thread(
+                _receive, group, body["names"], body["dtypes"], body["shapes"]
+            )
             await asyncio.to_thread(server.load_weights, tensors)
         except (RuntimeError, ValueError) as exc:
-            return weights_reply("/update_weights_from_distributed", raw, False, f"Failed to update weights: {exc}")
+            return weights_reply(
+                "/update_weights_from_distributed", raw, False, f"Failed to update weights: {exc}"
+            )
         return await after_update(body, "/update_weights_from_distributed", raw)
 
     @app.post("/destroy_weights_update_group")
@@ -669,10 +890,15 @@ def build_app(server: FakeSGLang) -> FastAPI:
         raw = await body_of(request)
         body = parse_body("DestroyWeightsUpdateGroupReqInput", raw)
         if server.groups.pop(body["group_name"], None) is None:
-            return weights_reply("/destroy_weights_update_group", raw, False, f"Group {body['group_name']} not found")
-        return weights_reply("/destroy_weights_update_group", raw, True, "Succeeded to destroy custom process group.")
+            return weights_reply(
+                "/destroy_weights_update_group", raw, False, f"Group {body['group_name']} not found"
+            )
+        return weights_reply(
+            "/destroy_weights_update_group", raw, True, "Succeeded to destroy custom process group."
+        )
 
     if server.version == "0.5.23":
+
         @app.post("/begin_weight_update")
         @app.post("/end_weight_update")
         async def weight_update_session(request: Request) -> JSONResponse:
@@ -689,9 +915,15 @@ def build_app(server: FakeSGLang) -> FastAPI:
         if body["abort_all_requests"]:
             await server.abort_all()
         server.weight_version = str(body["new_version"])
-        return ok_json("/update_weight_version", raw, {
-            "success": True, "message": f"Weight version updated to {body['new_version']}",
-            "new_version": body["new_version"]})
+        return ok_json(
+            "/update_weight_version",
+            raw,
+            {
+                "success": True,
+                "message": f"Weight version updated to {body['new_version']}",
+                "new_version": body["new_version"],
+            },
+        )
 
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> JSONResponse:
@@ -699,25 +931,64 @@ def build_app(server: FakeSGLang) -> FastAPI:
         try:
             body = parse_body("LoadLoRAAdapterReqInput", raw)
             if not server.args.enable_lora:
-                raise ValueError("LoRA is not enabled. Please set `--enable-lora` to load LoRA adapters.")
+                raise ValueError(
+                    "LoRA is not enabled. Please set `--enable-lora` to load LoRA adapters."
+                )
             deltas = await asyncio.to_thread(_load_lora, body["lora_path"], server.model)
         except (ContractError, ValueError, OSError, KeyError) as exc:
-            return ok_json("/load_lora_adapter", raw, {"rid": None, "http_worker_ipc": None, "success": False,
-                                                      "error_message": str(exc), "loaded_adapters": None}, 400)
+            return ok_json(
+                "/load_lora_adapter",
+                raw,
+                {
+                    "rid": None,
+                    "http_worker_ipc": None,
+                    "success": False,
+                    "error_message": str(exc),
+                    "loaded_adapters": None,
+                },
+                400,
+            )
         server.loras[body["lora_name"]] = deltas
-        return ok_json("/load_lora_adapter", raw, {"rid": None, "http_worker_ipc": None, "success": True,
-                                                  "error_message": None, "loaded_adapters": _adapters(server)})
+        return ok_json(
+            "/load_lora_adapter",
+            raw,
+            {
+                "rid": None,
+                "http_worker_ipc": None,
+                "success": True,
+                "error_message": None,
+                "loaded_adapters": _adapters(server),
+            },
+        )
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> JSONResponse:
         raw = await body_of(request)
         body = parse_body("UnloadLoRAAdapterReqInput", raw)
         if server.loras.pop(body["lora_name"], None) is None:
-            return ok_json("/unload_lora_adapter", raw, {
-                "rid": None, "http_worker_ipc": None, "success": False,
-                "error_message": f"LoRA adapter {body['lora_name']} is not loaded", "loaded_adapters": None}, 400)
-        return ok_json("/unload_lora_adapter", raw, {"rid": None, "http_worker_ipc": None, "success": True,
-                                                    "error_message": None, "loaded_adapters": _adapters(server)})
+            return ok_json(
+                "/unload_lora_adapter",
+                raw,
+                {
+                    "rid": None,
+                    "http_worker_ipc": None,
+                    "success": False,
+                    "error_message": f"LoRA adapter {body['lora_name']} is not loaded",
+                    "loaded_adapters": None,
+                },
+                400,
+            )
+        return ok_json(
+            "/unload_lora_adapter",
+            raw,
+            {
+                "rid": None,
+                "http_worker_ipc": None,
+                "success": True,
+                "error_message": None,
+                "loaded_adapters": _adapters(server),
+            },
+        )
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
@@ -736,12 +1007,20 @@ def _open_gloo_group(body: dict[str, Any]) -> Any:
     from plait_weights.broadcast import open_group
     from plait_weights.capabilities import BroadcastGroup
 
-    group = BroadcastGroup(body["master_address"], int(body["master_port"]), int(body["rank_offset"]),
-                           int(body["world_size"]), body["backend"], body["group_name"])
+    group = BroadcastGroup(
+        body["master_address"],
+        int(body["master_port"]),
+        int(body["rank_offset"]),
+        int(body["world_size"]),
+        body["backend"],
+        body["group_name"],
+    )
     return open_group(group, int(body["rank_offset"]))
 
 
-def _receive(group: Any, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+def _receive(
+    group: Any, names: list[str], dtypes: list[str], shapes: list[list[int]]
+) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     options = dist.BroadcastOptions()
@@ -760,7 +1039,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer-path")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
     parser.add_argument("--context-length", type=int, default=4096)
     parser.add_argument("--random-seed", type=int, default=0)
     parser.add_argument("--weight-version", default="default")
@@ -773,8 +1054,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mem-fraction-static", type=float)
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--fake-version", default="0.5.23", choices=VERSIONS)
-    parser.add_argument("--startup-delay", type=float, default=0.0,
-                        help="answer /health with 503 for this long after start (tests of the health wait)")
+    parser.add_argument(
+        "--startup-delay",
+        type=float,
+        default=0.0,
+        help="answer /health with 503 for this long after start (tests of the health wait)",
+    )
     parser.add_argument("--record", help="append every request and reply to this JSONL file")
     return parser.parse_args(argv)
 
@@ -783,7 +1068,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.random_seed)
     server = FakeSGLang(args)
-    uvicorn.run(build_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    uvicorn.run(
+        build_app(server),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+    )
 
 
 if __name__ == "__main__":

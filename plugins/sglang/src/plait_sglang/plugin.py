@@ -9,5 +9,9 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_inference_engines(register: Any) -> None:
-    register("sglang", "plait_sglang.engine:SGLangEngine", options="plait_sglang.options:SGLangOptions",
-             description="an SGLang HTTP server (launched or attached by URL), token-in-token-out")
+    register(
+        "sglang",
+        "plait_sglang.engine:SGLangEngine",
+        options="plait_sglang.options:SGLangOptions",
+        description="an SGLang HTTP server (launched or attached by URL), token-in-token-out",
+    )

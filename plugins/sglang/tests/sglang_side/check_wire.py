@@ -72,7 +72,12 @@ def main(wire_path: str, bodies_path: str) -> int:
 
     for number, line in enumerate(Path(wire_path).read_text().splitlines(), 1):
         record = json.loads(line)
-        path, request, status, reply = record["path"], record["request"], record["status"], record["reply"]
+        path, request, status, reply = (
+            record["path"],
+            record["request"],
+            record["status"],
+            record["reply"],
+        )
         where = f"wire record {number} ({path}, HTTP {status})"
         if path == "/generate":
             if status == 200:

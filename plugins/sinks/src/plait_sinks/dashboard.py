@@ -41,7 +41,9 @@ class DashboardSink:
 
     def _render(self) -> Path | None:
         if not (self.run_dir / "metrics.jsonl").is_file():
-            log.warning("the dashboard sink draws from metrics.jsonl, which this run does not write",
-                        fix="add 'jsonl' to metrics.sinks (before 'dashboard')")
+            log.warning(
+                "the dashboard sink draws from metrics.jsonl, which this run does not write",
+                fix="add 'jsonl' to metrics.sinks (before 'dashboard')",
+            )
             return None
         return plot_run(self.run_dir)

@@ -31,13 +31,27 @@ def policy_names(run_dir: str | Path) -> list[str]:
     return list(tomllib.loads(config.read_text()).get("policies", {})) if config.is_file() else []
 
 
-def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], title: str, policies: Sequence[str],
-           *, markers: bool = False, ylim: tuple[float, float] | None = None) -> None:
+def _panel(
+    ax: Any,
+    records: Sequence[dict[str, Any]],
+    keys: Sequence[str],
+    title: str,
+    policies: Sequence[str],
+    *,
+    markers: bool = False,
+    ylim: tuple[float, float] | None = None,
+) -> None:
     drawn = False
     for key in [variant for k in keys for variant in (k, *(f"{k}@{p}" for p in policies))]:
         steps, values = _series(records, key)
         if steps:
-            ax.plot(steps, values, marker="o" if markers or len(steps) < 3 else None, markersize=4, label=key)
+            ax.plot(
+                steps,
+                values,
+                marker="o" if markers or len(steps) < 3 else None,
+                markersize=4,
+                label=key,
+            )
             drawn = True
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step", fontsize=8)
@@ -48,7 +62,9 @@ def _panel(ax: Any, records: Sequence[dict[str, Any]], keys: Sequence[str], titl
     if drawn:
         ax.legend(fontsize=7, loc="best")
     else:
-        ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.text(
+            0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray"
+        )
 
 
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
@@ -61,7 +77,9 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        raise PlaitError(f"{run_dir} has no metrics.jsonl", fix="pass the directory of a run (runs/<name>)")
+        raise PlaitError(
+            f"{run_dir} has no metrics.jsonl", fix="pass the directory of a run (runs/<name>)"
+        )
     records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
         raise PlaitError(f"{run_dir}/metrics.jsonl is empty: the run logged no step yet")
@@ -70,24 +88,66 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     policies = policy_names(run_dir)
     fig, axes = plt.subplots(3, 3, figsize=(15, 11))
     (a_reward, a_eval, a_passk), (a_entropy, a_iw, a_kl), (a_grad, a_time, a_perf) = axes
-    _panel(a_reward, records, ["reward/mean", "reward/pass@1"], "training reward", policies, ylim=(-0.02, 1.02))
-    _panel(a_eval, records, ["eval/accuracy", "eval/pass@1"], "held-out accuracy", policies, markers=True, ylim=(-0.02, 1.02))
-    _panel(a_passk, records, ["reward/pass@k", "eval/pass@k"], "pass@k", policies, ylim=(-0.02, 1.02))
-    _panel(a_entropy, records, ["policy/entropy", "policy/entropy_sampled"], "entropy (nats/token)", policies)
-    _panel(a_iw, records, ["policy/importance_weight_max", "policy/importance_weight_mean"],
-           "importance weight  π_train / π_rollout", policies)
-    _panel(a_kl, records, ["policy/mismatch_kl", "async/staleness_mean"], "mismatch KL, staleness", policies)
+    _panel(
+        a_reward,
+        records,
+        ["reward/mean", "reward/pass@1"],
+        "training reward",
+        policies,
+        ylim=(-0.02, 1.02),
+    )
+    _panel(
+        a_eval,
+        records,
+        ["eval/accuracy", "eval/pass@1"],
+        "held-out accuracy",
+        policies,
+        markers=True,
+        ylim=(-0.02, 1.02),
+    )
+    _panel(
+        a_passk, records, ["reward/pass@k", "eval/pass@k"], "pass@k", policies, ylim=(-0.02, 1.02)
+    )
+    _panel(
+        a_entropy,
+        records,
+        ["policy/entropy", "policy/entropy_sampled"],
+        "entropy (nats/token)",
+        policies,
+    )
+    _panel(
+        a_iw,
+        records,
+        ["policy/importance_weight_max", "policy/importance_weight_mean"],
+        "importance weight  π_train / π_rollout",
+        policies,
+    )
+    _panel(
+        a_kl,
+        records,
+        ["policy/mismatch_kl", "async/staleness_mean"],
+        "mismatch KL, staleness",
+        policies,
+    )
     _panel(a_grad, records, ["optim/grad_norm"], "grad norm (pre-clip)", policies)
     _timing(a_time, records)
-    _panel(a_perf, records, ["perf/tokens_per_s/rollout", "perf/tokens_per_s/train"], "tokens / s", policies)
+    _panel(
+        a_perf,
+        records,
+        ["perf/tokens_per_s/rollout", "perf/tokens_per_s/train"],
+        "tokens / s",
+        policies,
+    )
 
     summary_path = run_dir / "summary.json"
     title = run_dir.name
     if summary_path.is_file():
         s = json.loads(summary_path.read_text())
-        title += (f"  —  {s.get('model', '')} on {s.get('env', '')}: held-out accuracy "
-                  f"{s['eval_accuracy_start']:.2f} → {s['eval_accuracy_end']:.2f} in {s['steps']} steps, "
-                  f"{s['seconds'] / 60:.1f} min")
+        title += (
+            f"  —  {s.get('model', '')} on {s.get('env', '')}: held-out accuracy "
+            f"{s['eval_accuracy_start']:.2f} → {s['eval_accuracy_end']:.2f} in {s['steps']} steps, "
+            f"{s['seconds'] / 60:.1f} min"
+        )
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,10 @@ class TensorBoardSink:
         try:
             from tensorboardX import SummaryWriter
         except ImportError as exc:
-            raise PlaitError(f"the tensorboard metric sink needs tensorboardX: {exc}",
-                             fix="pip install 'plait-sinks[tensorboard]', or drop 'tensorboard' from metrics.sinks") from exc
+            raise PlaitError(
+                f"the tensorboard metric sink needs tensorboardX: {exc}",
+                fix="pip install 'plait-sinks[tensorboard]', or drop 'tensorboard' from metrics.sinks",
+            ) from exc
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -48,37 +48,80 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _time(seconds: float | None) -> str | None:
-    return None if seconds is None else datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
+    return (
+        None
+        if seconds is None
+        else datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
+    )
 
 
 class TinkerApp:
     def __init__(self, service: TinkerService) -> None:
         self.service = service
         routes = {
-            "client/config": self.client_config, "client/dynamic_config": self.dynamic_config,
-            "create_session": self.create_session, "session_heartbeat": self.heartbeat,
-            "telemetry": self.telemetry, "create_model": self.create_model, "get_info": self.get_info,
-            "forward_backward": self.forward_backward, "forward": self.forward_legacy,
-            "optim_step": self.optim_step, "save_weights": self.save_weights,
-            "save_weights_for_sampler": self.save_weights_for_sampler, "load_weights": self.load_weights,
-            "create_sampling_session": self.create_sampling_session, "asample": self.asample,
-            "retrieve_future": self.retrieve_future, "unload_model": self.unload_model,
+            "client/config": self.client_config,
+            "client/dynamic_config": self.dynamic_config,
+            "create_session": self.create_session,
+            "session_heartbeat": self.heartbeat,
+            "telemetry": self.telemetry,
+            "create_model": self.create_model,
+            "get_info": self.get_info,
+            "forward_backward": self.forward_backward,
+            "forward": self.forward_legacy,
+            "optim_step": self.optim_step,
+            "save_weights": self.save_weights,
+            "save_weights_for_sampler": self.save_weights_for_sampler,
+            "load_weights": self.load_weights,
+            "create_sampling_session": self.create_sampling_session,
+            "asample": self.asample,
+            "retrieve_future": self.retrieve_future,
+            "unload_model": self.unload_model,
         }
-        self.asgi = Starlette(routes=[
-            *(Route(f"/api/v1/{path}", self._wrap(handler), methods=["POST"]) for path, handler in routes.items()),
-            Route("/api/v1/sessions/{session_id}/finish", self._wrap(self.finish_session), methods=["POST"]),
-            Route("/api/v1/samplers/{sampler_id:path}", self._wrap(self.get_sampler), methods=["GET"]),
-            Route("/api/v1/healthz", self._wrap(self.healthz, auth=False), methods=["GET"]),
-            Route("/api/v1/get_server_capabilities", self._wrap(self.capabilities), methods=["GET"]),
-            Route("/api/v1/training_runs", self._wrap(self.training_runs), methods=["GET"]),
-            Route("/api/v1/training_runs/{model_id}", self._wrap(self.training_run), methods=["GET"]),
-            Route("/api/v1/training_runs/{model_id}/checkpoints", self._wrap(self.checkpoints), methods=["GET"]),
-            Route("/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}", self._wrap(self.delete_checkpoint),
-                  methods=["DELETE"]),
-            Route("/api/v1/checkpoints", self._wrap(self.all_checkpoints), methods=["GET"]),
-        ])
+        self.asgi = Starlette(
+            routes=[
+                *(
+                    Route(f"/api/v1/{path}", self._wrap(handler), methods=["POST"])
+                    for path, handler in routes.items()
+                ),
+                Route(
+                    "/api/v1/sessions/{session_id}/finish",
+                    self._wrap(self.finish_session),
+                    methods=["POST"],
+                ),
+                Route(
+                    "/api/v1/samplers/{sampler_id:path}",
+                    self._wrap(self.get_sampler),
+                    methods=["GET"],
+                ),
+                Route("/api/v1/healthz", self._wrap(self.healthz, auth=False), methods=["GET"]),
+                Route(
+                    "/api/v1/get_server_capabilities",
+                    self._wrap(self.capabilities),
+                    methods=["GET"],
+                ),
+                Route("/api/v1/training_runs", self._wrap(self.training_runs), methods=["GET"]),
+                Route(
+                    "/api/v1/training_runs/{model_id}",
+                    self._wrap(self.training_run),
+                    methods=["GET"],
+                ),
+                Route(
+                    "/api/v1/training_runs/{model_id}/checkpoints",
+                    self._wrap(self.checkpoints),
+                    methods=["GET"],
+                ),
+                Route(
+                    "/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}",
+                    self._wrap(self.delete_checkpoint),
+                    methods=["DELETE"],
+                ),
+                Route("/api/v1/checkpoints", self._wrap(self.all_checkpoints), methods=["GET"]),
+            ]
+        )
 
-    def _wrap(self, handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
+    def _wrap(
+        self, handler: Handler, auth: bool = True
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
                 tenant = self.service.tenant(request.headers.get("x-api-key")) if auth else None
@@ -117,9 +160,19 @@ class TinkerApp:
         return _json({"status": "ok"})
 
     async def capabilities(self, request: Request, tenant: Tenant) -> Response:
-        return _json({"supported_models": [
-            {"model_name": name, "max_context_length": spec.max_context_length, "trainable": True, "sampleable": True}
-            for name, spec in self.service.config.models.items()]})
+        return _json(
+            {
+                "supported_models": [
+                    {
+                        "model_name": name,
+                        "max_context_length": spec.max_context_length,
+                        "trainable": True,
+                        "sampleable": True,
+                    }
+                    for name, spec in self.service.config.models.items()
+                ]
+            }
+        )
 
     # -- training ------------------------------------------------------------------------------
 
@@ -134,23 +187,39 @@ class TinkerApp:
     async def get_info(self, request: Request, tenant: Tenant) -> Response:
         run = self.service.run(tenant, str((await _body(request)).get("model_id")))
         spec = self.service.config.models[run.base_model]
-        return _json({"type": "get_info", "model_id": run.model_id, "is_lora": True, "lora_rank": run.lora.rank,
-                      "model_data": {"arch": None, "model_name": run.base_model,
-                                     "tokenizer_id": spec.tokenizer or run.base_model}})
+        return _json(
+            {
+                "type": "get_info",
+                "model_id": run.model_id,
+                "is_lora": True,
+                "lora_rank": run.lora.rank,
+                "model_data": {
+                    "arch": None,
+                    "model_name": run.base_model,
+                    "tokenizer_id": spec.tokenizer or run.base_model,
+                },
+            }
+        )
 
     async def forward_backward(self, request: Request, tenant: Tenant) -> Response:
         body = await request.body()
         if request.headers.get("content-encoding") == "zstd":
-            raise ServiceError("zstd-compressed bodies are not accepted; client/config leaves proto_compress_fwdbwd off")
+            raise ServiceError(
+                "zstd-compressed bodies are not accepted; client/config leaves proto_compress_fwdbwd off"
+            )
         if PROTOBUF not in request.headers.get("content-type", ""):
-            raise ServiceError(f"forward_backward takes a protobuf body ({PROTOBUF}), as tinker>=0.25 sends it")
+            raise ServiceError(
+                f"forward_backward takes a protobuf body ({PROTOBUF}), as tinker>=0.25 sends it"
+            )
         call = wire.read_forward_backward(body)
         if request.query_params.get("forward_only") in ("true", "1"):
             call = attrs.evolve(call, forward_only=True)
         return self._future(self.service.forward_backward(tenant, call))
 
     async def forward_legacy(self, request: Request, tenant: Tenant) -> Response:
-        raise ServiceError("the JSON forward endpoint is gone since tinker 0.25; use an SDK >= 0.25", status=410)
+        raise ServiceError(
+            "the JSON forward endpoint is gone since tinker 0.25; use an SDK >= 0.25", status=410
+        )
 
     async def optim_step(self, request: Request, tenant: Tenant) -> Response:
         return self._future(self.service.optim_step(tenant, await _body(request)))
@@ -168,8 +237,11 @@ class TinkerApp:
     async def unload_model(self, request: Request, tenant: Tenant) -> Response:
         run = self.service.run(tenant, str((await _body(request)).get("model_id")))
         await self.service.unload(run)
-        return self._future(self.service.futures.submit(tenant.name, _done({"type": "unload_model",
-                                                                            "model_id": run.model_id})))
+        return self._future(
+            self.service.futures.submit(
+                tenant.name, _done({"type": "unload_model", "model_id": run.model_id})
+            )
+        )
 
     # -- sampling ------------------------------------------------------------------------------
 
@@ -179,7 +251,13 @@ class TinkerApp:
 
     async def get_sampler(self, request: Request, tenant: Tenant) -> Response:
         sampler = self.service.sampler(tenant, request.path_params["sampler_id"])
-        return _json({"sampler_id": sampler.id, "base_model": sampler.base_model, "model_path": sampler.model_path})
+        return _json(
+            {
+                "sampler_id": sampler.id,
+                "base_model": sampler.base_model,
+                "model_path": sampler.model_path,
+            }
+        )
 
     async def asample(self, request: Request, tenant: Tenant) -> Response:
         request_id, sequence_ids = self.service.sample(tenant, await _body(request))
@@ -189,9 +267,13 @@ class TinkerApp:
 
     async def retrieve_future(self, request: Request, tenant: Tenant) -> Response:
         request_id = str((await _body(request)).get("request_id"))
-        task = await self.service.futures.wait(tenant.name, request_id, self.service.config.server.poll_s)
+        task = await self.service.futures.wait(
+            tenant.name, request_id, self.service.config.server.poll_s
+        )
         if task is None:
-            return _json({"type": "try_again", "request_id": request_id, "queue_state": "active"}, 408)
+            return _json(
+                {"type": "try_again", "request_id": request_id, "queue_state": "active"}, 408
+            )
         if task.exception() is not None:
             return _json(error_body(task.exception())[1])  # type: ignore[arg-type]
         result = task.result()
@@ -205,20 +287,39 @@ class TinkerApp:
         data = record.data
         run = self.service.runs.get(data["model_id"])
         checkpoints = record.checkpoints()
-        last = {kind: max((c for c in checkpoints if c["checkpoint_type"] == kind), key=lambda c: c["time"],
-                          default=None) for kind in ("training", "sampler")}
-        return {"training_run_id": data["model_id"], "base_model": data["base_model"], "model_owner": data["tenant"],
-                "is_lora": True, "lora_rank": data["lora"]["rank"], "corrupted": False,
-                "last_request_time": _time(run.last_request if run else data["created"]),
-                "last_checkpoint": _checkpoint_json(last["training"]),
-                "last_sampler_checkpoint": _checkpoint_json(last["sampler"]),
-                "user_metadata": data["user_metadata"] or None}
+        last = {
+            kind: max(
+                (c for c in checkpoints if c["checkpoint_type"] == kind),
+                key=lambda c: c["time"],
+                default=None,
+            )
+            for kind in ("training", "sampler")
+        }
+        return {
+            "training_run_id": data["model_id"],
+            "base_model": data["base_model"],
+            "model_owner": data["tenant"],
+            "is_lora": True,
+            "lora_rank": data["lora"]["rank"],
+            "corrupted": False,
+            "last_request_time": _time(run.last_request if run else data["created"]),
+            "last_checkpoint": _checkpoint_json(last["training"]),
+            "last_sampler_checkpoint": _checkpoint_json(last["sampler"]),
+            "user_metadata": data["user_metadata"] or None,
+        }
 
     async def training_runs(self, request: Request, tenant: Tenant) -> Response:
         records = self.service.training_runs(tenant)
-        offset, limit = int(request.query_params.get("offset", 0)), int(request.query_params.get("limit", 20))
-        return _json({"training_runs": [self._run_json(r) for r in records[offset:offset + limit]],
-                      "cursor": {"offset": offset, "limit": limit, "total_count": len(records)}})
+        offset, limit = (
+            int(request.query_params.get("offset", 0)),
+            int(request.query_params.get("limit", 20)),
+        )
+        return _json(
+            {
+                "training_runs": [self._run_json(r) for r in records[offset : offset + limit]],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(records)},
+            }
+        )
 
     async def training_run(self, request: Request, tenant: Tenant) -> Response:
         return _json(self._run_json(self.service.record(tenant, request.path_params["model_id"])))
@@ -229,12 +330,18 @@ class TinkerApp:
 
     async def all_checkpoints(self, request: Request, tenant: Tenant) -> Response:
         found = [c for r in self.service.training_runs(tenant) for c in r.checkpoints()]
-        return _json({"checkpoints": [_checkpoint_json(c) for c in found],
-                      "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}})
+        return _json(
+            {
+                "checkpoints": [_checkpoint_json(c) for c in found],
+                "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)},
+            }
+        )
 
     async def delete_checkpoint(self, request: Request, tenant: Tenant) -> Response:
         params = request.path_params
-        await self.service.delete_checkpoint(tenant, params["model_id"], params["kind"], params["name"])
+        await self.service.delete_checkpoint(
+            tenant, params["model_id"], params["kind"], params["name"]
+        )
         return _json({})
 
     # -- serving -------------------------------------------------------------------------------
@@ -259,8 +366,13 @@ class TinkerApp:
 def _checkpoint_json(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     if meta is None:
         return None
-    return {"checkpoint_id": meta["checkpoint_id"], "checkpoint_type": meta["checkpoint_type"],
-            "time": _time(meta["time"]), "tinker_path": meta["tinker_path"], "expires_at": _time(meta["expires_at"])}
+    return {
+        "checkpoint_id": meta["checkpoint_id"],
+        "checkpoint_type": meta["checkpoint_type"],
+        "time": _time(meta["time"]),
+        "tinker_path": meta["tinker_path"],
+        "expires_at": _time(meta["expires_at"]),
+    }
 
 
 async def _done(value: Any) -> Any:

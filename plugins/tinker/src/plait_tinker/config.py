@@ -82,12 +82,16 @@ class TinkerServerConfig:
 
     def __attrs_post_init__(self) -> None:
         if not self.models:
-            raise ConfigError("models", "no base model: add a [models.\"NAME\"] table with model = ...")
+            raise ConfigError(
+                "models", 'no base model: add a [models."NAME"] table with model = ...'
+            )
         for key in ("name", "api_key"):
             seen: set[str] = set()
             for i, tenant in enumerate(self.tenants):
                 if getattr(tenant, key) in seen:
-                    raise ConfigError(f"tenants[{i}].{key}", f"{getattr(tenant, key)!r} appears twice")
+                    raise ConfigError(
+                        f"tenants[{i}].{key}", f"{getattr(tenant, key)!r} appears twice"
+                    )
                 seen.add(getattr(tenant, key))
 
 
@@ -95,7 +99,9 @@ def check_components(config: TinkerServerConfig) -> None:
     """The trainer and inference engines exist and their options fit, before any model loads."""
     registry = get_registry()
     checks: list[tuple[str, Component, kinds.Kind[Any]]] = [
-        ("trainer", config.trainer, kinds.TRAINER_ENGINE), ("inference", config.inference, kinds.INFERENCE_ENGINE)]
+        ("trainer", config.trainer, kinds.TRAINER_ENGINE),
+        ("inference", config.inference, kinds.INFERENCE_ENGINE),
+    ]
     for section, component, kind in checks:
         try:
             factory = registry.get(kind, component.engine)
@@ -104,7 +110,9 @@ def check_components(config: TinkerServerConfig) -> None:
         factory.validate_options(component.options, f"{section}.options")
 
 
-def load_server_config(path: Path | None, overrides: Sequence[str] = ()) -> tuple[TinkerServerConfig, Path]:
+def load_server_config(
+    path: Path | None, overrides: Sequence[str] = ()
+) -> tuple[TinkerServerConfig, Path]:
     """The config (`key.path=value` overrides applied) and the directory its relative paths
     start from."""
     data: dict[str, Any] = {}
@@ -113,4 +121,6 @@ def load_server_config(path: Path | None, overrides: Sequence[str] = ()) -> tupl
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError("", f"cannot read the config {path}: {exc}") from None
-    return structure(TinkerServerConfig, apply_overrides(data, overrides)), (path.parent if path else Path.cwd())
+    return structure(TinkerServerConfig, apply_overrides(data, overrides)), (
+        path.parent if path else Path.cwd()
+    )

@@ -16,8 +16,14 @@ def plait_register_commands(cli: Any) -> None:
 
     @serve_group(cli).command()
     @click.argument("config", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-    @click.option("-s", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="Override a config value, e.g. -s server.port=9000.")
+    @click.option(
+        "-s",
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a config value, e.g. -s server.port=9000.",
+    )
     @click.option("--log-level", default="info", show_default=True)
     def tinker(config: Path, overrides: tuple[str, ...], log_level: str) -> None:
         """A Tinker-compatible training service for the base models of CONFIG: point the tinker
@@ -33,16 +39,20 @@ def plait_register_commands(cli: Any) -> None:
         cfg, base = load_server_config(config, overrides)
         server = cfg.server
         if not cfg.tenants and not is_loopback(server.host):
-            raise click.UsageError(f"server.host {server.host} serves beyond this machine: list [[tenants]] "
-                                   "with their api_key first")
+            raise click.UsageError(
+                f"server.host {server.host} serves beyond this machine: list [[tenants]] "
+                "with their api_key first"
+            )
         configure(log_level)
 
         async def serve_forever() -> None:
             app = build_app(cfg, base / server.storage)
             async with app.serving(server.host, server.port) as url:
-                click.echo(f"plait tinker service on {url}  (export TINKER_BASE_URL={url} "
-                           f"TINKER_API_KEY={'<your key>' if cfg.tenants else 'tml-local'}); "
-                           f"base models: {', '.join(cfg.models)}")
+                click.echo(
+                    f"plait tinker service on {url}  (export TINKER_BASE_URL={url} "
+                    f"TINKER_API_KEY={'<your key>' if cfg.tenants else 'tml-local'}); "
+                    f"base models: {', '.join(cfg.models)}"
+                )
                 await asyncio.Event().wait()
 
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a foreground server stops

@@ -44,7 +44,9 @@ T = TypeVar("T")
 
 OPEN_TENANT = Tenant(name="local", api_key="")
 EPHEMERAL_KEPT = 4  # a run's snapshots for sampling kept on disk (older ones are deleted)
-SNAPSHOT_PREFIX = "snapshot-"  # sampler weights saved for a sampling client alone, not listed as checkpoints
+SNAPSHOT_PREFIX = (
+    "snapshot-"  # sampler weights saved for a sampling client alone, not listed as checkpoints
+)
 
 
 class ServiceError(Exception):
@@ -91,8 +93,14 @@ class TrainingRun:
     ephemeral: collections.deque[Path] = attrs.field(factory=collections.deque)
 
     def record(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "tenant": self.tenant, "base_model": self.base_model,
-                "lora": attrs.asdict(self.lora), "user_metadata": self.user_metadata, "created": self.created}
+        return {
+            "model_id": self.model_id,
+            "tenant": self.tenant,
+            "base_model": self.base_model,
+            "lora": attrs.asdict(self.lora),
+            "user_metadata": self.user_metadata,
+            "created": self.created,
+        }
 
 
 @attrs.define
@@ -127,8 +135,11 @@ class Sequencer:
                     except TimeoutError:
                         # only a seq_id that never arrived is skipped, never one still running
                         if self.next_seq not in self._arrived and seq_id == min(self._waiting):
-                            log.warning("a request never came; going on without it", missing=self.next_seq,
-                                        seq_id=seq_id)
+                            log.warning(
+                                "a request never came; going on without it",
+                                missing=self.next_seq,
+                                seq_id=seq_id,
+                            )
                             break
             finally:
                 self._waiting.discard(seq_id)
@@ -176,7 +187,9 @@ class Futures:
         self._forget_old()
         return request_id
 
-    async def wait(self, tenant: str, request_id: str, timeout_s: float) -> asyncio.Task[Any] | None:
+    async def wait(
+        self, tenant: str, request_id: str, timeout_s: float
+    ) -> asyncio.Task[Any] | None:
         """The finished task, or None when it is still running after `timeout_s`."""
         pending = self._items.get(request_id)
         if pending is None or pending.tenant != tenant:
@@ -189,7 +202,11 @@ class Futures:
         if now - self._swept < 10.0:  # a sweep reads every kept request: not on every submit
             return
         self._swept = now
-        old = [rid for rid, p in self._items.items() if p.finished_at is not None and now - p.finished_at > self.KEEP_S]
+        old = [
+            rid
+            for rid, p in self._items.items()
+            if p.finished_at is not None and now - p.finished_at > self.KEEP_S
+        ]
         for rid in old:
             del self._items[rid]
         if old:
@@ -212,7 +229,9 @@ class TrainingBatcher:
     def __init__(self, host: AdapterTrainer, train: Callable[..., Awaitable[Any]]) -> None:
         self.host = host
         self._train = train
-        self._waiting: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]] = []
+        self._waiting: list[
+            tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]
+        ] = []
         self._stepping: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]] = []
         self._arrived = asyncio.Event()
         self._last_pass: set[AdapterEngine] = set()
@@ -255,15 +274,23 @@ class TrainingBatcher:
             ready, self._waiting = self._waiting, []
             self._last_pass = {engine for engine, _, _ in ready}
             began = loop.time()
-            by_loss: dict[tuple[Any, ...], list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]] = {}
+            by_loss: dict[
+                tuple[Any, ...],
+                list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]],
+            ] = {}
             for item in ready:
-                by_loss.setdefault((item[1].loss_fn, *sorted(item[1].loss_fn_config.items())), []).append(item)
+                by_loss.setdefault(
+                    (item[1].loss_fn, *sorted(item[1].loss_fn_config.items())), []
+                ).append(item)
             for items in by_loss.values():
                 await self._run(items)
             self._last_pass_s = loop.time() - began
 
-    async def _step(self, items: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]]) -> None:
+    async def _step(
+        self, items: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]]
+    ) -> None:
         self.step_batches += 1
+
         def step_each() -> list[tuple[bool, Any]]:
             outcomes: list[tuple[bool, Any]] = []
             for engine, params, _ in items:
@@ -279,15 +306,25 @@ class TrainingBatcher:
             else:
                 future.set_exception(value)
 
-    async def _run(self, items: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]) -> None:
+    async def _run(
+        self, items: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]
+    ) -> None:
         call = items[0][1]
         self.passes, self.calls = self.passes + 1, self.calls + len(items)
         try:
             if len(items) == 1:
-                outputs = [await self._train(items[0][0].forward_backward, call.data, call.loss_fn, call.loss_fn_config)]
+                outputs = [
+                    await self._train(
+                        items[0][0].forward_backward, call.data, call.loss_fn, call.loss_fn_config
+                    )
+                ]
             else:
-                outputs = await self._train(self.host.forward_backward_adapters, [(e, c.data) for e, c, _ in items],
-                                            call.loss_fn, call.loss_fn_config)
+                outputs = await self._train(
+                    self.host.forward_backward_adapters,
+                    [(e, c.data) for e, c, _ in items],
+                    call.loss_fn,
+                    call.loss_fn_config,
+                )
         except Exception as exc:
             if len(items) == 1:
                 items[0][2].set_exception(exc)
@@ -318,7 +355,9 @@ class TinkerService:
         self._models: dict[str, ResolvedModel] = {}
         self._hosts: dict[str, TrainerEngine] = {}
         self.batchers: dict[str, TrainingBatcher] = {}
-        self._engines: collections.OrderedDict[tuple[str, Path | None], _SamplingEngine] = collections.OrderedDict()
+        self._engines: collections.OrderedDict[tuple[str, Path | None], _SamplingEngine] = (
+            collections.OrderedDict()
+        )
         self._engine_lock = asyncio.Lock()
         self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-trainer")
         self._session_ids = itertools.count(1)
@@ -348,14 +387,19 @@ class TinkerService:
         if run is None or run.tenant != tenant.name:
             raise not_found(f"training run {model_id!r}")
         if run.engine is None:
-            raise ServiceError(f"training run {model_id!r} is not loaded (its session finished)", status=410,
-                               category="user")
+            raise ServiceError(
+                f"training run {model_id!r} is not loaded (its session finished)",
+                status=410,
+                category="user",
+            )
         run.last_request = time.time()
         return run
 
     def base_model(self, name: str | None) -> str:
         if name not in self.config.models:
-            raise ServiceError(f"base model {name!r} is not served here; served: {', '.join(self.config.models)}")
+            raise ServiceError(
+                f"base model {name!r} is not served here; served: {', '.join(self.config.models)}"
+            )
         return name
 
     # -- sessions ------------------------------------------------------------------------------
@@ -400,9 +444,12 @@ class TinkerService:
             self._hosts[base_model] = await self._train(self._build_trainer, base_model)
         host = self._hosts[base_model]
         if not isinstance(host, AdapterTrainer):
-            raise ServiceError(f"trainer engine {self.config.trainer.engine!r} cannot open LoRA adapters "
-                               "(plait.protocols.AdapterTrainer); serve with one that can, e.g. 'torch'",
-                               category="server", status=500)
+            raise ServiceError(
+                f"trainer engine {self.config.trainer.engine!r} cannot open LoRA adapters "
+                "(plait.protocols.AdapterTrainer); serve with one that can, e.g. 'torch'",
+                category="server",
+                status=500,
+            )
         if base_model not in self.batchers:
             self.batchers[base_model] = TrainingBatcher(host, self._train)
         return host
@@ -415,14 +462,25 @@ class TinkerService:
 
     def _build_trainer(self, base_model: str) -> TrainerEngine:
         log.info("loading base model for training", base_model=base_model)
-        return build(kinds.TRAINER_ENGINE, self.config.trainer.engine, self._model(base_model),
-                     options=self.config.trainer.options, options_path="trainer.options", seed=0)
+        return build(
+            kinds.TRAINER_ENGINE,
+            self.config.trainer.engine,
+            self._model(base_model),
+            options=self.config.trainer.options,
+            options_path="trainer.options",
+            seed=0,
+        )
 
     def _check_quota(self, tenant: Tenant) -> None:
-        loaded = sum(1 for r in self.runs.values() if r.tenant == tenant.name and r.engine is not None)
+        loaded = sum(
+            1 for r in self.runs.values() if r.tenant == tenant.name and r.engine is not None
+        )
         if loaded >= tenant.max_training_runs:
-            raise ServiceError(f"tenant {tenant.name!r} has {loaded} training runs loaded, its quota "
-                               f"(max_training_runs); finish a session to free one", status=429)
+            raise ServiceError(
+                f"tenant {tenant.name!r} has {loaded} training runs loaded, its quota "
+                f"(max_training_runs); finish a session to free one",
+                status=429,
+            )
 
     def create_model(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, str]:
         """A future of the new run, and its id."""
@@ -431,20 +489,48 @@ class TinkerService:
         lora = _lora_config(body.get("lora_config") or {}, self.config.server.lora_alpha)
         model_id = training_run_id(session.id, body)
         self._check_quota(tenant)
-        return self.futures.submit(tenant.name, self._open_run(tenant, session, model_id, base, lora,
-                                                               body.get("user_metadata") or {},
-                                                               seed=int((body.get("lora_config") or {}).get("seed") or 0)),
-                                   key=("create", model_id)), model_id
+        return self.futures.submit(
+            tenant.name,
+            self._open_run(
+                tenant,
+                session,
+                model_id,
+                base,
+                lora,
+                body.get("user_metadata") or {},
+                seed=int((body.get("lora_config") or {}).get("seed") or 0),
+            ),
+            key=("create", model_id),
+        ), model_id
 
-    async def _open_run(self, tenant: Tenant, session: Session, model_id: str, base: str, lora: LoraConfig,
-                        user_metadata: dict[str, str], seed: int, state: Path | None = None,
-                        optimizer: bool = True) -> dict[str, Any]:
+    async def _open_run(
+        self,
+        tenant: Tenant,
+        session: Session,
+        model_id: str,
+        base: str,
+        lora: LoraConfig,
+        user_metadata: dict[str, str],
+        seed: int,
+        state: Path | None = None,
+        optimizer: bool = True,
+    ) -> dict[str, Any]:
         if model_id in self.runs:
             raise ServiceError(f"training run {model_id!r} exists already")
         host = await self._host(base)
         engine = await self._train(host.open_adapter, model_id, lora, seed)
-        run = TrainingRun(model_id, tenant.name, session.id, base, lora, engine, dict(user_metadata), time.time(),
-                          time.time(), Sequencer())
+        run = TrainingRun(
+            model_id,
+            tenant.name,
+            session.id,
+            base,
+            lora,
+            engine,
+            dict(user_metadata),
+            time.time(),
+            time.time(),
+            Sequencer(),
+        )
         if state is not None:
             try:
                 await self._train(engine.load_state, state, optimizer)
@@ -453,8 +539,14 @@ class TinkerService:
                 raise
         self.runs[model_id] = run
         self._write_record(run)
-        log.info("training run created", model_id=model_id, tenant=tenant.name, base_model=base, rank=lora.rank,
-                 from_state=str(state) if state else None)
+        log.info(
+            "training run created",
+            model_id=model_id,
+            tenant=tenant.name,
+            base_model=base,
+            rank=lora.rank,
+            from_state=str(state) if state else None,
+        )
         return {"model_id": model_id, "type": "create_model"}
 
     def _write_record(self, run: TrainingRun) -> None:
@@ -462,8 +554,14 @@ class TinkerService:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "run.json").write_text(json.dumps(run.record(), indent=1))
 
-    def in_order(self, tenant: Tenant, model_id: str, seq_id: int, kind: str,
-                 work: Callable[[TrainingRun], Awaitable[Any]]) -> str:
+    def in_order(
+        self,
+        tenant: Tenant,
+        model_id: str,
+        seq_id: int,
+        kind: str,
+        work: Callable[[TrainingRun], Awaitable[Any]],
+    ) -> str:
         """Submit `work` to run in the run's seq_id order; a resubmit gets the first id."""
         run = self.run(tenant, model_id)
 
@@ -479,7 +577,9 @@ class TinkerService:
         async def work(run: TrainingRun) -> bytes:
             assert run.engine is not None
             if call.forward_only:
-                output = await self._train(run.engine.forward, call.data, call.loss_fn, call.loss_fn_config)
+                output = await self._train(
+                    run.engine.forward, call.data, call.loss_fn, call.loss_fn_config
+                )
             else:
                 output = await self.batchers[run.base_model].forward_backward(run.engine, call)
             return wire.write_forward_backward(output)
@@ -492,23 +592,35 @@ class TinkerService:
         async def work(run: TrainingRun) -> dict[str, Any]:
             assert run.engine is not None
             result = await self.batchers[run.base_model].optim_step(run.engine, params)
-            return {"metrics": {wire.metric_key(k): float(v) for k, v in result.metrics.items()},
-                    "type": "optim_step"}
+            return {
+                "metrics": {wire.metric_key(k): float(v) for k, v in result.metrics.items()},
+                "type": "optim_step",
+            }
 
-        return self.in_order(tenant, str(body.get("model_id")), int(body.get("seq_id", 0)), "optim_step", work)
+        return self.in_order(
+            tenant, str(body.get("model_id")), int(body.get("seq_id", 0)), "optim_step", work
+        )
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def checkpoint_dir(self, model_id: str, kind: str, name: str) -> Path:
         if not name or "/" in name or name.startswith("."):
-            raise ServiceError(f"checkpoint name {name!r}: use a plain name (no '/', not starting with '.')")
+            raise ServiceError(
+                f"checkpoint name {name!r}: use a plain name (no '/', not starting with '.')"
+            )
         return self.storage / model_id / kind / name
 
     def resolve_path(self, tenant: Tenant, tinker_path: str) -> tuple[TrainingRunRecord, str, Path]:
         """A `tinker://<model_id>/<weights|sampler_weights>/<name>` path of this tenant's."""
-        parts = tinker_path.removeprefix("tinker://").split("/") if tinker_path.startswith("tinker://") else []
+        parts = (
+            tinker_path.removeprefix("tinker://").split("/")
+            if tinker_path.startswith("tinker://")
+            else []
+        )
         if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
-            raise ServiceError(f"{tinker_path!r} is not a tinker://<run>/<weights|sampler_weights>/<name> path")
+            raise ServiceError(
+                f"{tinker_path!r} is not a tinker://<run>/<weights|sampler_weights>/<name> path"
+            )
         record = self.record(tenant, parts[0])
         directory = self.storage / parts[0] / parts[1] / parts[2]
         if not (directory / "checkpoint.json").is_file():
@@ -527,9 +639,17 @@ class TinkerService:
         directory = self.checkpoint_dir(run.model_id, kind, name)
         await self._train(run.engine.save_state, directory)
         expires = time.time() + float(ttl_seconds) if ttl_seconds else None
-        (directory / "checkpoint.json").write_text(json.dumps({
-            "checkpoint_id": f"{kind}/{name}", "checkpoint_type": "training" if kind == "weights" else "sampler",
-            "time": time.time(), "expires_at": expires, "tinker_path": f"tinker://{run.model_id}/{kind}/{name}"}))
+        (directory / "checkpoint.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint_id": f"{kind}/{name}",
+                    "checkpoint_type": "training" if kind == "weights" else "sampler",
+                    "time": time.time(),
+                    "expires_at": expires,
+                    "tinker_path": f"tinker://{run.model_id}/{kind}/{name}",
+                }
+            )
+        )
         return directory
 
     def save_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
@@ -540,8 +660,10 @@ class TinkerService:
         async def work(run: TrainingRun) -> dict[str, Any]:
             directory = self.checkpoint_dir(run.model_id, "weights", name)
             if directory.exists() and not body.get("overwrite"):
-                raise ServiceError(f"checkpoint tinker://{run.model_id}/weights/{name} exists; pick another name",
-                                   status=409)
+                raise ServiceError(
+                    f"checkpoint tinker://{run.model_id}/weights/{name} exists; pick another name",
+                    status=409,
+                )
             await self._save(run, "weights", name, body.get("ttl_seconds"))
             return {"path": f"tinker://{run.model_id}/weights/{name}", "type": "save_weights"}
 
@@ -556,21 +678,32 @@ class TinkerService:
         async def work(run: TrainingRun) -> dict[str, Any]:
             if name is not None:
                 await self._save(run, "sampler_weights", str(name), body.get("ttl_seconds"))
-                return {"path": f"tinker://{run.model_id}/sampler_weights/{name}", "type": "save_weights_for_sampler"}
+                return {
+                    "path": f"tinker://{run.model_id}/sampler_weights/{name}",
+                    "type": "save_weights_for_sampler",
+                }
             # A snapshot for a sampling client and nothing else: kept while recent.
             snapshot = sampling_session_id(run.session_id, body)
-            directory = await self._save(run, "sampler_weights", f"{SNAPSHOT_PREFIX}{run.sequencer.next_seq}")
+            directory = await self._save(
+                run, "sampler_weights", f"{SNAPSHOT_PREFIX}{run.sequencer.next_seq}"
+            )
             run.ephemeral.append(directory)
             while len(run.ephemeral) > EPHEMERAL_KEPT:
                 await self._forget_weights(run.ephemeral.popleft())
             self.samplers[snapshot] = Sampler(snapshot, run.tenant, run.base_model, directory, None)
             return {"sampling_session_id": snapshot, "type": "save_weights_for_sampler"}
 
-        return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work)
+        return self.in_order(
+            tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work
+        )
 
     async def _forget_weights(self, directory: Path) -> None:
         async with self._engine_lock:
-            for key in [key for key, entry in self._engines.items() if key[1] == directory and entry.users == 0]:
+            for key in [
+                key
+                for key, entry in self._engines.items()
+                if key[1] == directory and entry.users == 0
+            ]:
                 await self._engines.pop(key).engine.close()
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -579,24 +712,37 @@ class TinkerService:
         + `model_seq_id`, "create-via-load"): a future, and the new run's id."""
         record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
         if kind != "weights":
-            raise ServiceError(f"{body.get('path')!r} holds sampler weights; load a state saved by save_state")
+            raise ServiceError(
+                f"{body.get('path')!r} holds sampler weights; load a state saved by save_state"
+            )
         optimizer = bool(body.get("optimizer"))
         if body.get("model_id"):
+
             async def work(run: TrainingRun) -> dict[str, Any]:
                 assert run.engine is not None
                 await self._train(run.engine.load_state, directory, optimizer)
                 return {"path": body["path"], "type": "load_weights"}
 
-            return self.in_order(tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work), None
+            return self.in_order(
+                tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work
+            ), None
         session = self.session(tenant, str(body.get("session_id")))
         model_id = training_run_id(session.id, body)
         base = self.base_model(body.get("base_model") or record.data["base_model"])
         self._check_quota(tenant)
 
         async def create() -> dict[str, Any]:
-            await self._open_run(tenant, session, model_id, base, LoraConfig(**record.data["lora"]),
-                                 body.get("user_metadata") or record.data["user_metadata"], seed=0,
-                                 state=directory, optimizer=optimizer)
+            await self._open_run(
+                tenant,
+                session,
+                model_id,
+                base,
+                LoraConfig(**record.data["lora"]),
+                body.get("user_metadata") or record.data["user_metadata"],
+                seed=0,
+                state=directory,
+                optimizer=optimizer,
+            )
             return {"model_id": model_id, "path": body["path"], "type": "load_weights"}
 
         return self.futures.submit(tenant.name, create(), key=("create", model_id)), model_id
@@ -609,8 +755,13 @@ class TinkerService:
 
     def create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> str:
         session = self.session(tenant, str(body.get("session_id")))
-        if sum(1 for s in self.samplers.values() if s.tenant == tenant.name) >= tenant.max_sampling_sessions:
-            raise ServiceError(f"tenant {tenant.name!r} has reached max_sampling_sessions", status=429)
+        if (
+            sum(1 for s in self.samplers.values() if s.tenant == tenant.name)
+            >= tenant.max_sampling_sessions
+        ):
+            raise ServiceError(
+                f"tenant {tenant.name!r} has reached max_sampling_sessions", status=429
+            )
         sampler = self._sampler_of(tenant, sampling_session_id(session.id, body), body)
         self.samplers[sampler.id] = sampler
         return sampler.id
@@ -619,7 +770,9 @@ class TinkerService:
         """A sampler of the checkpoint `body["model_path"]`, else of the base model `body["base_model"]`."""
         if body.get("model_path"):
             record, _, directory = self.resolve_path(tenant, str(body["model_path"]))
-            return Sampler(sampler_id, tenant.name, record.data["base_model"], directory, body["model_path"])
+            return Sampler(
+                sampler_id, tenant.name, record.data["base_model"], directory, body["model_path"]
+            )
         return Sampler(sampler_id, tenant.name, self.base_model(body.get("base_model")), None, None)
 
     def sampler(self, tenant: Tenant, sampler_id: str) -> Sampler:
@@ -639,7 +792,11 @@ class TinkerService:
         num_samples = int(body.get("num_samples", 1))
         if num_samples < 1:
             raise ServiceError(f"num_samples must be >= 1, got {num_samples}")
-        for unsupported in ("topk_prompt_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n"):
+        for unsupported in (
+            "topk_prompt_logprobs",
+            "prompt_alt_tokens_k",
+            "prompt_logprobs_last_n",
+        ):
             if body.get(unsupported):
                 raise ServiceError(f"{unsupported} is not supported by this server")
         want_prompt_logprobs = bool(body.get("prompt_logprobs"))
@@ -661,7 +818,9 @@ class TinkerService:
             entry = self._engines.get(key)
             if entry is None:
                 if sampler.weights is not None and not sampler.weights.is_dir():
-                    raise ServiceError(f"the weights of sampler {sampler.id!r} were deleted", status=410)
+                    raise ServiceError(
+                        f"the weights of sampler {sampler.id!r} were deleted", status=410
+                    )
                 engine = await asyncio.to_thread(self._build_engine, sampler)
                 entry = self._engines[key] = _SamplingEngine(engine)
                 await self._close_unused_engines(keep=key)
@@ -676,9 +835,17 @@ class TinkerService:
         options = dict(self.config.inference.options)
         if sampler.weights is not None:
             options["adapter"] = str(sampler.weights)
-        log.info("loading a sampling engine", base_model=sampler.base_model, weights=str(sampler.weights))
-        return build(kinds.INFERENCE_ENGINE, self.config.inference.engine, self._model(sampler.base_model),
-                     options=options, options_path="inference.options", seed=0)
+        log.info(
+            "loading a sampling engine", base_model=sampler.base_model, weights=str(sampler.weights)
+        )
+        return build(
+            kinds.INFERENCE_ENGINE,
+            self.config.inference.engine,
+            self._model(sampler.base_model),
+            options=options,
+            options_path="inference.options",
+            seed=0,
+        )
 
     async def _close_unused_engines(self, keep: tuple[str, Path | None]) -> None:
         for key in [k for k, e in self._engines.items() if k != keep and e.users == 0]:
@@ -724,22 +891,31 @@ class TrainingRunRecord:
 
 def _lora_config(body: dict[str, Any], alpha: float) -> LoraConfig:
     try:
-        config = LoraConfig(rank=int(body.get("rank", 32)), alpha=alpha, train_attn=bool(body.get("train_attn", True)),
-                            train_mlp=bool(body.get("train_mlp", True)),
-                            train_unembed=bool(body.get("train_unembed", True)))
+        config = LoraConfig(
+            rank=int(body.get("rank", 32)),
+            alpha=alpha,
+            train_attn=bool(body.get("train_attn", True)),
+            train_mlp=bool(body.get("train_mlp", True)),
+            train_unembed=bool(body.get("train_unembed", True)),
+        )
     except (TypeError, ValueError) as exc:
         raise ServiceError(f"lora_config: {exc}") from None
     if config.rank < 1 or not (config.train_attn or config.train_mlp or config.train_unembed):
-        raise ServiceError(f"lora_config: rank {config.rank} with train_attn, train_mlp and train_unembed "
-                           f"{config.train_attn}, {config.train_mlp}, {config.train_unembed} adapts nothing")
+        raise ServiceError(
+            f"lora_config: rank {config.rank} with train_attn, train_mlp and train_unembed "
+            f"{config.train_attn}, {config.train_mlp}, {config.train_unembed} adapts nothing"
+        )
     return config
 
 
 def _adam_params(body: Any) -> AdamParams:
     if not isinstance(body, dict):
         raise ServiceError("optim_step: adam_params is required (this server steps AdamW)")
-    fields = {k: float(body[k]) for k in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
-              if body.get(k) is not None}
+    fields = {
+        k: float(body[k])
+        for k in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+        if body.get(k) is not None
+    }
     if fields.get("learning_rate", 0.0) < 0:
         raise ServiceError(f"adam_params.learning_rate must be >= 0, got {fields['learning_rate']}")
     try:

@@ -45,28 +45,42 @@ def read_forward_backward(body: bytes) -> ForwardBackwardCall:
     try:
         request.ParseFromString(body)
     except DecodeError as exc:
-        raise WireError(f"forward_backward: the body is not a ForwardBackwardRequest protobuf ({exc})") from None
+        raise WireError(
+            f"forward_backward: the body is not a ForwardBackwardRequest protobuf ({exc})"
+        ) from None
     config = {key: float(value) for key, value in request.loss_fn_config.items()}
     for key, value in request.loss_fn_config_v2.items():
         if value.WhichOneof("value") != "number":
-            raise WireError(f"forward_backward: loss_fn_config[{key!r}] is text ({value.text!r}); "
-                            "the losses here take numbers only")
+            raise WireError(
+                f"forward_backward: loss_fn_config[{key!r}] is text ({value.text!r}); "
+                "the losses here take numbers only"
+            )
         config[key] = value.number
     data = [_datum(datum, i) for i, datum in enumerate(request.data)]
     if not request.model_id or not data:
         raise WireError("forward_backward: model_id and data are required")
-    return ForwardBackwardCall(request.model_id, request.seq_id, data, request.loss_fn or "cross_entropy",
-                               config, request.forward_only)
+    return ForwardBackwardCall(
+        request.model_id,
+        request.seq_id,
+        data,
+        request.loss_fn or "cross_entropy",
+        config,
+        request.forward_only,
+    )
 
 
 def _datum(datum: pb.Datum, index: int) -> Datum:
     tokens: list[int] = []
     for chunk in datum.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
-            raise WireError(f"data[{index}]: a {chunk.WhichOneof('chunk')} chunk; this server takes token chunks only")
+            raise WireError(
+                f"data[{index}]: a {chunk.WhichOneof('chunk')} chunk; this server takes token chunks only"
+            )
         tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
-    inputs = {key: _tensor(tensor, f"data[{index}].loss_fn_inputs[{key!r}]")
-              for key, tensor in datum.loss_fn_inputs.items()}
+    inputs = {
+        key: _tensor(tensor, f"data[{index}].loss_fn_inputs[{key!r}]")
+        for key, tensor in datum.loss_fn_inputs.items()
+    }
     try:
         return Datum(ModelInput.from_ints(tokens), inputs)
     except ValueError as exc:
@@ -76,7 +90,9 @@ def _datum(datum: pb.Datum, index: int) -> Datum:
 def _tensor(tensor: pb.Tensor, where: str) -> TensorData:
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is None:
-        raise WireError(f"{where}: dtype {pb.DType.Name(tensor.dtype)} is not float32, int64 or int32")
+        raise WireError(
+            f"{where}: dtype {pb.DType.Name(tensor.dtype)} is not float32, int64 or int32"
+        )
     shape = tuple(tensor.shape)
     if tensor.WhichOneof("encoding") == "sparse_csr":
         csr = tensor.sparse_csr
@@ -85,7 +101,11 @@ def _tensor(tensor: pb.Tensor, where: str) -> TensorData:
         values = np.frombuffer(csr.values, dtype=dtype)
         rows = np.frombuffer(csr.crow_indices, dtype=np.int64)
         cols = np.frombuffer(csr.col_indices, dtype=np.int64)
-        if len(rows) != shape[0] + 1 or len(cols) != len(values) or (len(cols) and cols.max() >= shape[1]):
+        if (
+            len(rows) != shape[0] + 1
+            or len(cols) != len(values)
+            or (len(cols) and cols.max() >= shape[1])
+        ):
             raise WireError(f"{where}: sparse indices do not fit shape {shape}")
         array = np.zeros(shape, dtype=dtype)
         array[np.repeat(np.arange(shape[0]), np.diff(rows)), cols] = values
@@ -102,15 +122,23 @@ def write_forward_backward(output: ForwardBackwardOutput) -> bytes:
     message = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for key, value in output.metrics.items():
         message.metrics[metric_key(key)] = float(value)
-    record = message.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(output.loss_fn_outputs))
+    record = message.loss_fn_outputs.add(
+        type_tag="ArrayRecord", num_datums=len(output.loss_fn_outputs)
+    )
     for name in output.loss_fn_outputs[0] if output.loss_fn_outputs else ():
-        arrays = [np.ascontiguousarray(np.asarray(out[name].to_numpy(), dtype=_numpy_of(out[name].dtype)))
-                  for out in output.loss_fn_outputs]
+        arrays = [
+            np.ascontiguousarray(np.asarray(out[name].to_numpy(), dtype=_numpy_of(out[name].dtype)))
+            for out in output.loss_fn_outputs
+        ]
         sizes = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
-        record.fields[name].CopyFrom(pb.BatchedTensor(
-            data=b"".join(a.tobytes() for a in arrays), offsets=sizes.tobytes(),
-            dtype=_PROTO_DTYPE[_public_dtype(output.loss_fn_outputs[0][name].dtype)],
-            trailing_shape=list(arrays[0].shape[1:])))
+        record.fields[name].CopyFrom(
+            pb.BatchedTensor(
+                data=b"".join(a.tobytes() for a in arrays),
+                offsets=sizes.tobytes(),
+                dtype=_PROTO_DTYPE[_public_dtype(output.loss_fn_outputs[0][name].dtype)],
+                trailing_shape=list(arrays[0].shape[1:]),
+            )
+        )
     return message.SerializeToString()
 
 
@@ -138,19 +166,23 @@ def write_sample(response: SampleResponse, prompt_logprobs: Sequence[float | Non
     message = pb.SampleResponse()
     for seq in response.sequences:
         message.sequences.add(
-            stop_reason=pb.STOP_REASON_LENGTH if seq.stop_reason == "length" else pb.STOP_REASON_STOP,
+            stop_reason=pb.STOP_REASON_LENGTH
+            if seq.stop_reason == "length"
+            else pb.STOP_REASON_STOP,
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
-            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
+        )
     if prompt_logprobs is not None:
-        message.prompt_logprobs = np.asarray([np.nan if v is None else v for v in prompt_logprobs],
-                                             dtype=np.float32).tobytes()
+        message.prompt_logprobs = np.asarray(
+            [np.nan if v is None else v for v in prompt_logprobs], dtype=np.float32
+        ).tobytes()
     return message.SerializeToString()
 
 
 def model_input(body: Mapping[str, Any], where: str = "prompt") -> ModelInput:
     chunks = body.get("chunks") if isinstance(body, Mapping) else None
     if not isinstance(chunks, list):
-        raise WireError(f"{where}: expected {{\"chunks\": [...]}}")
+        raise WireError(f'{where}: expected {{"chunks": [...]}}')
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         if not isinstance(chunk, Mapping) or chunk.get("type", "encoded_text") != "encoded_text":
@@ -164,8 +196,11 @@ def model_input(body: Mapping[str, Any], where: str = "prompt") -> ModelInput:
 
 
 def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
-    fields = {key: body[key] for key in ("max_tokens", "seed", "stop", "temperature", "top_k", "top_p")
-              if body.get(key) is not None}
+    fields = {
+        key: body[key]
+        for key in ("max_tokens", "seed", "stop", "temperature", "top_k", "top_p")
+        if body.get(key) is not None
+    }
     try:
         return SamplingParams(**fields)
     except (TypeError, ValueError) as exc:

@@ -96,7 +96,10 @@ MIN_SHARED_PREFIX = 16
 
 def derive_seed(seed: int, index: int) -> int:
     """The generator seed of sample `index` of a request seeded with `seed`."""
-    return int(np.random.SeedSequence([seed & _SEED_MASK, index]).generate_state(1, np.uint64)[0]) & _SEED_MASK
+    return (
+        int(np.random.SeedSequence([seed & _SEED_MASK, index]).generate_state(1, np.uint64)[0])
+        & _SEED_MASK
+    )
 
 
 @attrs.define(eq=False)
@@ -115,19 +118,26 @@ class _Request:
 
     def response(self, current_version: int) -> SampleResponse:
         """The result; a sample without tokens is tagged with `current_version`."""
-        return SampleResponse([
-            SampledSequence(row.tokens, row.logprobs, row.stop_reason or "abort",
-                            weight_version=row.versions[-1] if row.versions else current_version,
-                            token_versions=row.versions, routed_experts=self._routing(row))
-            for row in self.rows
-        ])
+        return SampleResponse(
+            [
+                SampledSequence(
+                    row.tokens,
+                    row.logprobs,
+                    row.stop_reason or "abort",
+                    weight_version=row.versions[-1] if row.versions else current_version,
+                    token_versions=row.versions,
+                    routed_experts=self._routing(row),
+                )
+                for row in self.rows
+            ]
+        )
 
     def _routing(self, row: _Row) -> TensorData | None:
         """Rows of every token fed but the last sampled one: prompt + tokens - 1 (see the module doc)."""
         if not row.routing:  # not recording, or aborted before its prefill ran
             return None
         routing = np.concatenate(row.routing)
-        return TensorData.compact(routing[:max(len(self.prompt) + len(row.tokens) - 1, 0)])
+        return TensorData.compact(routing[: max(len(self.prompt) + len(row.tokens) - 1, 0)])
 
 
 @attrs.define(eq=False)
@@ -141,7 +151,9 @@ class _Row:
     versions: list[int] = attrs.field(factory=list)
     stop_reason: str | None = None
     text_checked: int = 0  # characters of decoded text already searched for stop strings
-    routing: list[np.ndarray] = attrs.field(factory=list)  # (fed tokens, layers, top_k) chunks, when recorded
+    routing: list[np.ndarray] = attrs.field(
+        factory=list
+    )  # (fed tokens, layers, top_k) chunks, when recorded
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
@@ -161,38 +173,50 @@ class _Batch:
 class TorchInferenceEngine:
     """`plait.protocols.InferenceEngine` on PyTorch + transformers, in this process."""
 
-    def __init__(self, model: ResolvedModel, *, options: TorchInferenceOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: TorchInferenceOptions | None = None, seed: int = 0
+    ) -> None:
         self.options = options or TorchInferenceOptions()
         self.model_info = model
         loading.set_threads(self.options.threads)
         self.device = loading.select_device(self.options.device)
         self.tokenizer = loading.load_tokenizer(model.tokenizer_path)
-        self.dtype = loading.DTYPES[self.options.dtype] if self.options.dtype else loading.model_dtype(model)
-        self.model = loading.load_causal_lm(model, dtype=self.dtype, device=self.device,
-                                            attn_implementation=self.options.attn_implementation)
+        self.dtype = (
+            loading.DTYPES[self.options.dtype] if self.options.dtype else loading.model_dtype(model)
+        )
+        self.model = loading.load_causal_lm(
+            model,
+            dtype=self.dtype,
+            device=self.device,
+            attn_implementation=self.options.attn_implementation,
+        )
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.eval().requires_grad_(False)
         # A prefill keeps only the last position before the output projection (logits_to_keep=1):
         # a strided view, for which CPU bfloat16 matmul copies the whole projection (152k x H) per
         # row (seconds per prefill, measured); contiguous rows take the direct path (milliseconds).
         self.model.get_output_embeddings().register_forward_pre_hook(
-            lambda _module, args: (args[0].contiguous(), *args[1:]))
+            lambda _module, args: (args[0].contiguous(), *args[1:])
+        )
         if self.options.adapter is not None:
             merge_adapter(self.model, self.options.adapter)
         self._hooks: RoutingHooks | None = None
         if self.options.enable_return_routed_experts:
             shape = moe_shape(self.model)
             if shape is None:
-                raise ConfigError("inference.options.enable_return_routed_experts",
-                                  f"model {model.name!r} is not a mixture of experts (no top-k router)",
-                                  fix="turn enable_return_routed_experts off for dense models")
+                raise ConfigError(
+                    "inference.options.enable_return_routed_experts",
+                    f"model {model.name!r} is not a mixture of experts (no top-k router)",
+                    fix="turn enable_return_routed_experts off for dense models",
+                )
             self._hooks = RoutingHooks(self.model)
             # Expert ids travel from the device once per step, in the narrowest dtype that holds them.
             self._routing_dtype = torch.uint8 if shape.experts <= 256 else torch.int32
         self.vocab_rows = loading.embedding_rows(self.model)
         self.eos_ids = self._eos_ids()
         self.max_model_len = self.options.max_model_len or int(
-            getattr(self.model.config, "max_position_embeddings", 0) or 4096)
+            getattr(self.model.config, "max_position_embeddings", 0) or 4096
+        )
         self._required = dict(self.model.named_parameters())
         self._aliases = dict(self.model.named_parameters(remove_duplicate=False))
         self._version = 0
@@ -207,8 +231,15 @@ class TorchInferenceEngine:
         self._batch_active = False
         self._parked = False
         self._failure: BaseException | None = None
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plait-torch-inference")
-        log.info("inference engine ready", model=model.name, device=str(self.device), max_model_len=self.max_model_len)
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="plait-torch-inference"
+        )
+        log.info(
+            "inference engine ready",
+            model=model.name,
+            device=str(self.device),
+            max_model_len=self.max_model_len,
+        )
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -216,7 +247,9 @@ class TorchInferenceEngine:
     def weight_version(self) -> int:
         return self._version
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams) -> SampleResponse:
+    async def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> SampleResponse:
         self._bind()
         request = self._make_request(prompt, num_samples, sampling_params)
         async with self._cond:
@@ -228,8 +261,10 @@ class TorchInferenceEngine:
         self._bind()
         ids = self._prompt_ids(prompt)
         if len(ids) > self.max_model_len:
-            raise DataError(f"prompt of {len(ids)} tokens exceeds max_model_len {self.max_model_len}",
-                            fix="shorten the prompt or raise inference.options.max_model_len")
+            raise DataError(
+                f"prompt of {len(ids)} tokens exceeds max_model_len {self.max_model_len}",
+                fix="shorten the prompt or raise inference.options.max_model_len",
+            )
         async with self._model_lock:
             values = await self._compute(self._prompt_logprobs, ids)
         return [None, *values]
@@ -270,7 +305,9 @@ class TorchInferenceEngine:
                 await self._compute(self._load_weights, update.tensors)
                 self._verify(update)
             self._version = int(update.version)
-        log.debug("weights applied", version=update.version, kind=update.kind, tensors=len(update.tensors))
+        log.debug(
+            "weights applied", version=update.version, kind=update.kind, tensors=len(update.tensors)
+        )
 
     async def health(self) -> EngineHealth:
         if self._closed:
@@ -300,20 +337,28 @@ class TorchInferenceEngine:
     def _prompt_ids(self, prompt: ModelInput) -> list[int]:
         return prompt_token_ids(prompt, self.vocab_rows)
 
-    def _make_request(self, prompt: ModelInput, num_samples: int, params: SamplingParams) -> _Request:
+    def _make_request(
+        self, prompt: ModelInput, num_samples: int, params: SamplingParams
+    ) -> _Request:
         ids = self._prompt_ids(prompt)
         if num_samples < 1:
             raise DataError(f"num_samples must be >= 1, got {num_samples}")
         room = self.max_model_len - len(ids)
         if room < 1:
-            raise DataError(f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.max_model_len}",
-                            fix="shorten the prompt or raise inference.options.max_model_len")
+            raise DataError(
+                f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.max_model_len}",
+                fix="shorten the prompt or raise inference.options.max_model_len",
+            )
         stop_ids, stop_strings = self._stops(params.stop)
         max_tokens = min(params.max_tokens or room, room)
-        request = _Request(ids, params, max_tokens, stop_ids, stop_strings, self._loop.create_future())
+        request = _Request(
+            ids, params, max_tokens, stop_ids, stop_strings, self._loop.create_future()
+        )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request.rows = [_Row(request, torch.Generator().manual_seed(derive_seed(base_seed, i)))
-                        for i in range(num_samples)]
+        request.rows = [
+            _Row(request, torch.Generator().manual_seed(derive_seed(base_seed, i)))
+            for i in range(num_samples)
+        ]
         return request
 
     def _stops(self, stop: Any) -> tuple[frozenset[int], tuple[str, ...]]:
@@ -328,12 +373,18 @@ class TorchInferenceEngine:
             return frozenset(), items
         if all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
             return frozenset(int(s) for s in items), ()
-        raise DataError(f"SamplingParams.stop mixes strings and token ids: {items!r}",
-                        fix="give either stop strings or stop token ids")
+        raise DataError(
+            f"SamplingParams.stop mixes strings and token ids: {items!r}",
+            fix="give either stop strings or stop token ids",
+        )
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+        for source in (
+            getattr(self.model, "generation_config", None),
+            self.model.config,
+            self.tokenizer,
+        ):
             value = getattr(source, "eos_token_id", None)
             if isinstance(value, int):
                 ids.add(value)
@@ -348,14 +399,22 @@ class TorchInferenceEngine:
         if self._closed:
             raise EngineError("the inference engine is closed", fix="build a new engine")
         if self._failure is not None:
-            raise EngineError(f"the inference engine's scheduler failed: {self._failure!r}",
-                              fix="build a new engine (and report the failure)")
+            raise EngineError(
+                f"the inference engine's scheduler failed: {self._failure!r}",
+                fix="build a new engine (and report the failure)",
+            )
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
-        if self._loop is not None and not self._loop.is_closed() and (self._queue or self._batch_active):
-            raise EngineError("this inference engine is busy in another event loop",
-                              fix="use one engine from one event loop at a time")
+        if (
+            self._loop is not None
+            and not self._loop.is_closed()
+            and (self._queue or self._batch_active)
+        ):
+            raise EngineError(
+                "this inference engine is busy in another event loop",
+                fix="use one engine from one event loop at a time",
+            )
         self._loop = loop
         self._queue.clear()
         self._batch_active = self._parked = self._abort_running = False
@@ -393,7 +452,10 @@ class TorchInferenceEngine:
         except BaseException as exc:
             self._failure = exc
             while self._queue:  # nobody would serve them: fail them rather than leave them hanging
-                _fail(self._queue.popleft(), EngineError(f"the inference engine's scheduler failed: {exc!r}"))
+                _fail(
+                    self._queue.popleft(),
+                    EngineError(f"the inference engine's scheduler failed: {exc!r}"),
+                )
             raise
 
     async def _let_the_queue_fill(self) -> None:
@@ -477,8 +539,12 @@ class TorchInferenceEngine:
         shared = self._shared_prefix(prompts)
         routed_prefix: list[np.ndarray] = []
         if shared:
-            self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device), cache=cache,
-                       use_cache=True, logits_to_keep=1)
+            self.model(
+                input_ids=torch.tensor([prompts[0][:shared]], device=self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             if self._hooks is not None:
                 routed_prefix.append(self._routed_experts())
             cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=self.device))
@@ -488,26 +554,41 @@ class TorchInferenceEngine:
         mask = torch.zeros(len(prompts), shared + width, dtype=torch.long)
         mask[:, :shared] = 1
         for i, rest in enumerate(rests):  # left padding: every prompt ends at the last column
-            ids[i, width - len(rest):] = torch.tensor(rest)
-            mask[i, shared + width - len(rest):] = 1
+            ids[i, width - len(rest) :] = torch.tensor(rest)
+            mask[i, shared + width - len(rest) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions[:, shared:], cache=cache,
-                         use_cache=True, logits_to_keep=1)
-        if self._hooks is not None:  # each prompt's real (right-aligned) positions; samples share them
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions[:, shared:],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if (
+            self._hooks is not None
+        ):  # each prompt's real (right-aligned) positions; samples share them
             routed = self._routed_experts()
             routed = routed.reshape(len(prompts), width, *routed.shape[1:])
-            per_prompt = [np.concatenate([*routed_prefix, routed[i, width - len(rest):]]) for i, rest in enumerate(rests)]
+            per_prompt = [
+                np.concatenate([*routed_prefix, routed[i, width - len(rest) :]])
+                for i, rest in enumerate(rests)
+            ]
             for row in batch.rows:
                 row.routing = [per_prompt[distinct[tuple(row.request.prompt)]]]
-        expand = torch.tensor([distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device)
+        expand = torch.tensor(
+            [distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device
+        )
         cache.reorder_cache(expand)
         batch.cache = cache
         batch.attention_mask = mask[expand]
         batch.positions = positions[expand, -1] + 1
         rows = batch.rows
         batch.params = RowParams(
-            temperature=torch.tensor([r.request.params.temperature for r in rows], device=self.device),
+            temperature=torch.tensor(
+                [r.request.params.temperature for r in rows], device=self.device
+            ),
             top_k=torch.tensor([max(r.request.params.top_k, 0) for r in rows], device=self.device),
             top_p=torch.tensor([r.request.params.top_p for r in rows], device=self.device),
         )
@@ -519,19 +600,28 @@ class TorchInferenceEngine:
         if not self.options.prefix_sharing or len(prompts) < 2:
             return 0
         first = np.asarray(prompts[0])
-        shared = min(min(len(p) for p in prompts) - 1, *(common_prefix(first, np.asarray(p)) for p in prompts[1:]))
+        shared = min(
+            min(len(p) for p in prompts) - 1,
+            *(common_prefix(first, np.asarray(p)) for p in prompts[1:]),
+        )
         return shared if shared >= MIN_SHARED_PREFIX else 0
 
     @torch.inference_mode()
     def _decode_step(self, batch: _Batch, version: int) -> None:
         batch.attention_mask = torch.cat(
-            [batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1)
-        out = self.model(input_ids=batch.last_tokens.unsqueeze(-1), attention_mask=batch.attention_mask,
-                         position_ids=batch.positions.unsqueeze(-1), cache=batch.cache, use_cache=True)
+            [batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1
+        )
+        out = self.model(
+            input_ids=batch.last_tokens.unsqueeze(-1),
+            attention_mask=batch.attention_mask,
+            position_ids=batch.positions.unsqueeze(-1),
+            cache=batch.cache,
+            use_cache=True,
+        )
         if self._hooks is not None:  # one token per row, in batch order
             routed = self._routed_experts()
             for i, row in enumerate(batch.rows):
-                row.routing.append(routed[i:i + 1])
+                row.routing.append(routed[i : i + 1])
         batch.positions = batch.positions + 1
         self._emit(batch, out.logits[:, -1], version)
 
@@ -559,8 +649,11 @@ class TorchInferenceEngine:
                 batch.cache.reorder_cache(index)
                 batch.attention_mask = batch.attention_mask[index]
                 batch.positions = batch.positions[index]
-                batch.params = RowParams(batch.params.temperature[index], batch.params.top_k[index],
-                                         batch.params.top_p[index])
+                batch.params = RowParams(
+                    batch.params.temperature[index],
+                    batch.params.top_k[index],
+                    batch.params.top_p[index],
+                )
             tokens = tokens[index]
         batch.last_tokens = tokens
 
@@ -591,22 +684,27 @@ class TorchInferenceEngine:
     def _load_weights(self, tensors: Mapping[str, Any]) -> None:
         unknown = sorted(set(tensors) - set(self._aliases))
         if unknown:
-            raise EngineError(f"weight update names {len(unknown)} unknown parameters, e.g. {unknown[:3]}",
-                              fix="export weights from a trainer of the same model (Hugging Face names)")
+            raise EngineError(
+                f"weight update names {len(unknown)} unknown parameters, e.g. {unknown[:3]}",
+                fix="export weights from a trainer of the same model (Hugging Face names)",
+            )
         covered = {id(self._aliases[name]) for name in tensors}
         missing = sorted(name for name, param in self._required.items() if id(param) not in covered)
         if missing:
-            raise EngineError(f"full weight update lacks {len(missing)} parameters, e.g. {missing[:3]}",
-                              fix="send every parameter the trainer exports")
+            raise EngineError(
+                f"full weight update lacks {len(missing)} parameters, e.g. {missing[:3]}",
+                fix="send every parameter the trainer exports",
+            )
         sources = {name: _as_tensor(value) for name, value in tensors.items()}
         for name, source in sources.items():
             if tuple(source.shape) != tuple(self._aliases[name].shape):
-                raise EngineError(f"weight {name!r} has shape {tuple(source.shape)}, the model's is "
-                                  f"{tuple(self._aliases[name].shape)}",
-                                  fix="export weights from a trainer of the same model")
+                raise EngineError(
+                    f"weight {name!r} has shape {tuple(source.shape)}, the model's is "
+                    f"{tuple(self._aliases[name].shape)}",
+                    fix="export weights from a trainer of the same model",
+                )
         for name, source in sources.items():
             self._aliases[name].copy_(source)
-
 
     @torch.no_grad()
     def _patch_weights(self, update: WeightUpdate) -> None:
@@ -616,17 +714,21 @@ class TorchInferenceEngine:
         except WeightBaseError as exc:
             raise EngineError(exc.message, fix=exc.fix) from exc
         except ValueError as exc:
-            raise EngineError(f"delta weight update {update.version} does not apply: {exc}",
-                              fix="set sync.options.dtype to the dtype this engine serves "
-                                  f"({weight_patch.dtype_name(self.dtype)}), and resend full weights") from exc
+            raise EngineError(
+                f"delta weight update {update.version} does not apply: {exc}",
+                fix="set sync.options.dtype to the dtype this engine serves "
+                f"({weight_patch.dtype_name(self.dtype)}), and resend full weights",
+            ) from exc
 
     def _verify(self, update: WeightUpdate) -> None:
         try:
             weight_patch.verify(self._aliases, update)
         except ValueError as exc:
-            raise EngineError(f"full weight update {update.version}: {exc}",
-                              fix="set sync.options.dtype to the dtype this engine serves "
-                                  f"({weight_patch.dtype_name(self.dtype)})") from exc
+            raise EngineError(
+                f"full weight update {update.version}: {exc}",
+                fix="set sync.options.dtype to the dtype this engine serves "
+                f"({weight_patch.dtype_name(self.dtype)})",
+            ) from exc
 
 
 def _as_tensor(value: Any) -> torch.Tensor:

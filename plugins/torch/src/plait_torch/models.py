@@ -87,16 +87,20 @@ def build_random_qwen3(dest: Path, architecture: str, sizes: dict[str, Any]) -> 
         shutil.copyfile(source / name, dest / name)
     tokenizer = AutoTokenizer.from_pretrained(str(dest), local_files_only=True)
     config = getattr(transformers, f"{architecture}Config")(
-        **sizes, bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id)
+        **sizes,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(TINY_QWEN3_SEED)
         model = getattr(transformers, f"{architecture}ForCausalLM")(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(str(dest), safe_serialization=True)
 
 
@@ -110,8 +114,10 @@ def convert_smollm2_gguf(dest: Path) -> None:
     folder = package_dir(*SMOLLM2_PACKAGE, "model 'smollm2-135m-instruct' (offline)")
     for module, requirement in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(module) is None:
-            raise ModelError(f"converting the SmolLM2 GGUF needs the {requirement} package",
-                             fix=f"pip install {requirement}")
+            raise ModelError(
+                f"converting the SmolLM2 GGUF needs the {requirement} package",
+                fix=f"pip install {requirement}",
+            )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,18 +154,30 @@ TINY_QWEN3 = ModelSource(
 # rate decays on a cosine to final_learning_rate over the last decay_steps, which settles them.
 # 240 steps left the first number right in only 69% of samples at temperature 1, which capped RL
 # near 0.75 reward on some machines; 480 steps reach 98% (measured), so RL learns the format alone.
-ARITH_SFT = {"steps": 480, "batch": 32, "learning_rate": 1e-2, "final_learning_rate": 1e-3,
-             "decay_steps": 160, "bare_fraction": 0.03, "seed": 0}
+ARITH_SFT = {
+    "steps": 480,
+    "batch": 32,
+    "learning_rate": 1e-2,
+    "final_learning_rate": 1e-3,
+    "decay_steps": 160,
+    "bare_fraction": 0.03,
+    "seed": 0,
+}
 
 
-def arith_sft_example(tokenizer: Any, renderer: Any, rng: random.Random, bare_fraction: float) -> tuple[list[int], int]:
+def arith_sft_example(
+    tokenizer: Any, renderer: Any, rng: random.Random, bare_fraction: float
+) -> tuple[list[int], int]:
     """(tokens, prompt length) of one training example; the prompt is rendered like the RL run's."""
     from plait.types import Message
 
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     prompt = renderer.build_generation_prompt([Message("user", f"{a} + {b} =")]).to_ints()
     answer = str(a + b) if rng.random() < bare_fraction else f"{a + b} is the sum."
-    completion = [*tokenizer.encode(answer, add_special_tokens=False), renderer.stop_sequences()[-1]]
+    completion = [
+        *tokenizer.encode(answer, add_special_tokens=False),
+        renderer.stop_sequences()[-1],
+    ]
     return prompt + completion, len(prompt)
 
 
@@ -174,7 +192,9 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
     from plait_torch.trainer import TorchTrainer
 
     model = ResolvedModel(title, Path(dest), Path(dest))
-    renderer = ChatTemplateRenderer.from_model(model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False}))
+    renderer = ChatTemplateRenderer.from_model(
+        model, options=ChatTemplateOptions(template_kwargs={"enable_thinking": False})
+    )
     trainer = TorchTrainer(model, seed=settings["seed"])
     rng = random.Random(settings["seed"])
     steps, high, low = settings["steps"], settings["learning_rate"], settings["final_learning_rate"]
@@ -183,10 +203,17 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
         for step in range(steps):
             examples = [example(renderer, rng) for _ in range(settings["batch"])]
             trained_tokens = sum(len(tokens) - prompt_len for tokens, prompt_len in examples)
-            batch = [Datum(ModelInput.from_ints(tokens[:-1]), {
-                "target_tokens": tokens[1:],
-                "weights": [0.0] * (prompt_len - 1) + [1.0 / trained_tokens] * (len(tokens) - prompt_len),
-            }) for tokens, prompt_len in examples]
+            batch = [
+                Datum(
+                    ModelInput.from_ints(tokens[:-1]),
+                    {
+                        "target_tokens": tokens[1:],
+                        "weights": [0.0] * (prompt_len - 1)
+                        + [1.0 / trained_tokens] * (len(tokens) - prompt_len),
+                    },
+                )
+                for tokens, prompt_len in examples
+            ]
             output = trainer.forward_backward(batch, "cross_entropy")
             decayed = max(0, step - decay_start) / settings["decay_steps"]
             learning_rate = low + (high - low) * (1 + math.cos(math.pi * decayed)) / 2
@@ -199,8 +226,14 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
 def build_tiny_qwen3_arith(dest: Path) -> None:
     """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
     build_tiny_qwen3(dest)
-    supervised_steps(dest, ARITH_SFT, lambda renderer, rng: arith_sft_example(
-        renderer.tokenizer, renderer, rng, ARITH_SFT["bare_fraction"]), "tiny-qwen3-arith")
+    supervised_steps(
+        dest,
+        ARITH_SFT,
+        lambda renderer, rng: arith_sft_example(
+            renderer.tokenizer, renderer, rng, ARITH_SFT["bare_fraction"]
+        ),
+        "tiny-qwen3-arith",
+    )
 
 
 def recipe_digest(*parts: Any) -> str:
@@ -212,8 +245,15 @@ def recipe_digest(*parts: Any) -> str:
 TINY_QWEN3_ARITH = ModelSource(
     description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
     materialize=build_tiny_qwen3_arith,
-    revision=recipe_digest(ARITH_SFT, arith_sft_example, build_tiny_qwen3_arith, supervised_steps, build_tiny_qwen3,
-                           build_random_qwen3, TINY_QWEN3_CONFIG),
+    revision=recipe_digest(
+        ARITH_SFT,
+        arith_sft_example,
+        build_tiny_qwen3_arith,
+        supervised_steps,
+        build_tiny_qwen3,
+        build_random_qwen3,
+        TINY_QWEN3_CONFIG,
+    ),
 )
 
 
@@ -222,8 +262,16 @@ TINY_QWEN3_ARITH = ModelSource(
 # bare_fraction of replies and otherwise in a sentence ("3 + 4 makes 7.", which the environment
 # does not take); its sums it answers bare in sum_bare_fraction of replies. Both parts start
 # with headroom, and the proposer earns a reward only when the solver solves its problem.
-PROPOSE_SFT = {"steps": 160, "batch": 32, "learning_rate": 3e-3, "final_learning_rate": 5e-4, "decay_steps": 80,
-               "bare_fraction": 0.3, "sum_bare_fraction": 0.2, "seed": 1}
+PROPOSE_SFT = {
+    "steps": 160,
+    "batch": 32,
+    "learning_rate": 3e-3,
+    "final_learning_rate": 5e-4,
+    "decay_steps": 80,
+    "bare_fraction": 0.3,
+    "sum_bare_fraction": 0.2,
+    "seed": 1,
+}
 
 
 def propose_sft_example(renderer: Any, rng: random.Random) -> tuple[list[int], int]:
@@ -231,29 +279,46 @@ def propose_sft_example(renderer: Any, rng: random.Random) -> tuple[list[int], i
     from plait.types import Message
 
     if rng.random() < 0.5:
-        return arith_sft_example(renderer.tokenizer, renderer, rng, PROPOSE_SFT["sum_bare_fraction"])
+        return arith_sft_example(
+            renderer.tokenizer, renderer, rng, PROPOSE_SFT["sum_bare_fraction"]
+        )
     target = rng.randint(0, 18)
     a = rng.randint(max(0, target - 9), min(9, target))
     problem = f"{a} + {target - a}"
     reply = problem if rng.random() < PROPOSE_SFT["bare_fraction"] else f"{problem} makes {target}."
-    prompt = renderer.build_generation_prompt([Message("user", f"Write two digits that add up to {target}.")]).to_ints()
-    return [*prompt, *renderer.tokenizer.encode(reply, add_special_tokens=False), renderer.stop_sequences()[-1]], len(prompt)
+    prompt = renderer.build_generation_prompt(
+        [Message("user", f"Write two digits that add up to {target}.")]
+    ).to_ints()
+    return [
+        *prompt,
+        *renderer.tokenizer.encode(reply, add_special_tokens=False),
+        renderer.stop_sequences()[-1],
+    ], len(prompt)
 
 
 def build_tiny_qwen3_propose(dest: Path) -> None:
     """tiny-qwen3-arith (built once through the model cache) plus PROPOSE_SFT's steps (a minute or two)."""
     from plait.models import materialized
 
-    shutil.copytree(materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH).path, dest, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns(".plait-*"))
+    shutil.copytree(
+        materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH).path,
+        dest,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns(".plait-*"),
+    )
     supervised_steps(dest, PROPOSE_SFT, propose_sft_example, "tiny-qwen3-propose")
 
 
 TINY_QWEN3_PROPOSE = ModelSource(
     description="tiny-qwen3-arith also taught to propose sums for a target (math.propose's two roles)",
     materialize=build_tiny_qwen3_propose,
-    revision=recipe_digest(PROPOSE_SFT, propose_sft_example, build_tiny_qwen3_propose, supervised_steps,
-                           TINY_QWEN3_ARITH.revision),
+    revision=recipe_digest(
+        PROPOSE_SFT,
+        propose_sft_example,
+        build_tiny_qwen3_propose,
+        supervised_steps,
+        TINY_QWEN3_ARITH.revision,
+    ),
 )
 
 # tiny-qwen3-moe: tiny-qwen3's attention and sizes, every layer a sparse MoE block (decoder_sparse_step
@@ -277,9 +342,11 @@ def build_tiny_qwen3_moe(dest: Path) -> None:
 
 TINY_QWEN3_MOE = ModelSource(
     description="a small random Qwen3MoeForCausalLM (tiny-qwen3's attention, 8 experts, top 2, every layer) "
-                "with the real Qwen3 tokenizer",
+    "with the real Qwen3 tokenizer",
     materialize=build_tiny_qwen3_moe,
-    revision=recipe_digest(build_tiny_qwen3_moe, build_random_qwen3, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED),
+    revision=recipe_digest(
+        build_tiny_qwen3_moe, build_random_qwen3, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED
+    ),
 )
 
 
@@ -297,12 +364,27 @@ TINY_QWEN3_MOE = ModelSource(
 # Random routers alone disagree on under 1% (scaling them changes nothing: the rounding scales too),
 # and the flips barely move the sampled tokens' logprobs: the experts must differ a lot (noise >= 1.5)
 # before routing shows in the outputs; the model still knows its sums at 1.75.
-MOE_UPCYCLE = {"num_experts": 8, "top_k": 2, "expert_noise": 1.75, "router_std": 0.02, "router_shared": 30.0,
-               "seed": 0}
+MOE_UPCYCLE = {
+    "num_experts": 8,
+    "top_k": 2,
+    "expert_noise": 1.75,
+    "router_std": 0.02,
+    "router_shared": 30.0,
+    "seed": 0,
+}
 
 
-def upcycle_qwen3_moe(dense_dir: Path, dest: Path, *, num_experts: int, top_k: int, expert_noise: float,
-                      router_std: float, router_shared: float = 0.0, seed: int) -> None:
+def upcycle_qwen3_moe(
+    dense_dir: Path,
+    dest: Path,
+    *,
+    num_experts: int,
+    top_k: int,
+    expert_noise: float,
+    router_std: float,
+    router_shared: float = 0.0,
+    seed: int,
+) -> None:
     """Sparse upcycling: the dense Qwen3 checkpoint at `dense_dir` as a Qwen3-MoE checkpoint at `dest`.
 
     Embeddings, attention, norms and the head are copied; each layer's experts are that layer's
@@ -318,23 +400,52 @@ def upcycle_qwen3_moe(dense_dir: Path, dest: Path, *, num_experts: int, top_k: i
     dense_dir, dest = Path(dense_dir), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for item in dense_dir.iterdir():  # tokenizer and generation config
-        if item.is_file() and item.name != "config.json" and not item.name.startswith(".") \
-                and not item.name.endswith(".safetensors") and item.name != "model.safetensors.index.json":
+        if (
+            item.is_file()
+            and item.name != "config.json"
+            and not item.name.startswith(".")
+            and not item.name.endswith(".safetensors")
+            and item.name != "model.safetensors.index.json"
+        ):
             shutil.copyfile(item, dest / item.name)
     dense = Qwen3ForCausalLM.from_pretrained(str(dense_dir), dtype=torch.float32)
-    fields = {key: getattr(dense.config, key) for key in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-        "rope_parameters", "attention_bias", "bos_token_id", "eos_token_id", "pad_token_id")}
-    config = Qwen3MoeConfig(**fields, intermediate_size=dense.config.intermediate_size,
-                            moe_intermediate_size=dense.config.intermediate_size, num_experts=num_experts,
-                            num_experts_per_tok=top_k, norm_topk_prob=True, decoder_sparse_step=1,
-                            mlp_only_layers=[])
+    fields = {
+        key: getattr(dense.config, key)
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "hidden_act",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "rope_parameters",
+            "attention_bias",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+        )
+    }
+    config = Qwen3MoeConfig(
+        **fields,
+        intermediate_size=dense.config.intermediate_size,
+        moe_intermediate_size=dense.config.intermediate_size,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
     generator = torch.Generator().manual_seed(seed)
 
     def noisy_copies(weight: torch.Tensor) -> torch.Tensor:
         noise = torch.randn((num_experts, *weight.shape), generator=generator)
-        return weight.expand(num_experts, *weight.shape) + noise * (expert_noise * weight.pow(2).mean().sqrt())
+        return weight.expand(num_experts, *weight.shape) + noise * (
+            expert_noise * weight.pow(2).mean().sqrt()
+        )
 
     state = {key: value for key, value in dense.state_dict().items() if ".mlp." not in key}
     for index, layer in enumerate(dense.model.layers):
@@ -353,7 +464,9 @@ def upcycle_qwen3_moe(dense_dir: Path, dest: Path, *, num_experts: int, top_k: i
         torch.random.set_rng_state(generator_state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ModelError(f"upcycling {dense_dir} left weights unmatched: missing {missing}, unexpected {unexpected}")
+        raise ModelError(
+            f"upcycling {dense_dir} left weights unmatched: missing {missing}, unexpected {unexpected}"
+        )
     model.generation_config = dense.generation_config
     model.save_pretrained(str(dest), safe_serialization=True)
 
@@ -368,7 +481,9 @@ def build_tiny_qwen3_moe_arith(dest: Path) -> None:
 
 TINY_QWEN3_MOE_ARITH = ModelSource(
     description="tiny-qwen3-arith sparsely upcycled into tiny-qwen3-moe's shape (noisy expert copies, "
-                "random routers)",
+    "random routers)",
     materialize=build_tiny_qwen3_moe_arith,
-    revision=recipe_digest(MOE_UPCYCLE, upcycle_qwen3_moe, build_tiny_qwen3_moe_arith, TINY_QWEN3_ARITH.revision),
+    revision=recipe_digest(
+        MOE_UPCYCLE, upcycle_qwen3_moe, build_tiny_qwen3_moe_arith, TINY_QWEN3_ARITH.revision
+    ),
 )

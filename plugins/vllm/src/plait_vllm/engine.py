@@ -97,8 +97,10 @@ def stop_params(stop: Any) -> dict[str, Any]:
         return {"ignore_eos": True, "stop": list(items), "detokenize": True}
     if all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
         return {"ignore_eos": True, "stop_token_ids": [int(s) for s in items]}
-    raise DataError(f"SamplingParams.stop mixes strings and token ids: {items!r}",
-                    fix="give either stop strings or stop token ids")
+    raise DataError(
+        f"SamplingParams.stop mixes strings and token ids: {items!r}",
+        fix="give either stop strings or stop token ids",
+    )
 
 
 def server_python(options: VLLMOptions) -> str:
@@ -126,7 +128,9 @@ def is_cpu_build(python: str) -> bool:
     interpreter, no vLLM: the launch fails anyway), as True is the safe answer for
     `VLLMOptions.chunked_prefill`."""
     try:
-        reply = subprocess.run([python, "-c", _CPU_BUILD_QUERY], capture_output=True, text=True, timeout=120)
+        reply = subprocess.run(
+            [python, "-c", _CPU_BUILD_QUERY], capture_output=True, text=True, timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired):
         return True
     return reply.stdout.strip() != "other"
@@ -140,11 +144,26 @@ def chunked_prefill(options: VLLMOptions) -> bool:
 
 def server_command(model: ResolvedModel, options: VLLMOptions, port: int, seed: int) -> list[str]:
     argv = [
-        server_python(options), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model.path), "--tokenizer", str(model.tokenizer_path),
-        "--dtype", options.dtype or model.dtype, "--max-model-len", str(options.max_model_len),
-        "--host", options.host, "--port", str(port), "--seed", str(seed), "--enable-scale-out",
-        "--worker-extension-cls", WORKER_EXTENSION,
+        server_python(options),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model.path),
+        "--tokenizer",
+        str(model.tokenizer_path),
+        "--dtype",
+        options.dtype or model.dtype,
+        "--max-model-len",
+        str(options.max_model_len),
+        "--host",
+        options.host,
+        "--port",
+        str(port),
+        "--seed",
+        str(seed),
+        "--enable-scale-out",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
     ]
     if options.enforce_eager:
         argv.append("--enforce-eager")
@@ -155,11 +174,20 @@ def server_command(model: ResolvedModel, options: VLLMOptions, port: int, seed: 
     if options.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
     if options.enable_lora:
-        argv += ["--enable-lora", "--max-lora-rank", str(options.max_lora_rank), "--max-loras", str(options.max_loras)]
+        argv += [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(options.max_lora_rank),
+            "--max-loras",
+            str(options.max_loras),
+        ]
     if options.enable_return_routed_experts:
         argv.append("--enable-return-routed-experts")
     if options.weight_transfer_backend:
-        argv += ["--weight-transfer-config", json.dumps({"backend": options.weight_transfer_backend})]
+        argv += [
+            "--weight-transfer-config",
+            json.dumps({"backend": options.weight_transfer_backend}),
+        ]
     if options.api_key:
         argv += ["--api-key", options.api_key]
     return argv + list(options.server_args)
@@ -168,8 +196,11 @@ def server_command(model: ResolvedModel, options: VLLMOptions, port: int, seed: 
 def server_env(options: VLLMOptions) -> dict[str, str]:
     # PYTHONPATH is replaced, not extended: the server runs in vLLM's own venv, and this process's
     # path entries (plait's venv) must not leak into it.
-    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
-           "PYTHONPATH": str(WORKER_EXTENSION_DIR)}
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
+        "PYTHONPATH": str(WORKER_EXTENSION_DIR),
+    }
     if options.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return {**env, **options.env}
@@ -182,7 +213,9 @@ class VLLMEngine(ServerEngine):
     server_name = "vLLM"
     options: VLLMOptions
 
-    def __init__(self, model: ResolvedModel, *, options: VLLMOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, model: ResolvedModel, *, options: VLLMOptions | None = None, seed: int = 0
+    ) -> None:
         options = options or VLLMOptions()
         self.worker_extension = bool(options.plait_worker_extension) if options.url else True
         self._served_model: str | None = None
@@ -207,10 +240,18 @@ class VLLMEngine(ServerEngine):
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def sample(self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams,
-                     *, lora: str | None = None) -> SampleResponse:
+    async def sample(
+        self,
+        prompt: ModelInput,
+        num_samples: int,
+        sampling_params: SamplingParams,
+        *,
+        lora: str | None = None,
+    ) -> SampleResponse:
         """`num_samples` completions; `lora` names an adapter loaded with `load_lora_adapter`."""
-        ids, room = sampling_room(prompt, num_samples, self.vocab_size, self.options.max_model_len, "max_model_len")
+        ids, room = sampling_room(
+            prompt, num_samples, self.vocab_size, self.options.max_model_len, "max_model_len"
+        )
         params = sampling_params
         body_params: dict[str, Any] = {
             "n": num_samples,
@@ -233,33 +274,63 @@ class VLLMEngine(ServerEngine):
                 raise EngineError(f"vLLM returned {len(tokens)} tokens but {len(content)} logprobs")
             reason = choice.get("finish_reason")
             if reason not in _FINISH:
-                raise EngineError(f"vLLM finished a sample with reason {reason!r}: {choice.get('stop_reason')!r}")
+                raise EngineError(
+                    f"vLLM finished a sample with reason {reason!r}: {choice.get('stop_reason')!r}"
+                )
             versions = token_versions(choice.get("weight_versions"), len(tokens), start_version)
-            sequences.append(SampledSequence(
-                tokens, [entry["logprob"] for entry in content], _FINISH[reason],
-                weight_version=versions[-1] if versions else self._version, token_versions=versions,
-                routed_experts=decode_routed_experts(choice.get("routed_experts")),
-            ))
+            sequences.append(
+                SampledSequence(
+                    tokens,
+                    [entry["logprob"] for entry in content],
+                    _FINISH[reason],
+                    weight_version=versions[-1] if versions else self._version,
+                    token_versions=versions,
+                    routed_experts=decode_routed_experts(choice.get("routed_experts")),
+                )
+            )
         return SampleResponse(sequences)
 
     async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
         ids = prompt_token_ids(prompt, self.vocab_size)
         if len(ids) >= self.options.max_model_len:
-            raise DataError(f"prompt of {len(ids)} tokens exceeds max_model_len {self.options.max_model_len}",
-                            fix="shorten the prompt or raise inference.options.max_model_len")
-        reply = await self._generate(ids, {"max_tokens": 1, "prompt_logprobs": 0, "detokenize": False}, None)
+            raise DataError(
+                f"prompt of {len(ids)} tokens exceeds max_model_len {self.options.max_model_len}",
+                fix="shorten the prompt or raise inference.options.max_model_len",
+            )
+        reply = await self._generate(
+            ids, {"max_tokens": 1, "prompt_logprobs": 0, "detokenize": False}, None
+        )
         rows = reply.get("prompt_logprobs") or []
         if len(rows) != len(ids):
-            raise EngineError(f"vLLM returned {len(rows)} prompt logprobs for a prompt of {len(ids)} tokens")
-        return [None, *(float(row[str(token)]["logprob"]) for row, token in zip(rows[1:], ids[1:], strict=True))]
+            raise EngineError(
+                f"vLLM returned {len(rows)} prompt logprobs for a prompt of {len(ids)} tokens"
+            )
+        return [
+            None,
+            *(
+                float(row[str(token)]["logprob"])
+                for row, token in zip(rows[1:], ids[1:], strict=True)
+            ),
+        ]
 
-    async def _generate(self, ids: list[int], sampling: dict[str, Any], lora: str | None) -> dict[str, Any]:
+    async def _generate(
+        self, ids: list[int], sampling: dict[str, Any], lora: str | None
+    ) -> dict[str, Any]:
         async def send() -> Any:
-            body: dict[str, Any] = {"token_ids": ids, "sampling_params": sampling, "model": lora or self._served_model}
+            body: dict[str, Any] = {
+                "token_ids": ids,
+                "sampling_params": sampling,
+                "model": lora or self._served_model,
+            }
             if self.options.salt_cache_by_version:
                 body["cache_salt"] = f"plait-v{self._version}"
-            return await self.http.request("POST", GENERATE, json=body, accept=(200, 403, 503),
-                                           timeout_s=self.options.request_timeout_s)
+            return await self.http.request(
+                "POST",
+                GENERATE,
+                json=body,
+                accept=(200, 403, 503),
+                timeout_s=self.options.request_timeout_s,
+            )
 
         while True:
             response = await self._reissued_after_restart(send, in_flight=True)
@@ -268,9 +339,12 @@ class VLLMEngine(ServerEngine):
             if response.status_code == 403:
                 raise EngineError(
                     f"the vLLM server at {self.http.base_url} has its token-in-token-out route {GENERATE} disabled",
-                    fix="start the server with --enable-scale-out (a server plait launches has it)")
+                    fix="start the server with --enable-scale-out (a server plait launches has it)",
+                )
             if response.status_code == 503:
-                raise EngineError(f"the vLLM server is unavailable (HTTP 503): {response.text[:300]}")
+                raise EngineError(
+                    f"the vLLM server is unavailable (HTTP 503): {response.text[:300]}"
+                )
             return response.json()
 
     # -- pause / resume -------------------------------------------------------------------
@@ -282,8 +356,12 @@ class VLLMEngine(ServerEngine):
         self._gate.pause()
         self._paused_by_caller = True
         # "wait" returns once in-flight requests finished, so it gets the sampling deadline
-        timeout = self.options.request_timeout_s if mode == "wait" else self.options.control_timeout_s
-        await self.http.request("POST", "/pause", params={"mode": mode, "clear_cache": "false"}, timeout_s=timeout)
+        timeout = (
+            self.options.request_timeout_s if mode == "wait" else self.options.control_timeout_s
+        )
+        await self.http.request(
+            "POST", "/pause", params={"mode": mode, "clear_cache": "false"}, timeout_s=timeout
+        )
 
     async def resume(self) -> None:
         await self._ensure_ready()
@@ -302,7 +380,8 @@ class VLLMEngine(ServerEngine):
                 "vLLM's CPU backend (0.32) reloads a mixture-of-experts model's weights wrongly: the same "
                 "weights reloaded change its logprobs, so it cannot follow a trainer",
                 fix="sample mixture-of-experts models with plait-torch on the CPU (inference.engine = 'torch'), "
-                    "or vLLM on a GPU")
+                "or vLLM on a GPU",
+            )
 
     async def _load_weights_from_disk(self, path: str, version: int) -> None:
         self._check_weights_can_change()
@@ -310,8 +389,15 @@ class VLLMEngine(ServerEngine):
         method = "plait_reload_weights" if self.worker_extension else "reload_weights"
 
         async def reload() -> None:
-            await self.http.request("POST", "/collective_rpc", json={
-                "method": method, "kwargs": {"weights_path": str(path)}, "timeout": self.options.control_timeout_s})
+            await self.http.request(
+                "POST",
+                "/collective_rpc",
+                json={
+                    "method": method,
+                    "kwargs": {"weights_path": str(path)},
+                    "timeout": self.options.control_timeout_s,
+                },
+            )
 
         await self._updating(reload, version)
         log.debug("weights loaded from disk", path=path, version=version)
@@ -329,10 +415,14 @@ class VLLMEngine(ServerEngine):
         async with self._lock():
             own_pause = not self._paused_by_caller
             if own_pause:
-                await self.http.request("POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
+                await self.http.request(
+                    "POST", "/pause", params={"mode": "keep", "clear_cache": "false"}
+                )
             try:
                 await load()
-                await self.http.request("POST", "/update_weight_version", json={"new_version": str(version)})
+                await self.http.request(
+                    "POST", "/update_weight_version", json={"new_version": str(version)}
+                )
                 self._version = int(version)
                 if not self.options.salt_cache_by_version:
                     await self._reset_prefix_cache()
@@ -346,31 +436,47 @@ class VLLMEngine(ServerEngine):
             raise EngineError(
                 "vLLM refused to reset its prefix cache (requests held in a 'keep' pause own blocks), so "
                 "requests could reuse KV computed by the old weights",
-                fix="keep inference.options.salt_cache_by_version = true, or pause with mode 'abort'/'wait' for updates")
+                fix="keep inference.options.salt_cache_by_version = true, or pause with mode 'abort'/'wait' for updates",
+            )
 
     # -- distributed weight transfer (vLLM's native API) ----------------------------------
 
     async def weight_broadcast_ranks(self) -> int:
         await self._ensure_ready()
-        return int((await self.http.json("GET", "/get_world_size", params={"include_dp": "true"}))["world_size"])
+        return int(
+            (await self.http.json("GET", "/get_world_size", params={"include_dp": "true"}))[
+                "world_size"
+            ]
+        )
 
     async def join_weight_broadcast(self, group: BroadcastGroup) -> None:
         await self._ensure_ready()
-        init = {"master_address": group.master_address, "master_port": group.master_port,
-                "rank_offset": group.rank_offset, "world_size": group.world_size}
+        init = {
+            "master_address": group.master_address,
+            "master_port": group.master_port,
+            "rank_offset": group.rank_offset,
+            "world_size": group.world_size,
+        }
         await self.http.request("POST", "/init_weight_transfer_engine", json={"init_info": init})
         self._in_broadcast_group = True
 
-    async def receive_weight_broadcast(self, tensors: Sequence[TensorMeta], version: int | None) -> None:
+    async def receive_weight_broadcast(
+        self, tensors: Sequence[TensorMeta], version: int | None
+    ) -> None:
         self._check_weights_can_change()
-        update = {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
-                  "shapes": [list(t.shape) for t in tensors]}
+        update = {
+            "names": [t.name for t in tensors],
+            "dtype_names": [t.dtype for t in tensors],
+            "shapes": [list(t.shape) for t in tensors],
+        }
 
         async def receive() -> None:
             self._weights_from_broadcast = True  # from the first tensor on, no copy is on disk
             await self.http.request("POST", "/start_weight_update")
             await self.http.request("POST", "/update_weights", json={"update_info": update})
-            await self.http.request("POST", "/finish_weight_update", json={})  # `_updating` labels it
+            await self.http.request(
+                "POST", "/finish_weight_update", json={}
+            )  # `_updating` labels it
 
         if version is None:
             await self._ensure_ready()
@@ -387,8 +493,11 @@ class VLLMEngine(ServerEngine):
 
     async def _load_lora_adapter(self, name: str, path: str) -> None:
         await self._ensure_ready()
-        await self.http.request("POST", "/v1/load_lora_adapter",
-                                json={"lora_name": name, "lora_path": str(path), "load_inplace": True})
+        await self.http.request(
+            "POST",
+            "/v1/load_lora_adapter",
+            json={"lora_name": name, "lora_path": str(path), "load_inplace": True},
+        )
 
     async def _unload_lora_adapter(self, name: str) -> None:
         await self._ensure_ready()

@@ -9,5 +9,9 @@ from plait.hookspecs import hookimpl
 
 @hookimpl
 def plait_register_inference_engines(register: Any) -> None:
-    register("vllm", "plait_vllm.engine:VLLMEngine", options="plait_vllm.options:VLLMOptions",
-             description="a vLLM HTTP server (launched or attached by URL), token-in-token-out")
+    register(
+        "vllm",
+        "plait_vllm.engine:VLLMEngine",
+        options="plait_vllm.options:VLLMOptions",
+        description="a vLLM HTTP server (launched or attached by URL), token-in-token-out",
+    )

@@ -42,8 +42,17 @@ from plait_hf.formats import (
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
-REQUIRED_TOKENS = (IM_START, IM_END, END_OF_TEXT, THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN,
-                   TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
+REQUIRED_TOKENS = (
+    IM_START,
+    IM_END,
+    END_OF_TEXT,
+    THINK_OPEN,
+    THINK_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOL_RESPONSE_CLOSE,
+)
 
 
 class Boundary:
@@ -65,7 +74,8 @@ class QwenOptions:
     system_prompt: str | None = None
     """Prepended as a system message when a conversation has none."""
     literal_special_tokens: Literal["as_tokens", "as_text"] = attrs.field(
-        default="as_tokens", validator=attrs.validators.in_(("as_tokens", "as_text")))
+        default="as_tokens", validator=attrs.validators.in_(("as_tokens", "as_text"))
+    )
     """How special-token text in a message (a user pasting "<|im_end|>") is encoded. "as_tokens":
     as the control token, like the official template with the model's tokenizer (what vLLM and
     SGLang produce). "as_text": as ordinary text, so that no message can end or open a turn.
@@ -102,7 +112,9 @@ class QwenRenderer:
         self.tokenizer = tokenizer
         self.options = options or QwenOptions()
         if not self.supports_thinking and not self.options.enable_thinking:
-            raise ValueError(f"{type(self).__name__} has no thinking mode to turn off; drop enable_thinking")
+            raise ValueError(
+                f"{type(self).__name__} has no thinking mode to turn off; drop enable_thinking"
+            )
         added = dict(tokenizer.get_added_vocab())
         missing = [t for t in REQUIRED_TOKENS if t not in added]
         if missing:
@@ -114,7 +126,9 @@ class QwenRenderer:
         self._ids = {text: self._added[text] for text in REQUIRED_TOKENS}
         self._token_text = {token_id: text for text, token_id in added.items()}
         # Longest first, so that a token that contains another wins.
-        self._added_pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._added_pattern = re.compile(
+            "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+        )
         self._encoder = TokenEncoder.of(tokenizer)
         self._generation_ids = self._encode(self._generation_pieces())
 
@@ -153,7 +167,7 @@ class QwenRenderer:
         position = 0
         for match in self._added_pattern.finditer(text):
             if match.start() > position:
-                pieces.append(text[position:match.start()])
+                pieces.append(text[position : match.start()])
             pieces.append(self._added[match.group()])
             position = match.end()
         if position < len(text):
@@ -164,15 +178,22 @@ class QwenRenderer:
         """Calls in the family format; the call's own text (name, arguments) is message text."""
         pieces: list[Piece] = []
         for number, call in enumerate(calls):
-            body = self._tool_call_text(call)[len(TOOL_CALL_OPEN):-len(TOOL_CALL_CLOSE)]
+            body = self._tool_call_text(call)[len(TOOL_CALL_OPEN) : -len(TOOL_CALL_CLOSE)]
             separator = first_separator if number == 0 else "\n"
-            pieces += [*([separator] if separator else []), self._id(TOOL_CALL_OPEN), body,
-                       self._id(TOOL_CALL_CLOSE)]
+            pieces += [
+                *([separator] if separator else []),
+                self._id(TOOL_CALL_OPEN),
+                body,
+                self._id(TOOL_CALL_CLOSE),
+            ]
         return pieces
 
     def _text(self, pieces: Sequence[Piece]) -> str:
-        return "".join(self._token_text[p] if isinstance(p, int) else p for p in pieces
-                       if not isinstance(p, Boundary))
+        return "".join(
+            self._token_text[p] if isinstance(p, int) else p
+            for p in pieces
+            if not isinstance(p, Boundary)
+        )
 
     def _kept_as_text(self, role: str) -> frozenset[str]:
         """The special tokens whose text stays text in a message of `role`."""
@@ -184,7 +205,9 @@ class QwenRenderer:
             return frozenset(self._token_text[t] for t in self.stop_sequences())
         return frozenset()
 
-    def _encode(self, pieces: Sequence[Piece], kept_as_text: frozenset[str] = frozenset()) -> list[int]:
+    def _encode(
+        self, pieces: Sequence[Piece], kept_as_text: frozenset[str] = frozenset()
+    ) -> list[int]:
         return self._encode_groups([(pieces, kept_as_text)])
 
     def _encode_groups(self, groups: Sequence[Group]) -> list[int]:
@@ -227,20 +250,22 @@ class QwenRenderer:
         for position, piece in enumerate(pieces):
             text = self._text([piece])
             if consumed + len(text) <= len(prefix):
-                if prefix[consumed:consumed + len(text)] != text:
+                if prefix[consumed : consumed + len(text)] != text:
                     return pieces
                 consumed += len(text)
                 if consumed == len(prefix):
-                    return [*pieces[:position + 1], BOUNDARY, *pieces[position + 1:]]
+                    return [*pieces[: position + 1], BOUNDARY, *pieces[position + 1 :]]
                 continue
             cut = len(prefix) - consumed  # the prompt ends inside this piece
             if not isinstance(piece, str) or piece[:cut] != prefix[consumed:]:
                 return pieces
-            return [*pieces[:position], piece[:cut], BOUNDARY, piece[cut:], *pieces[position + 1:]]
+            return [*pieces[:position], piece[:cut], BOUNDARY, piece[cut:], *pieces[position + 1 :]]
         return pieces
 
     def _with_system(self, messages: Sequence[Message]) -> list[Message]:
-        if self.options.system_prompt is not None and (not messages or messages[0].role != "system"):
+        if self.options.system_prompt is not None and (
+            not messages or messages[0].role != "system"
+        ):
             return [Message("system", self.options.system_prompt), *messages]
         return list(messages)
 
@@ -259,13 +284,19 @@ class QwenRenderer:
             if messages[index].role == "assistant" and self.keep_reasoning:
                 pieces = self._break_after_generation_prompt(pieces)
             rendered.append(pieces)
-        return Rendered(self._head(first_system, tools), rendered, self._generation_pieces(),
-                        [m.role for m in messages])
+        return Rendered(
+            self._head(first_system, tools),
+            rendered,
+            self._generation_pieces(),
+            [m.role for m in messages],
+        )
 
     def _groups(self, rendered: Rendered, start: int = 0) -> list[Group]:
         """Messages `start`... of a rendered conversation, each with its role's rule."""
-        return [(pieces, self._kept_as_text(role))
-                for pieces, role in zip(rendered.messages[start:], rendered.roles[start:], strict=True)]
+        return [
+            (pieces, self._kept_as_text(role))
+            for pieces, role in zip(rendered.messages[start:], rendered.roles[start:], strict=True)
+        ]
 
     @staticmethod
     def _is_tool_response_wrapper(content: str) -> bool:
@@ -276,7 +307,9 @@ class QwenRenderer:
         it; the last index when there is none."""
         for index in range(len(messages) - 1, -1, -1):
             message = messages[index]
-            if message.role == "user" and not self._is_tool_response_wrapper(self._content(message.content)):
+            if message.role == "user" and not self._is_tool_response_wrapper(
+                self._content(message.content)
+            ):
                 return index
         return len(messages) - 1
 
@@ -287,7 +320,10 @@ class QwenRenderer:
     # -- the Renderer protocol ---------------------------------------------------------------
 
     def build_generation_prompt(
-        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None,
+        self,
+        messages: Sequence[Message],
+        role: str = "assistant",
+        prefill: str | None = None,
         tools: Sequence[ToolSpec] | None = None,
     ) -> ModelInput:
         if role != "assistant":
@@ -295,9 +331,15 @@ class QwenRenderer:
         rendered = self._render(self._with_system(messages), tools)
         # A prefill is the start of the assistant's turn.
         generation = [*rendered.generation, *([prefill] if prefill else [])]
-        return ModelInput.from_ints(self._encode_groups([
-            (rendered.head, self._kept_as_text("system")), *self._groups(rendered),
-            (generation, self._kept_as_text("assistant"))]))
+        return ModelInput.from_ints(
+            self._encode_groups(
+                [
+                    (rendered.head, self._kept_as_text("system")),
+                    *self._groups(rendered),
+                    (generation, self._kept_as_text("assistant")),
+                ]
+            )
+        )
 
     def _encode_messages(self, rendered: Rendered) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of head + messages and each message's (start, end) span. Every message
@@ -312,7 +354,9 @@ class QwenRenderer:
         return tokens, spans
 
     def build_supervised_example(
-        self, messages: Sequence[Message], train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        self,
+        messages: Sequence[Message],
+        train_on: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
         tools: Sequence[ToolSpec] | None = None,
     ) -> tuple[ModelInput, list[float]]:
         messages = self._with_system(messages)
@@ -347,21 +391,26 @@ class QwenRenderer:
         parsed = parse_tool_calls(rest, self.tool_call_format, complete=termination.is_clean)
         if parsed.error is not None:
             # Keep the raw text, so that re-rendering shows the model what it wrote.
-            return Message("assistant", rest, reasoning_content=reasoning), ParseTermination.MALFORMED
-        return Message("assistant", parsed.content, reasoning_content=reasoning,
-                       tool_calls=parsed.calls), termination
+            return Message(
+                "assistant", rest, reasoning_content=reasoning
+            ), ParseTermination.MALFORMED
+        return Message(
+            "assistant", parsed.content, reasoning_content=reasoning, tool_calls=parsed.calls
+        ), termination
 
     def stop_sequences(self) -> list[int]:
         return [self._id(IM_END), self._id(END_OF_TEXT)]
 
     def bridge_to_next_turn(
-        self, prev_prompt_ids: Sequence[int], prev_completion_ids: Sequence[int],
+        self,
+        prev_prompt_ids: Sequence[int],
+        prev_completion_ids: Sequence[int],
         new_messages: Sequence[Message],
     ) -> list[int] | None:
         if not new_messages or any(m.role not in ("user", "tool") for m in new_messages):
             return None
         prompt, completion = list(prev_prompt_ids), list(prev_completion_ids)
-        if prompt[len(prompt) - len(self._generation_ids):] != self._generation_ids:
+        if prompt[len(prompt) - len(self._generation_ids) :] != self._generation_ids:
             return None  # not a prompt this renderer built
         message, _ = self.parse_response(completion)
         # The sampled turn as the latest reply of a probe conversation, then with the new
@@ -378,9 +427,19 @@ class QwenRenderer:
                 return None
             rendered_turn = self._text(with_turn.messages[1])
             sampled = self._text(self._generation_pieces()) + self.tokenizer.decode(
-                completion, skip_special_tokens=False)
+                completion, skip_special_tokens=False
+            )
             if not rendered_turn.startswith(sampled):
                 return None
-            tail = rendered_turn[len(sampled):]
-        return [*prompt, *completion, *self._encode_groups([
-            (self._template(tail), frozenset()), *self._groups(after, start=2), (after.generation, frozenset())])]
+            tail = rendered_turn[len(sampled) :]
+        return [
+            *prompt,
+            *completion,
+            *self._encode_groups(
+                [
+                    (self._template(tail), frozenset()),
+                    *self._groups(after, start=2),
+                    (after.generation, frozenset()),
+                ]
+            ),
+        ]

@@ -9,7 +9,9 @@ from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, 
 from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
 
 
-def _build(cls: type[QwenRenderer], model: ResolvedModel, options: QwenOptions | None) -> QwenRenderer:
+def _build(
+    cls: type[QwenRenderer], model: ResolvedModel, options: QwenOptions | None
+) -> QwenRenderer:
     return cls(load_tokenizer(model.tokenizer_path), options)
 
 
@@ -17,11 +19,15 @@ def qwen3(model: ResolvedModel, *, options: QwenOptions | None = None) -> QwenRe
     return _build(Qwen3Renderer, model, options)
 
 
-def qwen3_keep_reasoning(model: ResolvedModel, *, options: QwenOptions | None = None) -> QwenRenderer:
+def qwen3_keep_reasoning(
+    model: ResolvedModel, *, options: QwenOptions | None = None
+) -> QwenRenderer:
     return _build(Qwen3KeepReasoningRenderer, model, options)
 
 
-def qwen3_instruct_2507(model: ResolvedModel, *, options: QwenOptions | None = None) -> QwenRenderer:
+def qwen3_instruct_2507(
+    model: ResolvedModel, *, options: QwenOptions | None = None
+) -> QwenRenderer:
     return _build(Qwen3InstructRenderer, model, options)
 
 
@@ -29,5 +35,7 @@ def qwen3_5(model: ResolvedModel, *, options: QwenOptions | None = None) -> Qwen
     return _build(Qwen35Renderer, model, options)
 
 
-def qwen3_5_keep_reasoning(model: ResolvedModel, *, options: QwenOptions | None = None) -> QwenRenderer:
+def qwen3_5_keep_reasoning(
+    model: ResolvedModel, *, options: QwenOptions | None = None
+) -> QwenRenderer:
     return _build(Qwen35KeepReasoningRenderer, model, options)

@@ -18,5 +18,9 @@ RENDERERS = {
 @hookimpl
 def plait_register_renderers(register: Any) -> None:
     for name, description in RENDERERS.items():
-        register(name, f"plait_qwen.factories:{name}", options="plait_qwen.chatml:QwenOptions",
-                 description=description)
+        register(
+            name,
+            f"plait_qwen.factories:{name}",
+            options="plait_qwen.chatml:QwenOptions",
+            description=description,
+        )

@@ -73,8 +73,16 @@ class _Qwen3Family(QwenRenderer):
             system = first_system.content + "\n\n" if first_system is not None else ""
             declarations = "".join("\n" + to_json(openai_tool(t)) for t in tools)
             # The declarations are the environment's text, encoded like a message's.
-            return [self._id(IM_START), "system\n", system, *self._template(QWEN3_TOOLS_INTRO), declarations,
-                    *self._template(QWEN3_TOOLS_OUTRO), self._id(IM_END), "\n"]
+            return [
+                self._id(IM_START),
+                "system\n",
+                system,
+                *self._template(QWEN3_TOOLS_INTRO),
+                declarations,
+                *self._template(QWEN3_TOOLS_OUTRO),
+                self._id(IM_END),
+                "\n",
+            ]
         if first_system is not None:
             return [self._id(IM_START), "system\n" + first_system.content, self._id(IM_END), "\n"]
         return []
@@ -82,28 +90,49 @@ class _Qwen3Family(QwenRenderer):
     def _message(self, messages: Sequence[Message], index: int, last_query: int) -> list[Piece]:
         message = messages[index]
         if message.role in ("user", "system"):
-            return [self._id(IM_START), f"{message.role}\n" + message.content, self._id(IM_END), "\n"]
+            return [
+                self._id(IM_START),
+                f"{message.role}\n" + message.content,
+                self._id(IM_END),
+                "\n",
+            ]
         if message.role == "tool":
             previous = messages[index - 1].role if index > 0 else None
             following = messages[index + 1].role if index + 1 < len(messages) else None
             return [
                 *([self._id(IM_START), "user"] if previous != "tool" else []),
-                "\n", self._id(TOOL_RESPONSE_OPEN), "\n" + message.content + "\n", self._id(TOOL_RESPONSE_CLOSE),
+                "\n",
+                self._id(TOOL_RESPONSE_OPEN),
+                "\n" + message.content + "\n",
+                self._id(TOOL_RESPONSE_CLOSE),
                 *([self._id(IM_END), "\n"] if following != "tool" else []),
             ]
         reasoning, content = self._assistant_reasoning(message)
         if self._frames_reasoning(reasoning, index, last_query, index == len(messages) - 1):
-            body = [self._id(THINK_OPEN), "\n", (reasoning or "").strip("\n") + "\n", self._id(THINK_CLOSE),
-                    "\n\n" + content.lstrip("\n")]
+            body = [
+                self._id(THINK_OPEN),
+                "\n",
+                (reasoning or "").strip("\n") + "\n",
+                self._id(THINK_CLOSE),
+                "\n\n" + content.lstrip("\n"),
+            ]
         else:
             body = [content]
-        return [self._id(IM_START), "assistant\n", *body,
-                *self._tool_calls(message.tool_calls, "\n" if content else ""), self._id(IM_END), "\n"]
+        return [
+            self._id(IM_START),
+            "assistant\n",
+            *body,
+            *self._tool_calls(message.tool_calls, "\n" if content else ""),
+            self._id(IM_END),
+            "\n",
+        ]
 
     def _assistant_reasoning(self, message: Message) -> tuple[str | None, str]:
         return template_reasoning(message)
 
-    def _frames_reasoning(self, reasoning: str | None, index: int, last_query: int, is_last: bool) -> bool:
+    def _frames_reasoning(
+        self, reasoning: str | None, index: int, last_query: int, is_last: bool
+    ) -> bool:
         raise NotImplementedError
 
 
@@ -113,7 +142,9 @@ class Qwen3Renderer(_Qwen3Family):
     matches_official_template = True
     keep_reasoning = False
 
-    def _frames_reasoning(self, reasoning: str | None, index: int, last_query: int, is_last: bool) -> bool:
+    def _frames_reasoning(
+        self, reasoning: str | None, index: int, last_query: int, is_last: bool
+    ) -> bool:
         # The template: after the last query, when the turn is the last message or reasoned.
         return index > last_query and (is_last or bool(reasoning))
 
@@ -136,7 +167,9 @@ class Qwen3KeepReasoningRenderer(Qwen3Renderer):
     matches_official_template = False
     keep_reasoning = True
 
-    def _frames_reasoning(self, reasoning: str | None, index: int, last_query: int, is_last: bool) -> bool:
+    def _frames_reasoning(
+        self, reasoning: str | None, index: int, last_query: int, is_last: bool
+    ) -> bool:
         return reasoning is not None or not self.options.enable_thinking
 
 
@@ -155,7 +188,9 @@ class Qwen3InstructRenderer(_Qwen3Family):
             )
         return None, message.content
 
-    def _frames_reasoning(self, reasoning: str | None, index: int, last_query: int, is_last: bool) -> bool:
+    def _frames_reasoning(
+        self, reasoning: str | None, index: int, last_query: int, is_last: bool
+    ) -> bool:
         return False
 
     def _generation_pieces(self) -> list[Piece]:

@@ -68,9 +68,16 @@ class Qwen35Renderer(QwenRenderer):
         if tools:
             declarations = "".join("\n" + to_json(openai_tool(t)) for t in tools)
             # The declarations are the environment's text, encoded like a message's.
-            return [self._id(IM_START), "system\n", *self._template(QWEN35_TOOLS_INTRO), declarations,
-                    *self._template(QWEN35_TOOLS_OUTRO),
-                    *(["\n\n" + system] if system else []), self._id(IM_END), "\n"]
+            return [
+                self._id(IM_START),
+                "system\n",
+                *self._template(QWEN35_TOOLS_INTRO),
+                declarations,
+                *self._template(QWEN35_TOOLS_OUTRO),
+                *(["\n\n" + system] if system else []),
+                self._id(IM_END),
+                "\n",
+            ]
         if system is not None:
             return [self._id(IM_START), "system\n" + system, self._id(IM_END), "\n"]
         return []
@@ -78,10 +85,13 @@ class Qwen35Renderer(QwenRenderer):
     def _last_query_index(self, messages: Sequence[Message]) -> int:
         index = super()._last_query_index(messages)
         if self.matches_official_template and not (
-            messages and messages[index].role == "user"
+            messages
+            and messages[index].role == "user"
             and not self._is_tool_response_wrapper(self._content(messages[index].content))
         ):
-            raise ValueError("the Qwen3.5 template needs a user message (it raises 'No user query found')")
+            raise ValueError(
+                "the Qwen3.5 template needs a user message (it raises 'No user query found')"
+            )
         return index
 
     def _message(self, messages: Sequence[Message], index: int, last_query: int) -> list[Piece]:
@@ -96,23 +106,43 @@ class Qwen35Renderer(QwenRenderer):
             following = messages[index + 1].role if index + 1 < len(messages) else None
             return [
                 *([self._id(IM_START), "user"] if previous not in (None, "tool") else []),
-                "\n", self._id(TOOL_RESPONSE_OPEN), "\n" + content + "\n", self._id(TOOL_RESPONSE_CLOSE),
+                "\n",
+                self._id(TOOL_RESPONSE_OPEN),
+                "\n" + content + "\n",
+                self._id(TOOL_RESPONSE_CLOSE),
                 *([self._id(IM_END), "\n"] if following != "tool" else []),
             ]
         reasoning, content = template_reasoning(attrs.evolve(message, content=content))
         if self.keep_reasoning or index > last_query:
-            body = [self._id(THINK_OPEN), "\n", (reasoning or "").strip() + "\n", self._id(THINK_CLOSE),
-                    "\n\n" + content]
+            body = [
+                self._id(THINK_OPEN),
+                "\n",
+                (reasoning or "").strip() + "\n",
+                self._id(THINK_CLOSE),
+                "\n\n" + content,
+            ]
         else:
             body = [content]
-        return [self._id(IM_START), "assistant\n", *body,
-                *self._tool_calls(message.tool_calls, "\n\n" if content.strip() else ""),
-                self._id(IM_END), "\n"]
+        return [
+            self._id(IM_START),
+            "assistant\n",
+            *body,
+            *self._tool_calls(message.tool_calls, "\n\n" if content.strip() else ""),
+            self._id(IM_END),
+            "\n",
+        ]
 
     def _generation_pieces(self) -> list[Piece]:
         if self.options.enable_thinking:
             return [self._id(IM_START), "assistant\n", self._id(THINK_OPEN), "\n"]
-        return [self._id(IM_START), "assistant\n", self._id(THINK_OPEN), "\n\n", self._id(THINK_CLOSE), "\n\n"]
+        return [
+            self._id(IM_START),
+            "assistant\n",
+            self._id(THINK_OPEN),
+            "\n\n",
+            self._id(THINK_CLOSE),
+            "\n\n",
+        ]
 
     def _split_reasoning(self, text: str) -> tuple[str | None, str]:
         if not self.options.enable_thinking:
@@ -126,4 +156,3 @@ class Qwen35KeepReasoningRenderer(Qwen35Renderer):
 
     matches_official_template = False
     keep_reasoning = True
-

@@ -24,8 +24,12 @@ _SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 @attrs.frozen
 class CountdownOptions:
-    numbers: int = attrs.field(default=4, validator=[positive, attrs.validators.le(6)])  # numbers per task
-    max_number: int = attrs.field(default=20, validator=positive)  # numbers are drawn from 1..max_number
+    numbers: int = attrs.field(
+        default=4, validator=[positive, attrs.validators.le(6)]
+    )  # numbers per task
+    max_number: int = attrs.field(
+        default=20, validator=positive
+    )  # numbers are drawn from 1..max_number
     train_size: int = attrs.field(default=1000, validator=positive)
     test_size: int = attrs.field(default=100, validator=positive)
     seed: int = 0
@@ -52,7 +56,9 @@ def value_of(node: ast.AST, used: list[int]) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         used.append(node.value)
         return Fraction(node.value)
-    raise ValueError(f"only whole numbers, + - * / and parentheses are allowed, not {ast.unparse(node)!r}")
+    raise ValueError(
+        f"only whole numbers, + - * / and parentheses are allowed, not {ast.unparse(node)!r}"
+    )
 
 
 class Countdown(Environment):
@@ -67,7 +73,9 @@ class Countdown(Environment):
 
     @classmethod
     def list_tasks(cls, split: str) -> list[dict[str, Any]]:
-        return [make_task(cls.options, split, i) for i in range(getattr(cls.options, f"{split}_size"))]
+        return [
+            make_task(cls.options, split, i) for i in range(getattr(cls.options, f"{split}_size"))
+        ]
 
     @classmethod
     async def num_tasks(cls, split: str) -> int:  # procedural: no need to build every task
@@ -78,34 +86,63 @@ class Countdown(Environment):
         return make_task(cls.options, split, index)
 
     def setup(self) -> None:
-        if not (isinstance(self.task_spec.get("numbers"), list) and type(self.task_spec.get("target")) is int):
-            raise ValueError("a countdown task needs 'numbers' (a list of whole numbers) and 'target' (a whole number)")
+        if not (
+            isinstance(self.task_spec.get("numbers"), list)
+            and type(self.task_spec.get("target")) is int
+        ):
+            raise ValueError(
+                "a countdown task needs 'numbers' (a list of whole numbers) and 'target' (a whole number)"
+            )
 
     def get_prompt(self) -> list[TextBlock]:
         numbers, target = ", ".join(map(str, self.task_spec["numbers"])), self.task_spec["target"]
-        return [TextBlock(f"Using the numbers {numbers}, each at most once, and + - * / with parentheses, write "
-                          f"an expression equal to {target}. Reply with the expression alone on the last line.")]
+        return [
+            TextBlock(
+                f"Using the numbers {numbers}, each at most once, and + - * / with parentheses, write "
+                f"an expression equal to {target}. Reply with the expression alone on the last line."
+            )
+        ]
 
     @terminal
     @tool
     def answer(self, text: str) -> ToolOutput:
         """Judge the expression on the reply's last line (a trailing "= N" is ignored)."""
-        expression = re.sub(r"=.*$", "", (text.strip().splitlines() or [""])[-1]).strip().strip("`$")
+        expression = (
+            re.sub(r"=.*$", "", (text.strip().splitlines() or [""])[-1]).strip().strip("`$")
+        )
         used: list[int] = []
         try:
             if len(expression) > 200:
                 raise ValueError("the expression is longer than 200 characters")
             value = value_of(ast.parse(expression, mode="eval").body, used)
             if Counter(used) - Counter(self.task_spec["numbers"]):
-                raise ValueError(f"it uses numbers that were not given (or one twice): {sorted(used)}")
+                raise ValueError(
+                    f"it uses numbers that were not given (or one twice): {sorted(used)}"
+                )
         except (SyntaxError, ValueError) as exc:
-            reason = f"{expression!r} is not an arithmetic expression" if isinstance(exc, SyntaxError) else exc
-            return ToolOutput(blocks=[TextBlock(f"Invalid: {reason}.")], reward=0.0, finished=True,
-                              metadata={"valid": False})
+            reason = (
+                f"{expression!r} is not an arithmetic expression"
+                if isinstance(exc, SyntaxError)
+                else exc
+            )
+            return ToolOutput(
+                blocks=[TextBlock(f"Invalid: {reason}.")],
+                reward=0.0,
+                finished=True,
+                metadata={"valid": False},
+            )
         correct = value == self.task_spec["target"]
-        verdict = "Correct" if correct else f"Wrong: {expression} = {value}, not {self.task_spec['target']}"
-        return ToolOutput(blocks=[TextBlock(verdict + ".")], reward=float(correct), finished=True,
-                          metadata={"valid": True, "correct": correct})
+        verdict = (
+            "Correct"
+            if correct
+            else f"Wrong: {expression} = {value}, not {self.task_spec['target']}"
+        )
+        return ToolOutput(
+            blocks=[TextBlock(verdict + ".")],
+            reward=float(correct),
+            finished=True,
+            metadata={"valid": True, "correct": correct},
+        )
 
 
 def make_env(*, options: CountdownOptions) -> LocalEnvironment:

@@ -6,5 +6,9 @@ from plait.kinds import RegisterEnv
 
 @hookimpl
 def plait_register_envs(register: RegisterEnv) -> None:
-    register("countdown", "plait_countdown_env.env:make_env", options="plait_countdown_env.env:CountdownOptions",
-             description="reach a target number from given numbers with + - * / (the Countdown game)")
+    register(
+        "countdown",
+        "plait_countdown_env.env:make_env",
+        options="plait_countdown_env.env:CountdownOptions",
+        description="reach a target number from given numbers with + - * / (the Countdown game)",
+    )

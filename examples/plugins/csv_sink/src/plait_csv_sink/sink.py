@@ -37,8 +37,11 @@ class CsvSink:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         row = {"step": step, "wall_time": round(time.time(), 3)}
-        row.update((k, v) for k, v in metrics.items() if not self.options.prefixes
-                   or k.startswith(tuple(self.options.prefixes)))
+        row.update(
+            (k, v)
+            for k, v in metrics.items()
+            if not self.options.prefixes or k.startswith(tuple(self.options.prefixes))
+        )
         new = [k for k in row if k not in self.columns]
         if new or not self.path.exists():
             self._rewrite([*self.columns, *new])

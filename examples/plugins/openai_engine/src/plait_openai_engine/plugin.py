@@ -6,5 +6,9 @@ from plait.kinds import RegisterInferenceEngine
 
 @hookimpl
 def plait_register_inference_engines(register: RegisterInferenceEngine) -> None:
-    register("openai", "plait_openai_engine.engine:OpenAIEngine", options="plait_openai_engine.engine:OpenAIOptions",
-             description="any OpenAI-compatible /v1/completions server, attached by URL (no weight updates)")
+    register(
+        "openai",
+        "plait_openai_engine.engine:OpenAIEngine",
+        options="plait_openai_engine.engine:OpenAIOptions",
+        description="any OpenAI-compatible /v1/completions server, attached by URL (no weight updates)",
+    )

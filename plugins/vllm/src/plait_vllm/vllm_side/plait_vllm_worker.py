@@ -65,10 +65,19 @@ class PlaitWorkerExtension:
 
 
 def open_gloo_group(master_address: str, master_port: int, rank: int, world_size: int) -> Any:
-    store = torch.distributed.TCPStore(master_address, master_port, world_size, is_master=rank == 0,
-                                       timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-    return torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore(STORE_PREFIX, store), rank, world_size,
-                                              datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    store = torch.distributed.TCPStore(
+        master_address,
+        master_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
+    )
+    return torch.distributed.ProcessGroupGloo(
+        torch.distributed.PrefixStore(STORE_PREFIX, store),
+        rank,
+        world_size,
+        datetime.timedelta(seconds=GROUP_TIMEOUT_S),
+    )
 
 
 @dataclass
@@ -102,8 +111,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         parallel = self.parallel_config
-        rank = init_info.rank_offset + parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self.group = open_gloo_group(init_info.master_address, init_info.master_port, rank, init_info.world_size)
+        rank = (
+            init_info.rank_offset
+            + parallel.data_parallel_index * parallel.world_size
+            + parallel.rank
+        )
+        self.group = open_gloo_group(
+            init_info.master_address, init_info.master_port, rank, init_info.world_size
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -112,11 +127,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
-            raise RuntimeError("gloo weight transfer not initialized: call /init_weight_transfer_engine first")
+            raise RuntimeError(
+                "gloo weight transfer not initialized: call /init_weight_transfer_engine first"
+            )
         options = torch.distributed.BroadcastOptions()
         options.rootRank = 0
-        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes,
-                                           strict=True):
+        for name, dtype_name, shape in zip(
+            update_info.names, update_info.dtype_names, update_info.shapes, strict=True
+        ):
             tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
             self.group.broadcast([tensor], options).wait()
             self.model.load_weights([(name, tensor)])
