@@ -5,15 +5,27 @@ import sys
 import attrs
 import pytest
 
-from plait.config import RunConfig, apply_overrides, load_config
+from plait.config import RunConfig, TrainerSection, apply_overrides, load_config
 from plait.errors import ConfigError
 from plait.schema import structure
+from plait.types import AdamParams
 
 
 def test_defaults_load():
     cfg = load_config(None)
     assert isinstance(cfg, RunConfig)
     assert cfg.rl.group_size == 8
+
+
+def test_a_run_and_a_bare_optimizer_step_have_one_adam_default():
+    """`[trainer]`'s optimizer defaults are AdamParams'; only the learning rate and clipping are
+    the run's own. eps is 1e-8, what every run has used (Tinker's SDK has 1e-12)."""
+    trainer, adam = load_config(None).trainer, AdamParams()
+    shared = ("beta1", "beta2", "eps", "weight_decay")
+    assert {k: getattr(trainer, k) for k in shared} == {k: getattr(adam, k) for k in shared}
+    assert (trainer.beta1, trainer.beta2, trainer.eps) == (0.9, 0.95, 1e-8)
+    own = {a.name for a in attrs.fields(TrainerSection)} - {"engine", "options", *shared}
+    assert own == {"learning_rate", "grad_clip_norm"}  # a new optimizer field: shared, or say why
 
 
 def test_unknown_key_names_path_allowed_keys_and_suggestion(tmp_path):

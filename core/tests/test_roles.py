@@ -67,7 +67,8 @@ class Says:
 
 
 class ProposeSolveSession:
-    """The proposer writes a problem (handed to the solver); the solver's answer ends the episode."""
+    """The proposer writes a problem (handed to the solver); the solver's answer ends the
+    episode."""
 
     def __init__(self) -> None:
         self.problem: str | None = None

@@ -17,6 +17,7 @@ import attrs
 
 from plait.errors import ConfigError
 from plait.schema import non_negative, positive, structure
+from plait.types import AdamParams
 
 
 @attrs.frozen
@@ -36,14 +37,18 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
+ADAM_DEFAULTS = AdamParams()
+"""`[trainer]`'s beta1, beta2, eps and weight_decay defaults: one definition, AdamParams'."""
+
+
 @attrs.frozen
 class TrainerSection:
     engine: str = "torch"
     learning_rate: float = attrs.field(default=1e-5, validator=positive)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = attrs.field(default=0.0, validator=non_negative)
+    beta1: float = ADAM_DEFAULTS.beta1
+    beta2: float = ADAM_DEFAULTS.beta2
+    eps: float = ADAM_DEFAULTS.eps
+    weight_decay: float = attrs.field(default=ADAM_DEFAULTS.weight_decay, validator=non_negative)
     grad_clip_norm: float = attrs.field(default=1.0, validator=non_negative)
     options: dict[str, Any] = attrs.field(factory=dict)
 
@@ -173,12 +178,15 @@ class CheckpointSection:
 @attrs.frozen
 class MetricsSection:
     sinks: list[str] = attrs.field(factory=lambda: ["jsonl", "console"])
+    """Metric sinks by name: `jsonl` is the core's; `console`, `tensorboard` and `dashboard` are
+    plait-sinks'."""
     options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     """Per-sink options, keyed by sink name."""
 
 
 POLICY_TABLES = ("model", "trainer", "inference", "renderer", "sync")
-"""The tables a `[policies.NAME]` section takes; each starts from the top-level table of that name."""
+"""The tables a `[policies.NAME]` section takes; each starts from the top-level table of that
+name."""
 
 
 @attrs.frozen
@@ -210,7 +218,8 @@ class RunConfig:
     checkpoint: CheckpointSection = attrs.field(factory=CheckpointSection)
     metrics: MetricsSection = attrs.field(factory=MetricsSection)
     policies: dict[str, PolicySection] = attrs.field(factory=dict)
-    """Several policies in one run (`[policies.NAME]`); none: one policy from the top-level tables."""
+    """Several policies in one run (`[policies.NAME]`); none: one policy from the top-level
+    tables."""
     serve: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     """Options of the `plait serve` commands by name (`[serve.online]`), checked by the command."""
 
@@ -266,7 +275,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 
 def with_policy_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """Each `[policies.NAME]` table of POLICY_TABLES as the top-level one with its own keys over it."""
+    """Each `[policies.NAME]` table of POLICY_TABLES as the top-level one with its own keys over
+    it."""
     policies = data.get("policies")
     if not isinstance(policies, dict):
         return data

@@ -209,7 +209,8 @@ def _stop_tuple(stop: StopSpec | list[str] | list[int]) -> StopSpec:
 
 @attrs.frozen
 class SamplingParams:
-    """How to sample. `stop=None` keeps the end-of-sequence token as a stop; `stop=[]` disables it."""
+    """How to sample. `stop=None` keeps the end-of-sequence token as a stop; `stop=[]` disables
+    it."""
 
     max_tokens: int | None = None
     seed: int | None = None
@@ -236,11 +237,12 @@ StopReason = Literal["stop", "length", "abort"]
 class SampledSequence:
     """One sampled completion, exactly as the inference engine produced it.
 
-    `tokens` include the stop token when the sequence stopped on one. `weight_version` is the version
-    of the weights that produced the *last* token; `token_versions`, when set, gives the version of
-    every token (they differ when weights were updated in flight). `routed_experts` (MoE models, when
-    the engine is asked for it) holds the experts that routed every token the engine ran, prompt and
-    completion but the last token: shape (tokens - 1, layers, top_k). `replica`: the pool's replica.
+    `tokens` include the stop token when the sequence stopped on one. `weight_version` is the
+    version of the weights that produced the *last* token; `token_versions`, when set, gives the
+    version of every token (they differ when weights were updated in flight). `routed_experts`
+    (MoE models, when the engine is asked for it) holds the experts that routed every token the
+    engine ran, prompt and completion but the last token: shape (tokens - 1, layers, top_k).
+    `replica`: the pool's replica.
     """
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
@@ -277,12 +279,15 @@ class SampleResponse:
 
 @attrs.frozen
 class AdamParams:
-    """AdamW hyper-parameters for one optimizer step (Tinker's defaults)."""
+    """AdamW hyper-parameters for one optimizer step: Tinker's, with its defaults except `eps`,
+    1e-8 (PyTorch's, and what tinker-cookbook's training steps pass) where Tinker's SDK has 1e-12.
+    A run config's `[trainer]` table takes its beta1, beta2, eps and weight_decay defaults from
+    here; its learning rate and clipping are the run's own (1e-5, 1.0)."""
 
     learning_rate: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.95
-    eps: float = 1e-12
+    eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0  # 0 = no clipping
 
