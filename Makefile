@@ -13,7 +13,7 @@ help:
 	@echo "make demo-tiny - the test-sized run: a tiny Qwen3 learns a strict answer format (~3 min)"
 	@echo "make test   - install everything and run the whole test suite (what CI runs)"
 	@echo "make check  - the fast default suite (run before every commit)"
-	@echo "make lint   - ruff, the import contracts (lint-imports) and mypy (what CI runs first)"
+	@echo "make lint   - ruff format and check, the core size, the docs links, the import contracts, mypy on every distribution"
 	@echo "make bench  - the benchmarks (JSON in benchmarks/results/)"
 
 $(VENV)/.installed: $(foreach d,$(DISTS),$(d)/pyproject.toml) scripts/install.sh
@@ -35,7 +35,10 @@ check: venv
 	bash scripts/test.sh --fast
 
 lint: venv
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/lint/core_size.py
+	$(PY) scripts/lint/docs_links.py
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

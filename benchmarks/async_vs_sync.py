@@ -12,7 +12,8 @@ Reported per schedule: samples trained per second (samples / the summed `time/to
 training steps, evaluations excluded), reward over the first and last steps, the largest
 staleness and importance weight seen, and the trainer's stall time; and the async/sync ratio.
 
-    python benchmarks/async_vs_sync.py [--config examples/arith_tiny.toml] [--steps 20] [--env-delay-s 10]
+    python benchmarks/async_vs_sync.py [--config examples/arith_tiny.toml] [--steps 20]
+        [--env-delay-s 10]
 
 Writes benchmarks/results/async_vs_sync.json.
 """
@@ -38,7 +39,7 @@ os.environ["PLAIT_PLUGIN_MODULES"] = ",".join(
 )
 
 from plait.config import RunConfig, load_config  # noqa: E402
-from plait.logs import configure  # noqa: E402
+from plait.logs import configure_logging  # noqa: E402
 from plait.run.loop import run_training  # noqa: E402
 
 
@@ -134,7 +135,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     base = load_config(args.config, args.overrides)
-    configure("warning")
+    configure_logging("warning")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for schedule in ("sync", "async"):
@@ -143,7 +144,8 @@ def main() -> None:
             print(
                 f"{schedule:>5}: {r['samples_trained_per_s']:.2f} samples/s, reward "
                 f"{r['reward_first_steps']:.3f} -> {r['reward_last_steps']:.3f}, staleness max "
-                f"{r['staleness_max']:g}, IS weight max {r['importance_weight_max']:.3f}, stall {r['stall_seconds']:.1f} s",
+                f"{r['staleness_max']:g}, IS weight max {r['importance_weight_max']:.3f}, "
+                f"stall {r['stall_seconds']:.1f} s",
                 flush=True,
             )
     ratio = results["async"]["samples_trained_per_s"] / results["sync"]["samples_trained_per_s"]

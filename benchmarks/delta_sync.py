@@ -135,8 +135,9 @@ def main() -> None:
         results = [measure(m, lr, args.steps) for m in models for lr in (1e-6, 1e-5)]
     for r in results:
         print(
-            f"{r['model']:>11} ({r['parameters'] / 1e6:.1f}M) lr={r['learning_rate']:g}: bytes of full: first step "
-            f"{r['first_step_bytes_fraction']:.2%}, later <= {r['max_bytes_fraction_after_first_step']:.2%}; "
+            f"{r['model']:>11} ({r['parameters'] / 1e6:.1f}M) lr={r['learning_rate']:g}: "
+            f"bytes of full: first step {r['first_step_bytes_fraction']:.2%}, "
+            f"later <= {r['max_bytes_fraction_after_first_step']:.2%}; "
             f"{r['mean_delta_fraction']:.2%} of elements; "
             f"bit-identical={r['all_bit_identical']}"
         )

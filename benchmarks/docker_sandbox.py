@@ -116,11 +116,14 @@ def main() -> None:
         "benchmark": "docker_sandbox",
         "program": PROGRAM,
         "modes": {
-            "warm_pool": "pool_size = concurrency containers started up front; one docker exec per execution",
-            "fresh_container": "create + start + one docker exec + remove per execution (same Sandbox code)",
+            "warm_pool": "pool_size = concurrency containers started up front; "
+            "one docker exec per execution",
+            "fresh_container": "create + start + one docker exec + remove per execution "
+            "(same Sandbox code)",
         },
-        "latency": "wall time of one Sandbox.execute call as the caller sees it; p99 is interpolated "
-        "over the executions listed (with few executions it is close to the maximum)",
+        "latency": "wall time of one Sandbox.execute call as the caller sees it; "
+        "p99 is interpolated over the executions listed "
+        "(with few executions it is close to the maximum)",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

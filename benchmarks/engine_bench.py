@@ -1,4 +1,5 @@
-"""Shared bits of the engine benchmarks: picking the model, timing, and writing results/<name>.json."""
+"""Shared bits of the engine benchmarks: picking the model, timing, and writing
+results/<name>.json."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def vllm_venv() -> Path:
-    """The vLLM venv scripts/ci/vllm.sh builds: $PLAIT_VLLM_VENV, else .venvs/vllm in the repository."""
+    """The vLLM venv scripts/ci/vllm.sh builds: $PLAIT_VLLM_VENV, else .venvs/vllm in the
+    repository."""
     return Path(
         os.environ.get("PLAIT_VLLM_VENV") or Path(__file__).resolve().parents[1] / ".venvs" / "vllm"
     )

@@ -40,11 +40,11 @@ from vllm.inputs import TokensPrompt
 
 def main():
     spec = json.load(open(sys.argv[1]))
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"], enforce_eager=True,
-              seed=0)
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+              enforce_eager=True, seed=0)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
-    params = SamplingParams(n=spec["samples"], max_tokens=spec["new_tokens"], ignore_eos=True, temperature=1.0,
-                            logprobs=0, seed=0, detokenize=False)
+    params = SamplingParams(n=spec["samples"], max_tokens=spec["new_tokens"], ignore_eos=True,
+                            temperature=1.0, logprobs=0, seed=0, detokenize=False)
     llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
     seconds, tokens = [], []
     for _ in range(spec["repeats"]):

@@ -1,4 +1,5 @@
-"""The GRPO step that benchmarks/vs_minimal.py and benchmarks/vs_trl.py time on every side: the demo.
+"""The GRPO step that benchmarks/vs_minimal.py and benchmarks/vs_trl.py time on every side: the
+demo.
 
 SmolLM2-135M-Instruct on `math.arith` preset `sums` (a + b of single digits after three worked
 examples as chat turns, the bare number as the answer), 8 prompts x 8 samples, 8 new tokens,

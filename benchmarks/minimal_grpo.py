@@ -18,7 +18,8 @@ model object samples and trains (no weight sync), float32.
   importance_sampling loss with its token-mean normalisation. Gradient clipping at 1; AdamW with
   plait's trainer defaults (betas 0.9/0.95, eps 1e-8, no weight decay), fused.
 
-    python benchmarks/minimal_grpo.py --model-dir DIR --tasks tasks.jsonl [--steps 20] [--check] [--json out.json]
+    python benchmarks/minimal_grpo.py --model-dir DIR --tasks tasks.jsonl [--steps 20] [--check]
+        [--json out.json]
 
 `--check` also scores every sample of the first step with a fresh unpadded forward pass and
 asserts that the sampled logprobs match it within 1e-4, and that the tree and padded layouts give
@@ -87,7 +88,8 @@ def sample(
         probs = (
             logp.exp() if TEMPERATURE == 1 else torch.softmax(logits.float() / TEMPERATURE, dim=-1)
         )
-        # Inverse-CDF draw: torch.multinomial takes ~100 ms for 64 x 49k on one CPU core, this ~3 ms.
+        # Inverse-CDF draw: torch.multinomial takes ~100 ms for 64 x 49k on one CPU core, this
+        # ~3 ms.
         cdf = probs.cumsum(-1)
         u = torch.rand(len(rows), 1, generator=gen) * cdf[:, -1:]
         nxt = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
@@ -115,7 +117,8 @@ def sample(
 
 
 def score_padded(model, seqs: list[list[int]], ncomp: list[int], pad: int) -> torch.Tensor:
-    """Logprobs of the last ncomp[i] tokens of every sequence, flat (row-major), one left-padded pass."""
+    """Logprobs of the last ncomp[i] tokens of every sequence, flat (row-major), one left-padded
+    pass."""
     ids, mask = left_pad(seqs, pad)
     c = max(ncomp)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -127,10 +130,10 @@ def score_padded(model, seqs: list[list[int]], ncomp: list[int], pad: int) -> to
 
 
 def score_tree(model, prompts: list[list[int]], comps: list[list[list[int]]]) -> torch.Tensor:
-    """Logprobs of every completion of comps[g] (completions of prompts[g]), flat (row-major), in one
-    forward pass over one packed row holding the step's token tree: the common prefix once, each
-    prompt's suffix once, each completion but its last token; position ids run along each path,
-    and a token attends to its ancestors only (a 4-D boolean mask)."""
+    """Logprobs of every completion of comps[g] (completions of prompts[g]), flat (row-major), in
+    one forward pass over one packed row holding the step's token tree: the common prefix once,
+    each prompt's suffix once, each completion but its last token; position ids run along each
+    path, and a token attends to its ancestors only (a 4-D boolean mask)."""
     p = lcp(prompts)
     toks, pos, segs, heads, targets = [], [], [], [], []
 
@@ -280,8 +283,10 @@ def run(
         ):
             hist[k].append(v)
         print(
-            f"step {step}: reward {hist['reward'][-1]:.3f} kept {len(kept) // GROUP_SIZE}/{GROUPS} groups, "
-            f"sample {t1 - t0:.2f}s train {t2 - t1:.2f}s total {t2 - t0:.2f}s, |lp diff| {mismatch:.1e}",
+            f"step {step}: reward {hist['reward'][-1]:.3f} "
+            f"kept {len(kept) // GROUP_SIZE}/{GROUPS} groups, "
+            f"sample {t1 - t0:.2f}s train {t2 - t1:.2f}s total {t2 - t0:.2f}s, "
+            f"|lp diff| {mismatch:.1e}",
             flush=True,
         )
     return {"threads": torch.get_num_threads(), "train": train, "micro_batch": micro_batch, **hist}
@@ -306,7 +311,8 @@ def check_step(
             for i, c in enumerate(comps)
         )
     print(
-        f"check: max |sampled logprob - full forward logprob| = {worst:.2e} over {len(comps)} samples",
+        f"check: max |sampled logprob - full forward logprob| = {worst:.2e} "
+        f"over {len(comps)} samples",
         flush=True,
     )
     assert worst < 1e-4, worst

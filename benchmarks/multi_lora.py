@@ -1,14 +1,15 @@
 """Eight LoRA training runs on one `plait serve tinker` server: all at once against the same eight
 one after another, driven by the real tinker SDK (one ServiceClient per run, as eight users
-would, each in a process of its own). Each run trains its own adapter (rank 8) on its own supervised data for a few steps
-(forward_backward, then optim_step). At once, the server puts the runs' forward_backward calls
-into shared passes (`AdapterTrainer.forward_backward_adapters`); one after another, each pass
-holds one run. The two modes alternate, `--repeats` times each, in one process; the report gives
-total throughput (trained tokens per second) of each, their ratio, and how far each run's loss
-curve at once is from the same run alone. Writes benchmarks/results/multi_lora_MODEL.json
-(multi_lora_MODEL_tokensMIN-MAX.json with --tokens).
+would, each in a process of its own). Each run trains its own adapter (rank 8) on its own
+supervised data for a few steps (forward_backward, then optim_step). At once, the server puts the
+runs' forward_backward calls into shared passes (`AdapterTrainer.forward_backward_adapters`); one
+after another, each pass holds one run. The two modes alternate, `--repeats` times each, in one
+process; the report gives total throughput (trained tokens per second) of each, their ratio, and
+how far each run's loss curve at once is from the same run alone. Writes
+benchmarks/results/multi_lora_MODEL.json (multi_lora_MODEL_tokensMIN-MAX.json with --tokens).
 
-    python benchmarks/multi_lora.py [--model tiny-qwen3] [--runs 8] [--steps 5] [--batch 1 8] [--repeats 2]
+    python benchmarks/multi_lora.py [--model tiny-qwen3] [--runs 8] [--steps 5] [--batch 1 8]
+        [--repeats 2]
 
 Needs plait-torch, plait-tinker and tinker==0.38.0.
 """
@@ -144,9 +145,10 @@ def compare(url: str, app: TinkerApp, args: argparse.Namespace, batch: int) -> d
                 calls=batcher.calls - calls,
             )
             print(
-                f"batch {batch:>2} {result['mode']:>18}: {result['seconds']:6.1f} s  {result['tokens_per_s']:7.0f} "
-                f"tokens/s  {result['calls']} forward_backward calls in {result['passes']} passes; the clients "
-                f"used {result['client_cpu_seconds']:.1f} CPU s",
+                f"batch {batch:>2} {result['mode']:>18}: {result['seconds']:6.1f} s  "
+                f"{result['tokens_per_s']:7.0f} tokens/s  "
+                f"{result['calls']} forward_backward calls in {result['passes']} passes; "
+                f"the clients used {result['client_cpu_seconds']:.1f} CPU s",
                 flush=True,
             )
             rounds.append(result)

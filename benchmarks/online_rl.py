@@ -110,7 +110,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         xlabel="seconds",
         ylabel="reward / gate score",
         ylim=(-0.02, 1.02),
-        title=f"plait serve online: {result['users']} simulated users, {summary['failed']} failed of {summary['requests']} requests",
+        title=f"plait serve online: {result['users']} simulated users, "
+        f"{summary['failed']} failed of {summary['requests']} requests",
     )
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

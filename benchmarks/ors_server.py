@@ -309,7 +309,8 @@ def main() -> None:
     }
     report = {
         "benchmark": "ors_server",
-        "what": "episodes (create, prompt, 3 tool calls, delete) over loopback HTTP, one client process",
+        "what": "episodes (create, prompt, 3 tool calls, delete) over loopback HTTP, "
+        "one client process",
         "client": args.client,
         "repeats": args.repeats,
         "machine": {

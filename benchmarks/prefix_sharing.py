@@ -330,8 +330,9 @@ def checkpointing_section(args: argparse.Namespace) -> dict[str, Any]:
             "compute_added": times[mode]["fastest_s"] / times["none"]["fastest_s"] - 1,
         }
         print(
-            f"activation checkpointing {mode}: {row[mode]['activation_memory_saved']:.0%} of the step's peak "
-            f"memory saved, {row[mode]['compute_added']:+.0%} step time",
+            f"activation checkpointing {mode}: "
+            f"{row[mode]['activation_memory_saved']:.0%} of the step's peak memory saved, "
+            f"{row[mode]['compute_added']:+.0%} step time",
             flush=True,
         )
     return row

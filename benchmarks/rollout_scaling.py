@@ -61,8 +61,10 @@ def main() -> None:
         out_dir = Path(scratch)
         run_dir = out_dir / "scaling"
         pool = (
-            f'{{env = "math.arith", env_options = {{preset = "tiny", verify_seconds = {args.verify_seconds}}}, '
-            f'members = {SIZES[0]}, max_in_flight = {args.cap}, scale_file = "{out_dir / "env-scale.json"}", '
+            '{env = "math.arith", '
+            f'env_options = {{preset = "tiny", verify_seconds = {args.verify_seconds}}}, '
+            f"members = {SIZES[0]}, max_in_flight = {args.cap}, "
+            f'scale_file = "{out_dir / "env-scale.json"}", '
             f"poll_s = 0.2}}"
         )
         argv = [sys.executable, "-m", "plait.cli", "run", str(args.config), "--no-resume"]

@@ -37,7 +37,7 @@ import numpy as np
 
 from plait.components import resolve_model
 from plait.config import RunConfig, load_config
-from plait.logs import configure
+from plait.logs import configure_logging
 from plait.models import ResolvedModel
 from plait.plugins import build
 from plait.rollout import EpisodeConfig, run_episode
@@ -183,7 +183,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     base = load_config(args.config, args.overrides)
-    configure("warning")
+    configure_logging("warning")
     results: dict[str, Any] = {}
     model = resolve_model(base.model.name, tokenizer=base.model.tokenizer, dtype=base.model.dtype)
     with tempfile.TemporaryDirectory() as tmp:
@@ -192,10 +192,13 @@ def main() -> None:
             results[name] = r = measure(variant(base, replay, args.steps, Path(tmp)))
             first = r["step_1"]
             print(
-                f"{name:>10}: step 1 routing agreement {first['policy/routing_agreement']:.4f} (own routers "
-                f"{first['policy/routing_natural_agreement']:.4f}), mismatch KL {first['policy/mismatch_kl']:.2e}, "
-                f"k2 {first['policy/mismatch_kl_k2']:.2e}, IS weight max {first['policy/importance_weight_max']:.4f}; "
-                f"over {args.steps} steps: IS weight max {r['importance_weight_max_over_steps']:.4f}, "
+                f"{name:>10}: step 1 routing agreement {first['policy/routing_agreement']:.4f} "
+                f"(own routers {first['policy/routing_natural_agreement']:.4f}), "
+                f"mismatch KL {first['policy/mismatch_kl']:.2e}, "
+                f"k2 {first['policy/mismatch_kl_k2']:.2e}, "
+                f"IS weight max {first['policy/importance_weight_max']:.4f}; "
+                f"over {args.steps} steps: "
+                f"IS weight max {r['importance_weight_max_over_steps']:.4f}, "
                 f"train step {r['train_seconds_median']:.2f} s",
                 flush=True,
             )
@@ -210,10 +213,13 @@ def main() -> None:
             results[f"paired_{label}"] = pair = paired(weights, datums, base.rl.micro_batch_size)
             for name, r in pair.items():
                 print(
-                    f"paired at the {label} weights, {name:>10}: routing agreement {r['routing_agreement']:.4f} "
-                    f"(own routers {r['routing_natural_agreement']:.4f}), k1 {r['mismatch_kl_k1']:.2e}, "
-                    f"k2 {r['mismatch_kl_k2']:.2e}, mean |gap| {r['mean_abs_logprob_gap']:.2e}, IS weight max "
-                    f"{r['importance_weight_max']:.4f} (p99.9 {r['importance_weight_p999']:.4f}) over "
+                    f"paired at the {label} weights, {name:>10}: "
+                    f"routing agreement {r['routing_agreement']:.4f} "
+                    f"(own routers {r['routing_natural_agreement']:.4f}), "
+                    f"k1 {r['mismatch_kl_k1']:.2e}, k2 {r['mismatch_kl_k2']:.2e}, "
+                    f"mean |gap| {r['mean_abs_logprob_gap']:.2e}, "
+                    f"IS weight max {r['importance_weight_max']:.4f} "
+                    f"(p99.9 {r['importance_weight_p999']:.4f}) over "
                     f"{r['sampled_tokens']} tokens",
                     flush=True,
                 )

@@ -84,9 +84,8 @@ def main() -> int:
         code = subprocess.run(
             [sys.executable, str(ROOT / "benchmarks" / script[0]), *script[1:]], cwd=ROOT
         ).returncode
-        outcomes[name] = (
-            f"{'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - started:.0f} s"
-        )
+        status = "ok" if code == 0 else f"FAILED (exit {code})"
+        outcomes[name] = f"{status} in {time.monotonic() - started:.0f} s"
     print("\n".join(f"{name:22s} {outcome}" for name, outcome in outcomes.items()))
     return int(any(o.startswith("FAILED") for o in outcomes.values()))
 

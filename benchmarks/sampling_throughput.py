@@ -136,8 +136,8 @@ def main() -> None:
     }
     path = common.write("sampling_throughput", args, result)
     print(
-        f"{model.name}: {rows} sequences x {args.new_tokens} new tokens after {args.prompt_len}-token prompts "
-        f"(medians of {args.repeats}):"
+        f"{model.name}: {rows} sequences x {args.new_tokens} new tokens "
+        f"after {args.prompt_len}-token prompts (medians of {args.repeats}):"
     )
     for name, value in tokens_per_s.items():
         ratio = f"  {ratios[name]:.2f}x HF generate" if name in ratios else ""

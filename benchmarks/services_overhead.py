@@ -11,7 +11,8 @@ train, sync). The ratio is services / in-process of the median run medians (goal
 the median ratio of paired steps (step k of a services run against step k of the in-process run
 before it: the same work, as both train identically).
 
-    python benchmarks/services_overhead.py [--config examples/arith_tiny.toml] [--steps 12] [--repeats 8]
+    python benchmarks/services_overhead.py [--config examples/arith_tiny.toml] [--steps 12]
+        [--repeats 8]
 
 Writes benchmarks/results/services_overhead.json.
 """
@@ -142,9 +143,12 @@ def main() -> None:
                             "step_s": [m["time/total"] for m in warm],
                         }
                     )
+                    step_parts = ", ".join(
+                        f"{k[5:]} {v:.2f}" for k, v in medians.items() if k != "time/total"
+                    )
                     print(
                         f"{placement} #{repeat}: median step {medians['time/total']:.2f} s "
-                        f"({', '.join(f'{k[5:]} {v:.2f}' for k, v in medians.items() if k != 'time/total')})",
+                        f"({step_parts})",
                         flush=True,
                     )
 

@@ -1,4 +1,5 @@
-"""Trained tokens of a multi-turn episode: one merged datum (TITO bridge) against one datum per turn.
+"""Trained tokens of a multi-turn episode: one merged datum (TITO bridge) against one datum per
+turn.
 
 The same episodes are run twice with the reference inference engine (plait-torch) on the
 calculator environment (plait-math): once with `qwen3_keep_reasoning`, which bridges every turn
@@ -102,7 +103,8 @@ def main() -> None:
 
     result = {
         "benchmark": "tito_tokens",
-        "what": "trained tokens of one calculator episode of T turns: merged (bridged, one datum) vs "
+        "what": "trained tokens of one calculator episode of T turns: "
+        "merged (bridged, one datum) vs "
         "split (official Qwen3 template re-rendered, one datum per turn)",
         "model": "tiny-qwen3 scripted to call the calculator every turn (plait_testing.scripted)",
         "renderers": RENDERERS,

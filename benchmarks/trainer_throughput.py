@@ -91,8 +91,10 @@ def main() -> None:
     }
     path = common.write("trainer_throughput", args, result)
     print(
-        f"{model.name}: {tokens / step_s:,.0f} train tokens/s (median step {step_s:.2f} s over {args.repeats}), "
-        f"model {flops / step_s / 1e9:.1f} GFLOP/s vs peak {peak / 1e9:.1f} GFLOP/s ({peak_source}) "
+        f"{model.name}: {tokens / step_s:,.0f} train tokens/s "
+        f"(median step {step_s:.2f} s over {args.repeats}), "
+        f"model {flops / step_s / 1e9:.1f} GFLOP/s "
+        f"vs peak {peak / 1e9:.1f} GFLOP/s ({peak_source}) "
         f"-> MFU {result['mfu']:.1%}\nwrote {path}"
     )
 

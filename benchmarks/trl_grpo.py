@@ -1,10 +1,12 @@
-"""TRL's side of benchmarks/vs_trl.py: the GRPO step of benchmarks/grpo_workload.py with TRL's GRPOTrainer.
+"""TRL's side of benchmarks/vs_trl.py: the GRPO step of benchmarks/grpo_workload.py with TRL's
+GRPOTrainer.
 
 Runs inside the TRL venv (scripts/bench/trl_venv.sh), so it imports nothing of plait: the model
 directory, the tasks (JSON lines of chat messages + answer, from grpo_workload.write_tasks) and the
 workload's numbers all come on the command line. Writes per-step wall time and mean reward as JSON.
 
-    .venvs/trl/bin/python benchmarks/trl_grpo.py --model DIR --tasks tasks.jsonl --steps 10 --out trl.json
+    .venvs/trl/bin/python benchmarks/trl_grpo.py --model DIR --tasks tasks.jsonl --steps 10
+        --out trl.json
 
 One optimizer step = 8 prompts x 8 completions generated together by transformers' `generate` (no
 vLLM) on the CPU in float32, rewarded by the strict check, GRPO advantages, forward/backward over
@@ -87,7 +89,8 @@ def main() -> None:
         max_steps=args.steps,
         per_device_train_batch_size=args.micro_batch,  # completions per forward/backward
         gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,  # one generation batch (8 prompts x 8) per optimizer step
+        # one generation batch (8 prompts x 8) per optimizer step
+        steps_per_generation=accumulation,
         num_generations=args.group_size,
         num_iterations=1,
         max_completion_length=args.max_tokens,

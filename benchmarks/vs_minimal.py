@@ -151,7 +151,8 @@ def run_plait(work: Path, indices: list[int], args: argparse.Namespace) -> dict[
     trained = sorted({(s[0], s[2]) for entry in ledger for s in entry["samples"]})
     if [task for _, task in trained] != indices:
         raise SystemExit(
-            f"plait trained on other tasks than the minimal loop: {trained[:4]}... vs {indices[:4]}..."
+            "plait trained on other tasks than the minimal loop: "
+            f"{trained[:4]}... vs {indices[:4]}..."
         )
     times = {
         key: [r.get(f"time/{key}", 0.0) for r in rows]
@@ -194,7 +195,8 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(side: dict[str, Any]) -> dict[str, Any]:
-    """Medians of a pooled side (see `pooled`: warm steps only), a train-time fit, the learning curve."""
+    """Medians of a pooled side (see `pooled`: warm steps only), a train-time fit, the learning
+    curve."""
     rewards = side["reward"]
     # Train time grows with the kept groups (those with unequal rewards), which differ between the
     # sides' samples: a least-squares fit train_s = fixed + per_group * kept (steps that trained).
@@ -293,23 +295,27 @@ def main() -> None:
     }
 
     print(
-        f"\n{args.repeats} x {args.steps} steps per side; medians over steps 2..{args.steps} of every run (seconds)"
+        f"\n{args.repeats} x {args.steps} steps per side; "
+        f"medians over steps 2..{args.steps} of every run (seconds)"
     )
     print(
-        f"{'':10}{'step':>7}{'sampling':>10}{'train':>7}{'sync':>6}{'other':>7}{'kept':>6}{'train fit':>16}"
-        f"{'reward 1-5':>12}{'last 5':>8}"
+        f"{'':10}{'step':>7}{'sampling':>10}{'train':>7}{'sync':>6}{'other':>7}{'kept':>6}"
+        f"{'train fit':>16}{'reward 1-5':>12}{'last 5':>8}"
     )
     for side in ("minimal", "plait"):
         s = summary[side]
         fit = f"{s['train_fit_fixed_s']:.2f}+{s['train_fit_per_group_s']:.2f}k"
         print(
-            f"{side:10}{s['step_median_s']:7.2f}{s['sample_median_s']:10.2f}{s['train_median_s']:7.2f}"
-            f"{s.get('sync_median_s', 0.0):6.2f}{s['other_median_s']:7.2f}{s['groups_kept_mean']:6.1f}{fit:>16}"
+            f"{side:10}{s['step_median_s']:7.2f}{s['sample_median_s']:10.2f}"
+            f"{s['train_median_s']:7.2f}{s.get('sync_median_s', 0.0):6.2f}"
+            f"{s['other_median_s']:7.2f}{s['groups_kept_mean']:6.1f}{fit:>16}"
             f"{s['reward_first5']:12.3f}{s['reward_last5']:8.3f}"
         )
     print(
-        f"(kept: mean groups with unequal rewards, which train; train fit: seconds = fixed + per group x k; "
-        f"at equal kept = {kept:.1f}: minimal {summary['minimal']['train_fit_at_equal_kept_s']:.2f}s, "
+        "(kept: mean groups with unequal rewards, which train; "
+        "train fit: seconds = fixed + per group x k; "
+        f"at equal kept = {kept:.1f}: "
+        f"minimal {summary['minimal']['train_fit_at_equal_kept_s']:.2f}s, "
         f"plait {summary['plait']['train_fit_at_equal_kept_s']:.2f}s)"
     )
     print("plait / minimal: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

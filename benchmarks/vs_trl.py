@@ -1,12 +1,14 @@
-"""One GRPO step, plait against TRL's GRPOTrainer: step time and reward on the same workload, in one run.
+"""One GRPO step, plait against TRL's GRPOTrainer: step time and reward on the same workload, in
+one run.
 
-The workload is benchmarks/grpo_workload.py's: SmolLM2-135M-Instruct in float32 on the CPU, `math.arith`
-preset `sums`, 8 prompts x 8 samples per step, 8 new tokens, temperature 1 (top-p 1, top-k off), GRPO
-advantages, no KL term, AdamW at 2e-5 (beta2 0.95, no weight decay, constant rate), gradient clipping
-at 1, the strict exact-match reward. Both sides run as subprocesses, one after the other (--order):
+The workload is benchmarks/grpo_workload.py's: SmolLM2-135M-Instruct in float32 on the CPU,
+`math.arith` preset `sums`, 8 prompts x 8 samples per step, 8 new tokens, temperature 1 (top-p 1,
+top-k off), GRPO advantages, no KL term, AdamW at 2e-5 (beta2 0.95, no weight decay, constant
+rate), gradient clipping at 1, the strict exact-match reward. Both sides run as subprocesses, one
+after the other (--order):
 
-- TRL: benchmarks/trl_grpo.py in the TRL venv (`bash scripts/bench/trl_venv.sh` builds .venvs/trl, or
-  $PLAIT_TRL_VENV): GRPOTrainer, transformers' `generate` (use_vllm=False), use_cpu, bf16 off,
+- TRL: benchmarks/trl_grpo.py in the TRL venv (`bash scripts/bench/trl_venv.sh` builds .venvs/trl,
+  or $PLAIT_TRL_VENV): GRPOTrainer, transformers' `generate` (use_vllm=False), use_cpu, bf16 off,
   beta=0, loss_type "dapo", scale_rewards "group", num_iterations 1, one 8x8 generation batch per
   optimizer step. The step time is on_step_begin -> on_step_end of a TrainerCallback: generation,
   rewards, forward/backward, clipping and the AdamW step.
@@ -33,9 +35,9 @@ Differences that remain (recorded in the JSON too):
   These are what each framework does on this step, so they are in the timing; the per-side
   rollout/train split shows where the time goes.
 - Micro-batches: TRL runs the 64 completions through forward/backward in --trl-micro-batch chunks
-  (default 16, gradient accumulation 4: 64 at once went past 16 GB and was OOM-killed here); the "dapo" loss divides
-  by the tokens of the whole step, so the update is the same as with one batch. plait chunks by
-  tokens (micro_batch_tokens 2048).
+  (default 16, gradient accumulation 4: 64 at once went past 16 GB and was OOM-killed here); the
+  "dapo" loss divides by the tokens of the whole step, so the update is the same as with one batch.
+  plait chunks by tokens (micro_batch_tokens 2048).
 - Old logprobs: neither side runs an extra forward pass for them. TRL (generation aligned with the
   optimizer step) uses the detached current logprobs, so its ratio is exactly 1; plait uses the
   sampler's logprobs (same float32 weights, so the ratio is 1 up to numerics).
@@ -80,7 +82,8 @@ OFFLINE = {
 
 
 def trl_venv() -> Path:
-    """The venv scripts/bench/trl_venv.sh builds: $PLAIT_TRL_VENV, else .venvs/trl in the repository."""
+    """The venv scripts/bench/trl_venv.sh builds: $PLAIT_TRL_VENV, else .venvs/trl in the
+    repository."""
     return Path(os.environ.get("PLAIT_TRL_VENV") or ROOT / ".venvs" / "trl")
 
 
@@ -237,8 +240,9 @@ def main() -> None:
     summary = {side: summarize(results[side], args.warmup) for side in ("plait", "trl")}
     ratio = summary["trl"]["median_step_seconds"] / summary["plait"]["median_step_seconds"]
     print(
-        f"\n{args.steps} steps each ({args.order}); step-time medians leave out the first {args.warmup} "
-        f"step(s) as warm-up; rewards are means of the per-step mean reward"
+        f"\n{args.steps} steps each ({args.order}); "
+        f"step-time medians leave out the first {args.warmup} step(s) as warm-up; "
+        "rewards are means of the per-step mean reward"
     )
     print(
         f"{'side':<6} {'step s':>8} {'rollout s':>10} {'train s':>8} {'reward':>7} {'first 3':>8} "
@@ -248,9 +252,9 @@ def main() -> None:
         s = summary[side]
         print(
             f"{side:<6} {s['median_step_seconds']:>8.2f} {s['median_rollout_seconds']:>10.2f} "
-            f"{s['median_train_seconds']:>8.2f} {s['reward_mean']:>7.3f} {s['reward_first_3']:>8.3f} "
-            f"{s['reward_last_3']:>7.3f} {s['peak_rss_mb']:>8.0f} {s['process_seconds']:>7.0f} "
-            f"{s['process_cpu_seconds']:>10.0f}"
+            f"{s['median_train_seconds']:>8.2f} {s['reward_mean']:>7.3f} "
+            f"{s['reward_first_3']:>8.3f} {s['reward_last_3']:>7.3f} {s['peak_rss_mb']:>8.0f} "
+            f"{s['process_seconds']:>7.0f} {s['process_cpu_seconds']:>10.0f}"
         )
     fastest = summary["trl"]["min_step_seconds"] / summary["plait"]["min_step_seconds"]
     print(f"TRL / plait median step time: {ratio:.2f}x (fastest steps: {fastest:.2f}x)")
@@ -285,7 +289,8 @@ def main() -> None:
             "threads": args.threads,
             "order": args.order,
             "trl_micro_batch": args.trl_micro_batch,
-            "plait_step_time": "metrics.jsonl time/total (rollout + prepare + train + sync; no eval)",
+            "plait_step_time": "metrics.jsonl time/total "
+            "(rollout + prepare + train + sync; no eval)",
             "trl_step_time": "TrainerCallback on_step_begin -> on_step_end (generation + rewards + "
             "forward/backward + clip + AdamW)",
         },

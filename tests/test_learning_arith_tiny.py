@@ -1,9 +1,9 @@
 """The test-sized example learns: `plait run examples/arith_tiny.toml` takes the tiny model's
-reward on math.arith (tiny preset) from below 0.1 to at least 0.8 within 25 of its 60 steps, and its held-out greedy
-accuracy rises with it — with the reference engines, with a real vLLM server sampling
-(`inference.engine = "vllm"`, weights synced to it every step), and with every rollout made by an
-unmodified openai-SDK client through plait-proxy (`proxy.harness`: the trainer sees only what the
-proxy recorded). CI runs all three (marked slow)."""
+reward on math.arith (tiny preset) from below 0.1 to at least 0.8 within 25 of its 60 steps, and
+its held-out greedy accuracy rises with it — with the reference engines, with a real vLLM server
+sampling (`inference.engine = "vllm"`, weights synced to it every step), and with every rollout
+made by an unmodified openai-SDK client through plait-proxy (`proxy.harness`: the trainer sees
+only what the proxy recorded). CI runs all three (marked slow)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ def test_a_proposer_and_a_solver_both_learn_as_two_policies(run_arith_tiny: Any)
     for policy in POLICIES:
         rewards = [m[f"reward/mean@{policy}"] for m in steps]
         first, best = sum(rewards[:3]) / 3, best_window(rewards)
-        # measured over the example's 40 steps: proposer 0.03 -> best 10-step mean 0.50, solver 0.25 -> 0.92
+        # measured over the example's 40 steps: proposer 0.03 -> best 10-step mean 0.50,
+        # solver 0.25 -> 0.92
         assert first < 0.35 and best >= first + 0.3, (
             f"{policy}: first steps {rewards[:3]}, best {best:.2f}; {rewards}"
         )

@@ -118,7 +118,8 @@ def test_a_killed_server_loses_no_acknowledged_answer_or_reward(tmp_path: Path) 
     log_path = tmp_path / "server.log"
 
     async def kill_when_busy(client: httpx.AsyncClient, server: subprocess.Popen[bytes]) -> None:
-        """SIGKILL once 150 answers and 60 rewards are in, with requests and late rewards in flight."""
+        """SIGKILL once 150 answers and 60 rewards are in, with requests and late rewards in
+        flight."""
         while not (before_kill.get("answers", 0) >= 150 and before_kill["feedback"] >= 60):
             await asyncio.sleep(0.2)
             before_kill.update((await client.get("/v1/online/status")).json())

@@ -4,8 +4,8 @@ its environment on an ORS server (`plait env serve`), the controller alone in `p
 config differs from the in-process run (tests/test_learning_arith_tiny.py) only in where the
 components live and in weights travelling by disk (the trainer service writes each version where
 the inference service loads it). Mid-run the inference service is SIGKILLed: the run launches it
-again with the weights it had, sends its running requests once more, learns as the in-process run does, and
-trains every prompt's every sample exactly once."""
+again with the weights it had, sends its running requests once more, learns as the in-process run
+does, and trains every prompt's every sample exactly once."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ are the ones the `mini` command uses (config/mini.yaml). litellm's `openai/<mode
 POST {OPENAI_BASE_URL}/chat/completions with OPENAI_API_KEY.
 
     PLAIT_MODEL=m OPENAI_BASE_URL=http://HOST:PORT/s/SESSION/v1 OPENAI_API_KEY=x \
-        .venvs/harness/bin/python examples/harnesses/mini_swe.py "Compute 17*23 with python3 and submit it."
+        .venvs/harness/bin/python examples/harnesses/mini_swe.py \
+        "Compute 17*23 with python3 and submit it."
 
 The prompt is PLAIT_PROMPT (else argv[1]). mini-swe-agent has no streaming mode (LitellmModel
 calls litellm.completion without `stream`), so PLAIT_STREAM does nothing here. The submission is

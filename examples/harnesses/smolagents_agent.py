@@ -1,4 +1,5 @@
-"""A tool-calling agent on smolagents: `ToolCallingAgent` + `OpenAIServerModel` with a calculator tool.
+"""A tool-calling agent on smolagents: `ToolCallingAgent` + `OpenAIServerModel` with a calculator
+tool.
 
 OpenAIServerModel (an alias of OpenAIModel in smolagents 1.26) builds an `openai.OpenAI()` client,
 so with no api_base/api_key given it reads OPENAI_BASE_URL and OPENAI_API_KEY. It calls

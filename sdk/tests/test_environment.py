@@ -1,4 +1,5 @@
-"""The SDK surface: decorators, schemas, sessions (concurrency, latch), porting, the contract kit."""
+"""The SDK surface: decorators, schemas, sessions (concurrency, latch), porting, the contract
+kit."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import asyncio
 import pytest
 from pydantic import BaseModel
 
-from plait.errors import EnvironmentError_
-from plait.types import ToolError, ToolOutput
+from plait.api import EnvironmentError_, ToolError, ToolOutput
 from plait_sdk import (
     Environment,
     ListToolsOutput,

@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, ToolOutput, tool

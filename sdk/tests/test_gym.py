@@ -7,7 +7,7 @@ import json
 import gymnasium
 import pytest
 
-from plait.types import ToolError, ToolOutput
+from plait.api import ToolError, ToolOutput
 from plait_sdk import Environment, LocalEnvironment, Split, TextBlock, terminal, tool
 from plait_sdk.gym import GymnasiumEnvironment, PlaitGymEnv, parse_action
 from plait_testing.environment import run_environment_contract

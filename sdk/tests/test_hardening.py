@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from plait.plugins import get_registry
+from plait.api import get_registry
 from plait_sdk import Environment, Server, Split, TextBlock, ToolOutput, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions
 from plait_sdk.server import _send_json as send_json
@@ -118,7 +118,7 @@ def test_concurrent_creates_with_one_session_id_admit_exactly_one_and_leak_nothi
     assert Counted.built - built_before == 20
 
 
-# -- 2. malformed JSON is a client error -------------------------------------------------------------
+# -- 2. malformed JSON is a client error -----------------------------------------------------------
 
 HUGE_INTEGER = b"9" * 5000
 DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
@@ -219,7 +219,7 @@ def test_an_x_secrets_header_with_malformed_json_is_a_400(secrets: bytes) -> Non
     assert not server.sessions
 
 
-# -- 3. a 500 keeps the keep-alive connection usable ------------------------------------------------
+# -- 3. a 500 keeps the keep-alive connection usable -----------------------------------------------
 
 
 def test_the_connection_survives_a_500_from_the_environment() -> None:
@@ -247,8 +247,8 @@ def test_the_connection_survives_a_500_from_the_environment() -> None:
         after = client.get("/counted/splits")
         client.post("/delete", headers={"X-Session-ID": sid})
     assert after.status_code == 200
-    # the same connection carried the request after the 500: the server neither closed it unannounced
-    # nor announced a close
+    # the same connection carried the request after the 500: the server neither closed it
+    # unannounced nor announced a close
     assert failed.headers.get("connection", "").lower() != "close"
     assert len(set(client_ports)) == 1, client_ports
 
@@ -277,7 +277,7 @@ def test_a_500_leaves_the_raw_connection_open_for_the_next_request() -> None:
     assert received.startswith(b"HTTP/1.1 500 ") and b'{"status":"ok"}' in received, received[:600]
 
 
-# -- 4. no redirects ---------------------------------------------------------------------------------
+# -- 4. no redirects -------------------------------------------------------------------------------
 
 
 def test_a_trailing_slash_is_served_not_redirected() -> None:
@@ -311,7 +311,7 @@ def test_a_trailing_slash_is_served_not_redirected() -> None:
     assert not server.sessions
 
 
-# -- 5. `plait env serve module:Class -o ...` -------------------------------------------------------
+# -- 5. `plait env serve module:Class -o ...` ------------------------------------------------------
 
 
 def test_serving_a_class_by_module_path_rejects_options(tmp_path: Path) -> None:
@@ -355,7 +355,7 @@ def test_serving_a_class_by_module_path_rejects_options(tmp_path: Path) -> None:
     assert "bogus" in finished.stderr and "served_env:Served" in finished.stderr, finished.stderr
 
 
-# -- 6. client noise ---------------------------------------------------------------------------------
+# -- 6. client noise -------------------------------------------------------------------------------
 
 
 def test_client_requests_log_no_line_each_once_the_registry_configured_logging(

@@ -1,4 +1,5 @@
-"""Interop with the pinned official ORS SDKs, both ways (pytest -m interop; scripts/ci/sdk.sh first).
+"""Interop with the pinned official ORS SDKs, both ways (pytest -m interop; scripts/ci/sdk.sh
+first).
 
 - their clients (ors-sdk 0.1.0, openreward 0.1.167) play full episodes against plait's server;
 - plait's client plays full episodes (and passes the contract kit) against their servers.
@@ -21,9 +22,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.types import ToolError, ToolOutput
-from plait_sdk import Environment, Server, Split, TextBlock, terminal, tool
-from plait_sdk import ToolOutput as SDKToolOutput
+from plait.api import ToolError, ToolOutput
+from plait_sdk import (
+    Environment,
+    Server,
+    Split,
+    TextBlock,
+    ToolOutput as SDKToolOutput,
+    terminal,
+    tool,
+)
 from plait_sdk.client import ORSEnvironment, ORSOptions
 from plait_testing.environment import check_environment
 
@@ -40,7 +48,8 @@ def venv_python(sdk: str) -> str:
     python = VENVS / VENV_DIRS[sdk] / "bin" / "python"
     if not python.exists():
         pytest.fail(
-            f"{python} is missing: run scripts/ci/sdk.sh (ORS_VENVS={VENVS}) to build the official SDK venvs"
+            f"{python} is missing: run scripts/ci/sdk.sh (ORS_VENVS={VENVS}) to build the "
+            "official SDK venvs"
         )
     return str(python)
 

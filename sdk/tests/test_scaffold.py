@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.errors import PlaitError
+from plait.api import PlaitError
 from plait_sdk.scaffold import scaffold
 
 REPO = Path(__file__).resolve().parents[2]

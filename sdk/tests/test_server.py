@@ -1,4 +1,5 @@
-"""plait's ORS server and client together: resume, 503 + Retry-After, pings, reaper, auth, fall-backs."""
+"""plait's ORS server and client together: resume, 503 + Retry-After, pings, reaper, auth,
+fall-backs."""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from plait.errors import ConfigError, PlaitError
-from plait.plugins import build
-from plait.types import ToolError, ToolOutput
+from plait.api import ConfigError, PlaitError, ToolError, ToolOutput, build
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions, ServerError, retry_after_seconds
 from plait_sdk.server import _send_json as send_json
@@ -554,7 +553,9 @@ def test_plait_env_serve_serves_an_environment(tmp_path: Path) -> None:
         "    def get_prompt(self): return [TextBlock(self.task_spec['q'])]\n"
         "    @tool\n"
         "    def reply(self, text: str) -> ToolOutput:\n"
-        "        return ToolOutput(blocks=[TextBlock('pong')], reward=float(text == 'ping'), finished=True)\n"
+        "        return ToolOutput(\n"
+        "            blocks=[TextBlock('pong')], reward=float(text == 'ping'), finished=True\n"
+        "        )\n"
     )
     port = _free_port()
     process = subprocess.Popen(

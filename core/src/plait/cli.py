@@ -39,10 +39,10 @@ def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with the run config CONFIG (TOML). Without CONFIG, the defaults."""
     from plait.components import validate_components
     from plait.config import load_config
-    from plait.logs import configure
+    from plait.logs import configure_logging
 
     cfg = load_config(config, overrides)
-    configure(cfg.run.log_level)
+    configure_logging(cfg.run.log_level)
     validate_components(cfg)
     from plait.run.loop import run_training
 
@@ -118,9 +118,8 @@ def models() -> None:
     for factory in get_registry().all(MODEL):
         source = factory.load()
         cached = is_cached(cached_model_dir(factory.name, source))
-        click.echo(
-            f"{factory.name:<28} {'cached ' if cached else 'not yet'}  {source.description}  [{factory.plugin}]"
-        )
+        state = "cached " if cached else "not yet"
+        click.echo(f"{factory.name:<28} {state}  {source.description}  [{factory.plugin}]")
 
 
 def main() -> None:

@@ -93,7 +93,8 @@ def _lookup(registry: Registry, kind: kinds.Kind[F], name: str) -> Factory[F]:
 def _policy_parts(
     p: PolicySection, at: str
 ) -> list[tuple[kinds.Kind[Any], str, Mapping[str, Any], str]]:
-    """(kind, name, options, config key) of a policy's trainer, inference engine, renderer and sync."""
+    """(kind, name, options, config key) of a policy's trainer, inference engine, renderer and
+    sync."""
     return [
         (kinds.TRAINER_ENGINE, p.trainer.engine, p.trainer.options, f"{at}trainer"),
         (kinds.INFERENCE_ENGINE, p.inference.engine, p.inference.options, f"{at}inference"),

@@ -43,7 +43,8 @@ class ModelError(PlaitError):
 
 class DataError(PlaitError, ValueError):
     """Training or sampling input that does not fit the model or the loss (missing loss inputs,
-    token ids outside the vocabulary, empty prompts). A ValueError too, for callers that catch those."""
+    token ids outside the vocabulary, empty prompts). A ValueError too, for callers that catch
+    those."""
 
 
 class EngineError(PlaitError):

@@ -18,8 +18,7 @@ factory types (what each kind's factory is called with and returns) are in `plai
 
 from __future__ import annotations
 
-from typing import Any
-
+import click
 import pluggy
 
 from plait.kinds import (
@@ -78,5 +77,5 @@ def plait_register_models(register: RegisterModel) -> None:
 
 
 @hookspec
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     """Add sub-commands to the `plait` CLI (a click group)."""

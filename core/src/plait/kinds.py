@@ -47,7 +47,8 @@ class MetricSinkFactory(Protocol):
 
 
 LossFunction = Callable[..., Any]
-"""`loss(data, logprobs, config) -> LossOutput` on the trainer's tensors (see `plait_train.losses`)."""
+"""`loss(data, logprobs, config) -> LossOutput` on the trainer's tensors (see
+`plait_train.losses`)."""
 
 
 class Register(Protocol[F_contra]):

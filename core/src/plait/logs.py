@@ -23,12 +23,13 @@ class _ConsoleLogger:
 
 
 def ensure_configured() -> None:
-    """Configure logging once (level from PLAIT_LOG_LEVEL, default info) unless someone already did."""
+    """Configure logging once (level from PLAIT_LOG_LEVEL, default info) unless someone already
+    did."""
     if not structlog.is_configured():
-        configure(os.environ.get("PLAIT_LOG_LEVEL", "info"))
+        configure_logging(os.environ.get("PLAIT_LOG_LEVEL", "info"))
 
 
-def configure(level: str = "info", *, json: bool = False) -> None:
+def configure_logging(level: str = "info", *, json: bool = False) -> None:
     """Human-readable logs on stderr (or JSON lines with `json=True`)."""
     numeric = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")

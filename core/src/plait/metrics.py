@@ -1,4 +1,5 @@
-"""Metric computations and the built-in metric sinks (JSONL, console, TensorBoard).
+"""Metric computations, the `MetricSink` protocol and the core's own sink, `jsonl` (plait-sinks
+has `console`, `tensorboard` and `dashboard`).
 
 Metric names are stable API (see the design's metrics reference): `reward/mean`, `reward/pass@1`,
 `reward/pass@k`, `policy/entropy`, `policy/importance_weight_max`, `policy/mismatch_kl`,
@@ -16,7 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 
 def merge_metrics(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
-    """Merge "name:reduction" metrics of several chunks; `mean` is weighted by each chunk's count."""
+    """Merge "name:reduction" metrics of several chunks; `mean` is weighted by each chunk's
+    count."""
     merged: dict[str, float] = {}
     weights: dict[str, float] = {}
     for metrics, count in parts:

@@ -125,8 +125,10 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
             load_materializer(source.materialize)(tmp)
         else:
             raise ModelError(
-                f"model {name!r} comes only from the Hugging Face hub ({source.hub_id}), which is not reachable",
-                fix="connect to the hub, or download the checkpoint elsewhere and set model.name to its directory",
+                f"model {name!r} comes only from the Hugging Face hub ({source.hub_id}), "
+                "which is not reachable",
+                fix="connect to the hub, or download the checkpoint elsewhere and set model.name "
+                "to its directory",
             )
         if not _is_checkpoint(tmp):
             raise ModelError(f"building model {name!r} produced no config.json in {tmp}")

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any, Generic, TypeVar
 
 import attrs
+import click
 import pluggy
 import structlog
 
@@ -67,7 +68,8 @@ class Factory(Generic[F]):
             raise PluginError(
                 f"{self.kind.label} {self.name!r} (from plugin {self.plugin!r}) failed to import "
                 f"{self.target!r}: {exc}",
-                fix="install the plugin's dependencies (pip install the distribution that provides it)",
+                fix="install the plugin's dependencies "
+                "(pip install the distribution that provides it)",
             ) from exc
 
     def options_class(self) -> type | None:
@@ -108,9 +110,10 @@ class Registry:
         existing = self._factories[factory.kind.name].get(factory.name)
         if existing is not None and existing.plugin != factory.plugin:
             raise PluginError(
-                f"{factory.kind.label} {factory.name!r} is registered by both plugin {existing.plugin!r} "
-                f"and plugin {factory.plugin!r}",
-                fix=f"uninstall one of them, or block one with PLAIT_BLOCK_PLUGINS={factory.plugin}",
+                f"{factory.kind.label} {factory.name!r} is registered by both plugin "
+                f"{existing.plugin!r} and plugin {factory.plugin!r}",
+                fix="uninstall one of them, or block one with "
+                f"PLAIT_BLOCK_PLUGINS={factory.plugin}",
             )
         self._factories[factory.kind.name][factory.name] = factory
 
@@ -180,7 +183,8 @@ class PluginManager:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(
-                f"plugin {self.pm.get_name(exc.plugin)!r} implements a hook plait does not define: {exc}",
+                f"plugin {self.pm.get_name(exc.plugin)!r} implements a hook plait does not "
+                f"define: {exc}",
                 fix="rename the hookimpl to one of the specs in plait.hookspecs, or upgrade plait",
             ) from exc
         self._fill_registry()
@@ -245,7 +249,7 @@ class PluginManager:
                 if factory.plugin == plugin:
                     yield factory
 
-    def add_commands(self, cli: Any) -> None:
+    def add_commands(self, cli: click.Group) -> None:
         self.pm.hook.plait_register_commands(cli=cli)
 
 

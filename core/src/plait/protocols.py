@@ -104,13 +104,15 @@ class AdapterTrainer(Protocol):
         loss_fn: str,
         loss_fn_config: Mapping[str, float] | None = None,
     ) -> list[ForwardBackwardOutput]:
-        """`forward_backward` of several adapters' data in shared passes: each gets what it would alone."""
+        """`forward_backward` of several adapters' data in shared passes: each gets what it would
+        alone."""
 
 
 @runtime_checkable
 class AdapterEngine(TrainerEngine, Protocol):
     def load_state(self, path: str | Path, optimizer: bool = True) -> None:
-        """`TrainerEngine.load_state`; `optimizer=False` restores the weights alone (fresh AdamW state)."""
+        """`TrainerEngine.load_state`; `optimizer=False` restores the weights alone (fresh AdamW
+        state)."""
 
 
 @runtime_checkable
@@ -156,7 +158,8 @@ class WeightSync(Protocol):
 
 @runtime_checkable
 class ClosableWeightSync(Protocol):
-    """Optional weight-sync capability: release what it holds (a process group, files) at the end."""
+    """Optional weight-sync capability: release what it holds (a process group, files) at the
+    end."""
 
     async def close(self) -> None: ...
 

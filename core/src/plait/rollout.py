@@ -121,7 +121,8 @@ def _tool_result_message(call_id: str | None, name: str, result: ToolOutput | To
 
 @runtime_checkable
 class DrivesEpisodes(Protocol):
-    """Optional environment capability: it runs whole episodes itself (e.g. an agent via plait-proxy)."""
+    """Optional environment capability: it runs whole episodes itself (e.g. an agent via
+    plait-proxy)."""
 
     async def run_episode(
         self,
@@ -149,7 +150,8 @@ class _Conversation:
     completion: Sequence[int] = ()
 
     def advance(self, new_messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelInput:
-        """The role's next prompt: its conversation so far plus `new_messages` (and the pending ones)."""
+        """The role's next prompt: its conversation so far plus `new_messages` (and the pending
+        ones)."""
         new_messages = [*self.pending, *new_messages]
         self.pending = []
         self.messages.extend(new_messages)
@@ -345,7 +347,8 @@ def _record(
     caller: str,
     state: dict[str, Any],
 ) -> None:
-    """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the caller's output's."""
+    """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the caller's
+    output's."""
     if isinstance(output, ToolError):
         state["tool_errors"] += 1
         return

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from plait.plugins import build
+from plait.api import build
 from plait_docker.tasks import python_tasks
 from plait_sdk.testing import check_sdk_environment
 

@@ -8,10 +8,7 @@ import time
 
 import pytest
 
-from plait.errors import EnvironmentError_
-from plait.plugins import build
-from plait.protocols import Environment
-from plait.types import ToolError
+from plait.api import Environment, EnvironmentError_, ToolError, build
 from plait_docker.python_tasks import TASKS
 from plait_docker.tasks import python_tasks
 

@@ -105,8 +105,9 @@ ORDINARY = textwrap.dedent("""
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert sum(pool.map(lambda x: x * x, range(100))) == 328350
-    assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout == "42\\n"
-    assert subprocess.run(["sh", "-c", "echo $((1 + 1))"], capture_output=True, text=True).stdout == "2\\n"
+    run = lambda argv: subprocess.run(argv, capture_output=True, text=True).stdout
+    assert run([sys.executable, "-c", "print(6 * 7)"]) == "42\\n"
+    assert run(["sh", "-c", "echo $((1 + 1))"]) == "2\\n"
     read_end, write_end = os.pipe()
     if (pid := os.fork()) == 0:
         os.write(write_end, b"child")
@@ -139,8 +140,10 @@ ORDINARY = textwrap.dedent("""
     db = sqlite3.connect(":memory:")
     assert db.execute("select 1 + 1").fetchone() == (2,)
     values = (ctypes.c_int * 4)(3, 1, 2, 0)
-    compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
-    ctypes.CDLL(None).qsort(values, 4, ctypes.sizeof(ctypes.c_int), compare(lambda a, b: a[0] - b[0]))
+    int_pointer = ctypes.POINTER(ctypes.c_int)
+    compare = ctypes.CFUNCTYPE(ctypes.c_int, int_pointer, int_pointer)
+    by_value = compare(lambda a, b: a[0] - b[0])
+    ctypes.CDLL(None).qsort(values, 4, ctypes.sizeof(ctypes.c_int), by_value)
     assert list(values) == [0, 1, 2, 3]
     fired = threading.Event()
     signal.signal(signal.SIGALRM, lambda *_: fired.set())
@@ -148,7 +151,8 @@ ORDINARY = textwrap.dedent("""
     assert fired.wait(2)
     select.epoll().close()
     assert os.sched_getaffinity(0) and os.cpu_count() and len(os.urandom(8)) == 8
-    assert zlib.decompress(zlib.compress(b"x" * 100)) == b"x" * 100 and hashlib.sha256(b"").hexdigest()
+    assert zlib.decompress(zlib.compress(b"x" * 100)) == b"x" * 100
+    assert hashlib.sha256(b"").hexdigest()
     os.mkfifo("fifo")
     print("ALL OK")
     """)

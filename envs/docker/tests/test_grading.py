@@ -29,7 +29,8 @@ def test_every_humaneval_test_module_is_cut_into_tests():
     assert len(tasks) == 164
     counts = [plan_tests(t.test).num_tests for t in tasks]
     assert min(counts) >= 1
-    # HumanEval/53's check: five asserts, then a for loop holding one more (one test), after an import
+    # HumanEval/53's check: five asserts, then a for loop holding one more (one test), after an
+    # import
     plan = plan_tests(humaneval_tasks().task("HumanEval/53").test)
     assert plan.num_tests == 6
     assert [is_test for _, is_test in plan.steps] == [False, True, True, True, True, True, True]

@@ -80,8 +80,9 @@ HOSTILE = {
     "writes_outside_work_dir": (
         """
         written = []
-        for path in ["/etc/evil", "/tmp/evil", "/usr/lib/evil", "/evil", "/root/evil", "/var/tmp/evil",
-                     "/dev/shm/evil", "/dev/evil", "/sys/evil", "/proc/sys/kernel/hostname", "/etc/hosts"]:
+        for path in ["/etc/evil", "/tmp/evil", "/usr/lib/evil", "/evil", "/root/evil",
+                     "/var/tmp/evil", "/dev/shm/evil", "/dev/evil", "/sys/evil",
+                     "/proc/sys/kernel/hostname", "/etc/hosts"]:
             try:
                 with open(path, "w") as f:
                     f.write("x")
@@ -115,15 +116,22 @@ HOSTILE = {
         import ctypes, os, subprocess
         libc = ctypes.CDLL(None, use_errno=True)
         status = open("/proc/self/status").read()
-        print("CapEff zero:", "CapEff:\\t0000000000000000" in status, "NoNewPrivs:", "NoNewPrivs:\\t1" in status)
+        print("CapEff zero:", "CapEff:\\t0000000000000000" in status,
+              "NoNewPrivs:", "NoNewPrivs:\\t1" in status)
+
+        def raise_oserror():
+            raise OSError()
+
         gained = []
         for name, attempt in [
             ("setuid", lambda: os.setuid(0)),
             ("setgid", lambda: os.setgid(0)),
             ("chroot", lambda: os.chroot("/work")),
-            ("unshare_user_ns", lambda: libc.unshare(0x10000000) == 0 or (_ for _ in ()).throw(OSError())),
-            ("mount", lambda: libc.mount(b"none", b"/work", b"tmpfs", 0, None) == 0 or (_ for _ in ()).throw(OSError())),
-            ("su", lambda: subprocess.run(["su", "-c", "id -u"], input=b"", capture_output=True, timeout=5, check=True)),
+            ("unshare_user_ns", lambda: libc.unshare(0x10000000) == 0 or raise_oserror()),
+            ("mount",
+             lambda: libc.mount(b"none", b"/work", b"tmpfs", 0, None) == 0 or raise_oserror()),
+            ("su", lambda: subprocess.run(["su", "-c", "id -u"], input=b"", capture_output=True,
+                                          timeout=5, check=True)),
         ]:
             try:
                 attempt()
@@ -204,7 +212,8 @@ HOSTILE = {
             ("renice_user", lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19)),
             ("sched_idle", lambda: os.sched_setscheduler(runner, os.SCHED_IDLE, os.sched_param(0))),
             ("sigio_owner", lambda: fcntl.fcntl(sock, fcntl.F_SETOWN, runner)),
-            ("pidfd_signal", lambda: signal.pidfd_send_signal(os.open(f"/proc/{runner}", os.O_RDONLY), 0)),
+            ("pidfd_signal",
+             lambda: signal.pidfd_send_signal(os.open(f"/proc/{runner}", os.O_RDONLY), 0)),
             ("killpg", lambda: os.killpg(os.getpgid(runner), 0)),
             ("tgkill", tgkill),
         ]:
@@ -222,7 +231,8 @@ HOSTILE = {
     "sysv_ipc_poisoning": (
         """
         # Plant shared memory (and a semaphore set and a message queue), then hand every object
-        # over to the other sandbox user with IPC_SET, so that a wipe of this user's objects misses it.
+        # over to the other sandbox user with IPC_SET, so that a wipe of this user's objects
+        # misses it.
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.shmat.restype = ctypes.c_void_p
@@ -302,17 +312,20 @@ HOSTILE = {
         # EINVAL or a file descriptor, which would mean the kernel ran it)
         import ctypes, errno, os
         libc = ctypes.CDLL(None, use_errno=True)
-        NUMBERS = {"x86_64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-                              "userfaultfd": 323, "memfd_create": 319, "bpf": 321, "keyctl": 250,
-                              "perf_event_open": 298, "unshare": 272, "mount": 165},
-                   "aarch64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-                               "userfaultfd": 282, "memfd_create": 279, "bpf": 280, "keyctl": 219,
-                               "perf_event_open": 241, "unshare": 97, "mount": 40}}[os.uname().machine]
+        NUMBERS = {
+            "x86_64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                       "userfaultfd": 323, "memfd_create": 319, "bpf": 321, "keyctl": 250,
+                       "perf_event_open": 298, "unshare": 272, "mount": 165},
+            "aarch64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                        "userfaultfd": 282, "memfd_create": 279, "bpf": 280, "keyctl": 219,
+                        "perf_event_open": 241, "unshare": 97, "mount": 40},
+        }[os.uname().machine]
         params = ctypes.create_string_buffer(256)
         ARGS = {"io_uring_setup": (8, params), "io_uring_enter": (0, 1, 0, 0, None, 0),
-                "io_uring_register": (0, 0, None, 0), "userfaultfd": (1,), "memfd_create": (b"x", 0),
-                "bpf": (0, params, 128), "keyctl": (0, -3, 0), "perf_event_open": (params, 0, -1, -1, 0),
-                "unshare": (0x10000000,), "mount": (b"none", b"/work", b"tmpfs", 0, None)}
+                "io_uring_register": (0, 0, None, 0), "userfaultfd": (1,),
+                "memfd_create": (b"x", 0), "bpf": (0, params, 128), "keyctl": (0, -3, 0),
+                "perf_event_open": (params, 0, -1, -1, 0), "unshare": (0x10000000,),
+                "mount": (b"none", b"/work", b"tmpfs", 0, None)}
         allowed = {}
         for name, number in NUMBERS.items():
             ctypes.set_errno(0)
@@ -346,7 +359,8 @@ def host_secret(tmp_path_factory):
 CLEAN_CHECK = textwrap.dedent("""
     import os
     hog = bytearray(8 << 20)  # memory is not held by anything the last program left
-    ipc = {kind: open(f"/proc/sysvipc/{kind}").read().splitlines()[1:] for kind in ("shm", "sem", "msg")}
+    ipc = {kind: open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
+           for kind in ("shm", "sem", "msg")}
     print("work:", os.listdir("."), oct(os.stat(".").st_mode & 0o7777), os.listxattr("."))
     print("ipc:", ipc, "mqueue:", os.listdir("/dev/mqueue"))
     """)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from plait.plugins import build
+from plait.api import build
 from plait_docker.tasks import humaneval_tasks
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

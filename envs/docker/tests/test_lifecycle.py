@@ -1,4 +1,5 @@
-"""Labels, the janitor after a crash, pool reuse, and the image and CLI commands, on the real engine."""
+"""Labels, the janitor after a crash, pool reuse, and the image and CLI commands, on the real
+engine."""
 
 from __future__ import annotations
 

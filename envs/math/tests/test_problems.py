@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from plait_math.calculator import evaluate
 from plait_math.problems import Problem, ProblemSpec, generate, split_of
@@ -38,7 +37,8 @@ def test_same_seed_split_index_gives_the_same_problem() -> None:
 
 
 def test_problems_do_not_depend_on_the_process() -> None:
-    """Another interpreter (other hash seed) generates the same problems: no hash() or global RNG."""
+    """Another interpreter (other hash seed) generates the same problems: no hash() or global
+    RNG."""
     code = (
         "from plait_math.problems import ProblemSpec, generate\n"
         "s = ProblemSpec(1, 2, 2, 4, ('+', '-', '*', '/'), True, 0.2)\n"

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from plait.plugins import build
-from plait.rollout import REWARDS_KEY, ROLE_KEY
-from plait.types import ToolOutput
+from plait.api import REWARDS_KEY, ROLE_KEY, ToolOutput, build
 
 
 def episode(*answers: str, index: int = 7) -> tuple[dict[str, Any], list[ToolOutput]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plait.types import Message, ParseTermination, ToolCall
+from plait.api import Message, ParseTermination, ToolCall
 from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
 from plait_testing.renderer import (
     CALCULATOR,
@@ -84,13 +84,19 @@ def test_the_format_is_recognised_from_the_template() -> None:
 
 def test_tool_calls_parse_in_each_format() -> None:
     tokenizer = qwen3_tokenizer()
-    json_text = '<think>\nuse it\n</think>\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
+    json_text = (
+        "<think>\nuse it\n</think>\n\n<tool_call>\n"
+        '{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
+    )
     message, termination = qwen3().parse_response(
         [*tokenizer.encode(json_text), tokenizer.eos_token_id]
     )
     assert termination.is_clean and message.reasoning_content == "use it"
     assert message.tool_calls == (ToolCall("calculator", {"expression": "2+2"}),)
-    xml_text = "use it\n</think>\n\n<tool_call>\n<function=calculator>\n<parameter=expression>\n2+2\n</parameter>\n</function>\n</tool_call>"
+    xml_text = (
+        "use it\n</think>\n\n<tool_call>\n<function=calculator>\n"
+        "<parameter=expression>\n2+2\n</parameter>\n</function>\n</tool_call>"
+    )
     message, termination = qwen3_5().parse_response(
         [*tokenizer.encode(xml_text), tokenizer.eos_token_id]
     )

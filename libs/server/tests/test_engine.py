@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from plait.errors import EngineError
-from plait.models import ResolvedModel
+from plait.api import EngineError, ResolvedModel
 from plait_server.engine import (
     PauseGate,
     ServerEngine,
@@ -190,8 +189,8 @@ STUB_SERVER = textwrap.dedent("""
                     with lock:
                         state["held"] += 1
                     time.sleep(3600)
-                self.reply(200, {"pid": os.getpid(), "weights": state["weights"], "version": state["version"],
-                                 "adapters": state["adapters"]})
+                self.reply(200, {"pid": os.getpid(), "weights": state["weights"],
+                                 "version": state["version"], "adapters": state["adapters"]})
             elif self.path == "/load":
                 state["weights"], state["version"] = body["path"], body["version"]
                 self.reply(200, {})

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -97,7 +96,8 @@ def test_every_datum_sees_exactly_its_own_prefix(
             for i in range(n):
                 keys = set(torch.nonzero(sees[row, int(slots[i]) % width]).flatten().tolist())
                 assert keys == {int(s) % width for s in slots[: i + 1]}, (
-                    f"datum {index} position {i} attends {sorted(keys)}, not its own positions 0..{i}"
+                    f"datum {index} position {i} attends {sorted(keys)}, "
+                    f"not its own positions 0..{i}"
                 )
         if not sharing:
             used = batch.slots[batch.valid]

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plait.errors import ModelError
-from plait.types import LoraConfig
+from plait.api import LoraConfig, ModelError
 from plait_train.lora import LoraBank, adapter_deltas
 
 

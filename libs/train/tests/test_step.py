@@ -1,4 +1,5 @@
-"""plait_train's step, scorer and checkpointing on a small random Qwen3 (needs torch + transformers).
+"""plait_train's step, scorer and checkpointing on a small random Qwen3
+(needs torch + transformers).
 
 Packed and prefix-shared layouts must give the logprobs and gradients of the padded one.
 """
@@ -13,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from plait.types import Datum  # noqa: E402
+from plait.api import Datum  # noqa: E402
 from plait_testing.trainer import rl_datum, sft_datum  # noqa: E402
 from plait_train.checkpointing import apply_activation_checkpointing, decoder_layers  # noqa: E402
 from plait_train.layout import LayoutOptions  # noqa: E402

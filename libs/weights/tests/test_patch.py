@@ -4,11 +4,9 @@ checksums bite, and step patches refuse a base other than their own."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from plait.errors import WeightBaseError
-from plait.types import TensorPatch, WeightUpdate
+from plait.api import TensorPatch, WeightBaseError, WeightUpdate
 
 torch = pytest.importorskip("torch")  # the core imports without torch; its delta format needs it
 

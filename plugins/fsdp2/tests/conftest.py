@@ -1,4 +1,5 @@
-"""Fixtures for plait-fsdp2's tests: tiny-qwen3 (registered by plait-torch) built once per session."""
+"""Fixtures for plait-fsdp2's tests: tiny-qwen3 (registered by plait-torch) built once per
+session."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.models import materialize_model
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_fsdp2.options import FSDP2Options
 from plait_testing.trainer import TrainerEngineContract
 

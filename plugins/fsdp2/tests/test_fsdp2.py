@@ -14,9 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, Datum
+from plait.api import AdamParams, DataError, Datum, EngineError, ResolvedModel
 from plait_fsdp2.engine import FSDP2Trainer
 from plait_fsdp2.options import FSDP2Options
 from plait_testing.trainer import (

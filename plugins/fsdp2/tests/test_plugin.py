@@ -1,4 +1,5 @@
-"""What plait-fsdp2 registers, and that discovering it (and validating its options) imports no torch."""
+"""What plait-fsdp2 registers, and that discovering it (and validating its options) imports no
+torch."""
 
 from __future__ import annotations
 
@@ -27,8 +28,7 @@ def test_discovery_and_options_import_no_torch() -> None:
 
 
 def test_options_are_validated_with_dotted_paths() -> None:
-    from plait.errors import ConfigError
-    from plait.schema import structure
+    from plait.api import ConfigError, structure
     from plait_fsdp2.options import FSDP2Options
 
     options = structure(

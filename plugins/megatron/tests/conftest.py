@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.models import materialize_model
 
 TINY = {

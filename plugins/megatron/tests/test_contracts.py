@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.trainer import TrainerEngineContract
 
 pytest.importorskip("megatron.core")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plait.errors import ModelError
+from plait.api import ModelError
 from plait_megatron.convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 
 

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import ConfigError
-from plait.models import ResolvedModel
-from plait.types import AdamParams
+from plait.api import AdamParams, ConfigError, ResolvedModel
 from plait_megatron.convert import hf_to_megatron, megatron_to_hf
 from plait_megatron.engine import MegatronTrainer
 from plait_megatron.options import MegatronOptions

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_megatron.convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from plait_testing.trainer import (
     TrainerEngineContract,

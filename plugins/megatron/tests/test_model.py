@@ -1,5 +1,6 @@
 """A Megatron-core GPTModel built on CPU from a Hugging Face Qwen3 config takes the converted
-weights strictly (same names and shapes) and gives them back exactly. Skips without megatron-core."""
+weights strictly (same names and shapes) and gives them back exactly. Skips without
+megatron-core."""
 
 from __future__ import annotations
 

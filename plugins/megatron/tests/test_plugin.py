@@ -34,8 +34,7 @@ def test_registered_lazily() -> None:
 
 
 def test_options_name_the_bad_key() -> None:
-    from plait.errors import ConfigError
-    from plait.schema import structure
+    from plait.api import ConfigError, structure
     from plait_megatron.options import MegatronOptions
 
     assert (
@@ -52,8 +51,7 @@ def test_options_name_the_bad_key() -> None:
 
 def test_missing_megatron_core_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from plait.errors import PluginError
-    from plait.models import ResolvedModel
+    from plait.api import PluginError, ResolvedModel
     from plait_megatron.engine import MegatronTrainer
 
     monkeypatch.setitem(

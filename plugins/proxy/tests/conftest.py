@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 
 NEWLINE = 198  # the last token of every Qwen generation prompt ("<|im_start|>assistant\n")
 TOOL_CALL = (

@@ -14,8 +14,8 @@ from typing import Any
 import anthropic
 import httpx2  # the anthropic SDK's HTTP client (a fork of httpx): its http_client must be one
 import pytest
-from anthropic.types import Message as SDKMessage
 from anthropic.types import (
+    Message as SDKMessage,
     MessageParam,
     RawContentBlockDeltaEvent,
     RawContentBlockStartEvent,
@@ -25,10 +25,9 @@ from anthropic.types import (
     RawMessageStopEvent,
     ToolResultBlockParam,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from plait.types import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
+from plait.api import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
 from plait_proxy.anthropic_messages import error_body, parse_request, response_body, stream_events
 from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
 

@@ -1,5 +1,6 @@
 """The proxy served over HTTP in front of the reference engine: the official SDKs' tool round
-trips on every API (round_trips.py), sessions, models, cancellation, refusals, `plait serve proxy`."""
+trips on every API (round_trips.py), sessions, models, cancellation, refusals, `plait serve
+proxy`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from plait.plugins import get_registry
+from plait.api import get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Proxy
 from plait_proxy.store import RolloutStore

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from plait.plugins import get_registry
+from plait.api import get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore

@@ -30,9 +30,7 @@ from typing import Any
 import attrs
 import pytest
 
-from plait.models import ResolvedModel
-from plait.plugins import get_registry
-from plait.types import ModelInput, SamplingParams
+from plait.api import ModelInput, ResolvedModel, SamplingParams, get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy
@@ -65,7 +63,8 @@ def _tool_call(name: str, arguments: dict[str, Any], thought: str) -> Script:
     )
 
 
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo $((17*23))"  # token-distinct (see script_tokens)
+# token-distinct (see script_tokens)
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo $((17*23))"
 SCRIPTS = {
     "answer": Script(f"<think>multiply</think>\n\n{ANSWER}<|im_end|>"),
     "calculator": _tool_call("calculator", {"expression": "17*23"}, "use the tool"),
@@ -220,7 +219,11 @@ async def run_harness(
         out, err = await process.communicate()
     seconds = loop.time() - started
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    report = f"{name} (stream={stream}) exited {process.returncode}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+    report = (
+        f"{name} (stream={stream}) exited {process.returncode}\n"
+        f"--- stdout\n{stdout[-3000:]}\n"
+        f"--- stderr\n{stderr[-3000:]}"
+    )
     assert process.returncode == 0, report
     assert (stdout.splitlines() or [""])[-1].strip() == ANSWER, report
 

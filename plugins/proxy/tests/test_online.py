@@ -14,10 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from plait.config import load_config
-from plait.errors import ConfigError
-from plait.trajectory import Turn
-from plait.types import SampledSequence
+from plait.api import ConfigError, SampledSequence, Turn, load_config
 from plait_proxy.chat import RequestError
 from plait_proxy.online import Feedback, OnlineOptions, online_options
 from plait_proxy.online_log import ANSWERS, FEEDBACK, Answer, OnlineLog, replay

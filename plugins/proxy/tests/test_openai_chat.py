@@ -12,8 +12,7 @@ import httpx2
 import openai
 import pydantic
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -21,7 +20,7 @@ from openai.types.chat import (
     ChatCompletionMessageFunctionToolCall,
 )
 
-from plait.types import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
+from plait.api import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
 from plait_proxy import openai_chat
 from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
 

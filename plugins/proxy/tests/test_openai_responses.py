@@ -12,11 +12,10 @@ import httpx2
 import openai
 import pydantic
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 
-from plait.types import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
+from plait.api import Message, ParseTermination, SampledSequence, ToolCall, ToolSpec
 from plait_proxy import openai_responses
 from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
 

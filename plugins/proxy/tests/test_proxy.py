@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from plait.plugins import get_registry
+from plait.api import Message, SamplingParams, ToolCall, ToolSpec, get_registry
 from plait.trajectory import Trajectory, merge_turns, trajectory_to_datums
-from plait.types import Message, SamplingParams, ToolCall, ToolSpec
 from plait_proxy.chat import ChatRequest, RequestError
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy
@@ -229,7 +228,7 @@ def test_an_answer_cut_by_an_in_flight_weight_update_is_continued_with_the_new_w
 ) -> None:
     from safetensors.torch import load_file
 
-    from plait.types import WeightUpdate
+    from plait.api import WeightUpdate
 
     proxy = make_proxy(tiny_qwen3)
     store = RolloutStore()
@@ -267,7 +266,7 @@ def test_an_answer_cut_by_an_in_flight_weight_update_is_continued_with_the_new_w
 def test_the_harness_environment_starts_one_proxy_for_a_batch_of_episodes(
     tiny_qwen3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from plait.rollout import EpisodeConfig
+    from plait.api import EpisodeConfig
     from plait_proxy import harness
     from plait_proxy.harness import HarnessEnvironment, HarnessOptions
 

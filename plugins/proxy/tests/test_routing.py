@@ -13,20 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from plait.models import ResolvedModel
-from plait.plugins import get_registry
-from plait.serde import from_json, to_json
-from plait.trajectory import Trajectory, Turn, merge_turns, trajectory_to_datums
-from plait.types import (
+from plait.api import (
     Message,
     ModelInput,
+    ResolvedModel,
     SampledSequence,
     SampleResponse,
     SamplingParams,
     TensorData,
     ToolCall,
     ToolSpec,
+    from_json,
+    get_registry,
+    to_json,
 )
+from plait.trajectory import Trajectory, Turn, merge_turns, trajectory_to_datums
 from plait_proxy.chat import ChatRequest
 from plait_proxy.proxy import Proxy, _cut_at_stop_string
 from plait_proxy.store import RolloutStore

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.models import materialize_model
 
 pytest.importorskip("plait_torch", reason="the service runs plait-torch's engine")
@@ -83,7 +83,8 @@ def remote_trainer_options() -> Callable[..., object]:
 
 @pytest.fixture(scope="session")
 def trainer_service_url(tiny_model: ResolvedModel) -> Iterator[str]:
-    """A trainer service launched the way the engine launches one; the session's engines attach to it."""
+    """A trainer service launched the way the engine launches one; the session's engines attach to
+    it."""
     from plait_remote.trainer import RemoteTrainer
 
     launcher = RemoteTrainer(tiny_model, options=_trainer_options(), seed=0)

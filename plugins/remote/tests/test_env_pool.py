@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from plait.models import ResolvedModel
-from plait.rollout import EpisodeConfig
-from plait.types import SamplingParams
+from plait.api import EpisodeConfig, ResolvedModel, SamplingParams
 
 pytestmark = pytest.mark.slow
 

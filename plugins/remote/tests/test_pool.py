@@ -11,8 +11,7 @@ import signal
 
 import pytest
 
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import AdamParams, ModelInput, ResolvedModel, SamplingParams, WeightUpdate
 from plait_testing.inference import InferenceEngineContract
 from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 
@@ -40,7 +39,7 @@ class TestPoolOfOne(InferenceEngineContract):
 
 
 def trained_update(model: ResolvedModel, prompt: list[int], target: int) -> WeightUpdate:
-    from plait.plugins import build
+    from plait.api import build
 
     trainer = build("trainer_engine", "torch", model, seed=0)
     try:
@@ -213,7 +212,7 @@ def test_the_pool_autoscales_by_the_requests_that_wait_for_room(tiny_model: Reso
 def test_autoscale_decisions_and_settings(
     monkeypatch: pytest.MonkeyPatch, tiny_model: ResolvedModel
 ) -> None:
-    from plait.errors import ConfigError
+    from plait.api import ConfigError
     from plait_remote import scale
     from plait_remote.scale import AutoscaleOptions, Autoscaler
 

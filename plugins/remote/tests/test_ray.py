@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from plait.errors import EngineError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    AdamParams,
+    EngineError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 
 pytestmark = pytest.mark.slow
@@ -142,7 +147,7 @@ def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
     failure names the actor and the node."""
     import ray
 
-    from plait.plugins import build
+    from plait.api import build
     from plait_remote.engine import RemoteEngine
 
     vocab = vocab_size(tiny_model)
@@ -194,7 +199,8 @@ def test_a_service_killed_on_its_node_is_launched_again_there_with_its_weights(
 
 
 def test_a_pool_places_its_replicas_on_ray(cluster: Any, tiny_model: ResolvedModel) -> None:
-    """Two replicas of half a CPU and half the resource each, on the one node with it, both serving."""
+    """Two replicas of half a CPU and half the resource each, on the one node with it, both
+    serving."""
     from plait_remote.options import PoolOptions, ReplicaSpec
     from plait_remote.pool import PoolEngine
 

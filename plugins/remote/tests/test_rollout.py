@@ -17,10 +17,7 @@ import httpx
 import pytest
 import tomli_w
 
-from plait.errors import ConfigError
-from plait.models import ResolvedModel
-from plait.rollout import EpisodeConfig, run_episode
-from plait.types import SamplingParams
+from plait.api import ConfigError, EpisodeConfig, ResolvedModel, SamplingParams, run_episode
 from plait_remote.rollout_service import RolloutWorkerEnv, build_worker
 from plait_sdk.client import ORSOptions
 

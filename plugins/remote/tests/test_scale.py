@@ -1,4 +1,5 @@
-"""`plait scale RUN_DIR inference=N env=M`: what it writes for a run's pools, and what it refuses."""
+"""`plait scale RUN_DIR inference=N env=M`: what it writes for a run's pools, and what it
+refuses."""
 
 from __future__ import annotations
 

@@ -12,10 +12,16 @@ import sys
 import httpx
 import pytest
 
-from plait import kinds
-from plait.errors import ConfigError, EngineError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    INFERENCE_ENGINE,
+    AdamParams,
+    ConfigError,
+    EngineError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 
 
@@ -42,7 +48,8 @@ def test_a_connection_to_a_service_is_reused_after_a_training_steps_pause() -> N
             http = EngineHTTP(
                 url, name="service", timeout_s=10, keepalive_s=RemoteOptions().keepalive_s
             )
-            # POST, as sampling does (aiohttp sends a GET again by itself on a connection found closed)
+            # POST, as sampling does (aiohttp sends a GET again by itself on a connection found
+            # closed)
             seen = [(await http.request("POST", "/", json={})).text]
             await asyncio.sleep(5.5)
             seen.append((await http.request("POST", "/", json={})).text)
@@ -133,7 +140,7 @@ def test_the_service_refuses_to_serve_itself_and_to_go_public_without_a_key(
     assert info.value.fix
     with pytest.raises(ConfigError, match="call itself"):
         component_factory(
-            kinds.INFERENCE_ENGINE,
+            INFERENCE_ENGINE,
             None,
             (f"model.name={tiny_model.path}", "inference.engine=remote"),
         )
@@ -154,7 +161,7 @@ def test_a_service_killed_under_running_requests_is_launched_again_with_its_weig
     the weights the dead one had, and sends the requests once more: the same tokens and the
     update's version. Greedy: a seeded sample of this random model's near-uniform distribution
     flips a token on the rounding of a batch of another size (as the re-sent requests may be)."""
-    from plait.plugins import build
+    from plait.api import build
     from plait_remote.engine import RemoteEngine
 
     vocab = vocab_size(tiny_model)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
+from plait.api import DataError, EngineError, ResolvedModel
 from plait_testing.trainer import TrainerEngineContract, random_tokens, sft_datum, vocab_size
 
 
@@ -105,7 +104,7 @@ def test_the_disk_sync_has_the_service_write_weights_where_the_engines_load_them
 
     import numpy as np
 
-    from plait.types import AdamParams, ModelInput
+    from plait.api import AdamParams, ModelInput
     from plait_remote.trainer import RemoteTrainer
     from plait_torch.inference import TorchInferenceEngine
     from plait_weights.sync import MANIFEST_FILE, WEIGHTS_FILE, DiskSync, DiskSyncOptions

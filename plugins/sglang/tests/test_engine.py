@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import EngineError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    AdamParams,
+    EngineError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_server.engine import free_port
 from plait_server.testing import assert_resampled_as_before
 from plait_testing.lora import merged_logprob, write_random_lora
@@ -29,7 +34,7 @@ ATOL = 2e-3
 
 @pytest.fixture
 def trainer(tiny_model: ResolvedModel):
-    from plait.plugins import build
+    from plait.api import build
 
     trainer = build("trainer_engine", "torch", tiny_model, seed=0)
     yield trainer
@@ -366,7 +371,8 @@ def test_disk_sync_writes_once_and_engines_load_from_disk(
 
 def test_launched_server_health_wait_and_crash(tiny_model: ResolvedModel, fake_options) -> None:
     """A launched server answers 503 while starting (the engine waits); when it dies later and
-    may not be restarted (max_restarts 0), the next request names its exit code instead of hanging."""
+    may not be restarted (max_restarts 0), the next request names its exit code instead of
+    hanging."""
     from plait_sglang.engine import SGLangEngine
 
     async def body() -> None:

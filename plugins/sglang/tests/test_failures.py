@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
+from plait.api import DataError, EngineError, ResolvedModel
 from plait_server.testing import ServerEngineFailureContract
 from plait_sglang.engine import decode_routed_experts, stop_params
 from plait_sglang.options import SGLangOptions

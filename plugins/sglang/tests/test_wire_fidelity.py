@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.types import ModelInput, SamplingParams
+from plait.api import ModelInput, SamplingParams
 from plait_testing.trainer import random_tokens
 
 pytestmark = pytest.mark.sglang

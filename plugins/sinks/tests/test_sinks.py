@@ -7,12 +7,12 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
+
+from plait.api import PlaitError
+from plait.cli import cli
+from plait.plugins import get_plugin_manager, get_registry
 from plait_sinks.dashboard import DashboardOptions, DashboardSink
 from plait_sinks.plot import plot_run, policy_names
-
-from plait.cli import cli
-from plait.errors import PlaitError
-from plait.plugins import get_plugin_manager, get_registry
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

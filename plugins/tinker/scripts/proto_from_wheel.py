@@ -1,4 +1,4 @@
-"""Write `tinker_wire.proto` from the descriptor inside a tinker SDK wheel.
+r"""Write `tinker_wire.proto` from the descriptor inside a tinker SDK wheel.
 
 The server speaks the SDK's protobuf messages but must not import the SDK (its message names
 change between releases), so the schema is regenerated from the wheel and compiled once. The
@@ -6,8 +6,10 @@ package is renamed (the wire carries field numbers, never names) so that the ser
 can share one process, as they do in tests:
 
     pip download --no-deps tinker==0.38.0 -d /tmp/tinker
-    python scripts/proto_from_wheel.py /tmp/tinker/tinker-0.38.0-py3-none-any.whl src/plait_tinker/tinker_wire.proto
-    python -m grpc_tools.protoc -Isrc/plait_tinker --python_out=src/plait_tinker src/plait_tinker/tinker_wire.proto
+    python scripts/proto_from_wheel.py /tmp/tinker/tinker-0.38.0-py3-none-any.whl \
+        src/plait_tinker/tinker_wire.proto
+    python -m grpc_tools.protoc -Isrc/plait_tinker --python_out=src/plait_tinker \
+        src/plait_tinker/tinker_wire.proto
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def render_message(msg: descriptor_pb2.DescriptorProto, package: str, indent: st
         )
         if entry is not None:
             key, value = entry.field
-            line = f"map<{type_name(key, package)}, {type_name(value, package).removeprefix(msg.name + '.')}> {field.name} = {field.number};"
+            value_type = type_name(value, package).removeprefix(msg.name + ".")
+            line = f"map<{type_name(key, package)}, {value_type}> {field.name} = {field.number};"
         else:
             label = (
                 "repeated "
@@ -77,7 +80,8 @@ def render_message(msg: descriptor_pb2.DescriptorProto, package: str, indent: st
                 if field.proto3_optional
                 else ""
             )
-            line = f"{label}{type_name(field, package).removeprefix(msg.name + '.')} {field.name} = {field.number};"
+            field_type = type_name(field, package).removeprefix(msg.name + ".")
+            line = f"{label}{field_type} {field.name} = {field.number};"
         if field.HasField("oneof_index") and not field.proto3_optional:
             real_oneofs.setdefault(field.oneof_index, []).append(line)
         else:

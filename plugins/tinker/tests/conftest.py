@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from plait.models import ResolvedModel
-from plait.schema import structure
+from plait.api import ResolvedModel, structure
 
 BASE = "Qwen/Qwen3-tiny"  # the name clients use; the server maps it to tiny-qwen3
 KEYS = {"alice": "tml-alice-key", "bob": "tml-bob-key"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.venvs import venv_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

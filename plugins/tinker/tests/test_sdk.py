@@ -289,8 +289,10 @@ import sys, tinker
 url, key, base = sys.argv[1:]
 with tinker.ServiceClient(base_url=url, api_key=key) as client:
     run = client.create_lora_training_client(base_model=base, rank=4).result()
-    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(list(range(100, 140))),
-                               loss_fn_inputs={"target_tokens": list(range(101, 141)), "weights": [1.0] * 40})
+    datum = tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints(list(range(100, 140))),
+        loss_fn_inputs={"target_tokens": list(range(101, 141)), "weights": [1.0] * 40},
+    )
     while True:
         run.forward_backward([datum] * 4, "cross_entropy")
         run.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()

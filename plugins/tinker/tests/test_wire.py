@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plait.types import ForwardBackwardOutput, SampledSequence, SampleResponse, TensorData
-from plait_tinker import tinker_wire_pb2 as pb
-from plait_tinker import wire
+from plait.api import ForwardBackwardOutput, SampledSequence, SampleResponse, TensorData
+from plait_tinker import tinker_wire_pb2 as pb, wire
 
 tinker = pytest.importorskip("tinker")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.models import materialize_model
 
 
@@ -18,7 +18,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
 
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
-    """tiny-qwen3-moe (a random 2-layer Qwen3-MoE, 8 experts, 2 per token), built once per session."""
+    """tiny-qwen3-moe (a random 2-layer Qwen3-MoE, 8 experts, 2 per token), built once per
+    session."""
     return materialize_model(
         "tiny-qwen3-moe", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3-moe"
     )

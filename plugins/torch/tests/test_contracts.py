@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models import ResolvedModel
-from plait.protocols import TrainerEngine
-from plait.types import LoraConfig
+from plait.api import LoraConfig, ResolvedModel, TrainerEngine
 from plait_testing.inference import InferenceEngineContract
 from plait_testing.trainer import TrainerEngineContract
 from plait_torch.options import LoraOptions, TorchInferenceOptions, TorchTrainerOptions

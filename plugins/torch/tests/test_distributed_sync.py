@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import WeightSyncError
-from plait.models import ResolvedModel
-from plait.types import AdamParams
+from plait.api import AdamParams, ResolvedModel, WeightSyncError
 from plait_testing.trainer import rl_datum
 from plait_torch.trainer import TorchTrainer
 from plait_weights import patch as weight_patch

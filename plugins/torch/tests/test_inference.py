@@ -9,9 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    DataError,
+    EngineError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_testing.inference import run_with
 from plait_testing.trainer import random_tokens
 from plait_torch.inference import TorchInferenceEngine
@@ -238,7 +243,8 @@ def test_a_cancelled_request_leaves_the_batch(tiny_model: ResolvedModel) -> None
         assert (await e.health()).ok
 
     run_with(lambda: engine, body)
-    # The cancelled rows were dropped, not decoded on to 500 tokens: the batch ended with the kept one.
+    # The cancelled rows were dropped, not decoded on to 500 tokens: the batch ended with the kept
+    # one.
     assert len(calls) < 30, f"{len(calls)} forward passes"
 
 

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import ConfigError
-from plait.models import ResolvedModel
-from plait.types import ModelInput, SampledSequence, SamplingParams
+from plait.api import ConfigError, ModelInput, ResolvedModel, SampledSequence, SamplingParams
 from plait_testing.inference import run_with
 from plait_testing.trainer import random_tokens
 from plait_torch.inference import TorchInferenceEngine
@@ -51,7 +49,8 @@ def recording(model: ResolvedModel, **options: Any) -> TorchInferenceEngine:
 def check_routing(
     seq: SampledSequence, prompt: list[int], reference: Callable[[list[int]], np.ndarray]
 ) -> None:
-    """Shape, dtype, and the same experts (as sets) as an unbatched forward over prompt + tokens[:-1]."""
+    """Shape, dtype, and the same experts (as sets) as an unbatched forward over
+    prompt + tokens[:-1]."""
     assert seq.routed_experts is not None
     assert seq.routed_experts.dtype == "uint8"
     routed = seq.routed_experts.to_numpy()

@@ -11,10 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import ConfigError, ModelError
-from plait.models import ResolvedModel
-from plait.schema import structure
-from plait.types import AdamParams, LoraConfig, ModelInput, SamplingParams
+from plait.api import (
+    AdamParams,
+    ConfigError,
+    LoraConfig,
+    ModelError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    structure,
+)
 from plait_testing.inference import run_with
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
@@ -221,7 +227,8 @@ def test_adapters_batched_in_one_pass_get_what_each_gets_alone(
             assert have.metrics[key] == pytest.approx(want.metrics[key], rel=1e-4, abs=1e-5), key
     for a, b in zip(alone, together, strict=True):
         for (name, p), (_, q) in zip(a._params.items(), b._params.items(), strict=True):
-            # float32 sums in passes of other shapes: measured up to 7e-6 on AVX2 CPUs (grads of order 1)
+            # float32 sums in passes of other shapes: measured up to 7e-6 on AVX2 CPUs (grads of
+            # order 1)
             torch.testing.assert_close(q.grad, p.grad, atol=2e-5, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="distinct adapters"):
         together[0].host.forward_backward_adapters(

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.components import resolve_model
-from plait.errors import ModelError
-from plait.models import ResolvedModel
+from plait.api import ModelError, ResolvedModel, resolve_model
 from plait_torch import models
 
 
@@ -73,10 +71,11 @@ def test_missing_model_package_names_the_pip_command(
 def test_smollm2_converts_from_the_gguf_and_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The offline path end to end: GGUF -> safetensors -> both engines (about a minute on 2 cores)."""
+    """The offline path end to end: GGUF -> safetensors -> both engines (about a minute on 2
+    cores)."""
     import asyncio
 
-    from plait.types import Message, SamplingParams
+    from plait.api import Message, SamplingParams
     from plait_hf.chat_template import ChatTemplateRenderer
     from plait_torch.inference import TorchInferenceEngine
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_torch import models
 
 torch = pytest.importorskip("torch")
@@ -130,7 +130,7 @@ def test_upcycled_experts_are_noisy_copies_of_the_dense_mlp(
 
 
 def arith_prompts(model: ResolvedModel) -> tuple[Any, list[tuple[int, int]], list[list[int]]]:
-    from plait.types import Message
+    from plait.api import Message
     from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
 
     renderer = ChatTemplateRenderer.from_model(
@@ -150,8 +150,9 @@ def arith_prompts(model: ResolvedModel) -> tuple[Any, list[tuple[int, int]], lis
 @pytest.mark.slow
 def test_tiny_qwen3_moe_arith_knows_the_sums_and_routes_differently_in_bfloat16() -> None:
     """Greedy first-number accuracy on all 100 single-digit sums, and top-2 expert sets that differ
-    between float32 and bfloat16 forwards of the same tokens (builds tiny-qwen3-arith, minutes, once)."""
-    from plait.components import resolve_model
+    between float32 and bfloat16 forwards of the same tokens (builds tiny-qwen3-arith, minutes,
+    once)."""
+    from plait.api import resolve_model
 
     resolved = resolve_model("tiny-qwen3-moe-arith")  # the model cache the learning tests use too
     renderer, pairs, prompts = arith_prompts(resolved)

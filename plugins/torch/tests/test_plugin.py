@@ -1,4 +1,5 @@
-"""What plait-torch registers, and that discovering it (and validating its options) imports no torch."""
+"""What plait-torch registers, and that discovering it (and validating its options) imports no
+torch."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_discovery_options_and_model_sources_import_no_torch() -> None:
         import json, sys
         from plait.plugins import get_registry
         registry = get_registry()
-        found = {kind: registry.names(kind) for kind in ("trainer_engine", "inference_engine", "model")}
+        kinds = ("trainer_engine", "inference_engine", "model")
+        found = {kind: registry.names(kind) for kind in kinds}
         for kind in ("trainer_engine", "inference_engine"):
             registry.get(kind, "torch").options_class()   # config validation loads these
         for name in ("smollm2-135m-instruct", "tiny-qwen3"):
@@ -39,8 +41,7 @@ def test_discovery_options_and_model_sources_import_no_torch() -> None:
 
 
 def test_options_are_validated_with_dotted_paths() -> None:
-    from plait.errors import ConfigError
-    from plait.schema import structure
+    from plait.api import ConfigError, structure
     from plait_torch.options import TorchInferenceOptions, TorchTrainerOptions
 
     assert (

@@ -1,4 +1,5 @@
-"""plait-torch trainer specifics beyond the contract kit: metrics, dtypes, checkpoints, bad models."""
+"""plait-torch trainer specifics beyond the contract kit: metrics, dtypes, checkpoints, bad
+models."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
-from plait.types import AdamParams
+from plait.api import AdamParams, ModelError, ResolvedModel
 from plait_testing.trainer import SMOOTH_ADAM, datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_torch import models
 from plait_torch.options import TorchTrainerOptions
@@ -193,7 +192,8 @@ def test_loading_something_else_is_a_clear_error(tiny_model: ResolvedModel, tmp_
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(
         ModelError,
-        match=r"different model \(or other LoRA settings\): 1 parameters differ .*model\.norm\.weight",
+        match=r"different model \(or other LoRA settings\): "
+        r"1 parameters differ .*model\.norm\.weight",
     ):
         trainer.load_state(tmp_path / "state")
 

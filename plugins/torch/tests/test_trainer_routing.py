@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import ConfigError, DataError
-from plait.models import ResolvedModel
-from plait.types import Datum, ModelInput
+from plait.api import ConfigError, DataError, Datum, ModelInput, ResolvedModel
 from plait_torch.options import TorchTrainerOptions
 from plait_torch.trainer import TorchTrainer
 
@@ -161,7 +159,7 @@ def test_a_saved_moe_state_loads_back(
     trainer's state must load them back (a resumed MoE run failed on it)."""
     trainer = trainers["plain"]
     trainer.forward_backward(datums(), "cross_entropy")
-    from plait.types import AdamParams
+    from plait.api import AdamParams
 
     trainer.optim_step(AdamParams(learning_rate=1e-3))
     trainer.save_state(str(tmp_path / "state"))

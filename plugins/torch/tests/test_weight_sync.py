@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import WeightSyncError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    AdamParams,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightSyncError,
+    WeightUpdate,
+)
 from plait_testing.trainer import rl_datum
 from plait_torch.inference import TorchInferenceEngine
 from plait_torch.trainer import TorchTrainer
@@ -85,8 +90,9 @@ def test_delta_sync_is_bit_identical_and_sends_a_few_percent(trainer, bf16_model
     assert first.bytes == first.full_bytes and first.delta_fraction == 1.0
     for stats in deltas:
         assert 0 < stats.delta_fraction < 0.1, stats
-        # bit steps: one byte of gap and one of step per changed bfloat16 element (two bytes), so the
-        # bytes sent are the fraction of elements sent (a tensor sending values would cost 1.5x)
+        # bit steps: one byte of gap and one of step per changed bfloat16 element (two bytes), so
+        # the bytes sent are the fraction of elements sent (a tensor sending values would cost
+        # 1.5x)
         assert 0 < stats.bytes <= 1.02 * stats.delta_fraction * stats.full_bytes, stats
 
 
@@ -102,7 +108,8 @@ def test_an_engine_that_missed_a_version_gets_full_weights(trainer, bf16_model):
         rl_step(trainer, 10)
         await sync.push(trainer, [current], trainer.weight_version)  # `behind` misses this version
         rl_step(trainer, 11)
-        # a corrupted engine: same version, other bits -> the delta's checksum fails, full weights follow
+        # a corrupted engine: same version, other bits -> the delta's checksum fails, full weights
+        # follow
         with torch.no_grad():
             next(current.model.parameters()).view(-1)[0] += 1
         stats = await sync.push(trainer, [behind, current], trainer.weight_version)
@@ -148,7 +155,8 @@ def test_bucketed_pushes_every_tensor_in_bounded_updates(trainer, bf16_model):
 
 class DiskLoadingEngine(TorchInferenceEngine):
     """A torch engine that also loads weights from a directory, as server engines do
-    (`plait_weights.capabilities.DiskWeightLoader`): the disk sync then hands it whole checkpoints."""
+    (`plait_weights.capabilities.DiskWeightLoader`): the disk sync then hands it whole
+    checkpoints."""
 
     loaded: list[str]
 
@@ -216,8 +224,8 @@ def test_wrong_wire_dtype_is_named(trainer, bf16_model):
 
 
 def test_weights_change_under_requests_in_flight(trainer, bf16_model):
-    """pause("keep") -> delta push -> resume: the partial sequence continues, its later tokens tagged
-    with the new version."""
+    """pause("keep") -> delta push -> resume: the partial sequence continues, its later tokens
+    tagged with the new version."""
     engine = TorchInferenceEngine(bf16_model, seed=0)
     sync = InProcessSync(options=InProcessSyncOptions(payload="delta", dtype="bfloat16"))
     prompt = ModelInput.from_ints([1, 2, 3, 4])
@@ -291,8 +299,9 @@ def test_delta_sync_of_a_50m_model_after_adam_steps(tiny_model, tmp_path):
 
 def test_an_aborted_sequence_is_continued_under_the_new_weights(trainer, bf16_model):
     """pause("abort") -> delta push -> resume: `sample_through_aborts` (what episodes sample with)
-    continues the aborted sequence with a new request; no token is lost and each keeps its version."""
-    from plait.rollout import sample_through_aborts
+    continues the aborted sequence with a new request; no token is lost and each keeps its
+    version."""
+    from plait.api import sample_through_aborts
 
     engine = TorchInferenceEngine(bf16_model, seed=0)
     sync = InProcessSync(options=InProcessSyncOptions(payload="delta", dtype="bfloat16"))

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_weights import patch as weight_patch
 from plait_weights.distributed import WeightReceiver, WeightStore
 

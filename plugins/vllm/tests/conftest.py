@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.models import materialize_model
 from plait_testing.venvs import venv_python
 

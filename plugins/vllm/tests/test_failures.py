@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plait.errors import DataError
-from plait.models import ResolvedModel
+from plait.api import DataError, ResolvedModel
 from plait_server.testing import ServerEngineFailureContract
 from plait_vllm.engine import decode_routed_experts, server_command, stop_params
 from plait_vllm.options import VLLMOptions

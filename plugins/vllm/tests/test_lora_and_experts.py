@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.errors import EngineError
-from plait.models import ResolvedModel
-from plait.types import ModelInput, SamplingParams
+from plait.api import EngineError, ModelInput, ResolvedModel, SamplingParams
 from plait_testing.lora import merged_logprob, write_random_lora
 from plait_testing.models import materialize_model
 from plait_testing.trainer import random_tokens
@@ -78,7 +76,8 @@ def test_lora_adapters_load_sample_and_unload(
 
 def test_routed_experts_decode_vllm_encoding(vllm_python: str) -> None:
     """vLLM's encoder picks the smallest of uint8/uint16/int32 for the model's experts; each
-    decodes to the same ids, kept in that narrow dtype (ids that fit a narrower one are narrowed)."""
+    decodes to the same ids, kept in that narrow dtype (ids that fit a narrower one are
+    narrowed)."""
     ids = np.arange(5 * 2 * 3).reshape(5, 2, 3)
     arrays = {"uint8": ids * 8, "uint16": ids * 300, "int32": ids * 3000, "uint16 ": ids % 7}
     script = "import numpy as np; from vllm.utils.serial_utils import numpy2base64\n" + "".join(
@@ -155,7 +154,7 @@ def test_a_cpu_server_refuses_weight_updates_of_a_mixture_of_experts(
     what to do instead, rather than leaving the sampler on a policy nobody trained."""
     from safetensors.torch import load_file
 
-    from plait.types import WeightUpdate
+    from plait.api import WeightUpdate
     from plait_vllm.engine import VLLMEngine, is_cpu_build
     from plait_vllm.options import VLLMOptions
 
@@ -199,7 +198,7 @@ def test_routed_experts_sampled_by_vllm_are_replayed_by_the_trainer(
     """R3 end to end: vLLM returns the experts of every token it ran but the last sampled one, and a
     float32 plait-torch trainer replaying them uses exactly those experts, which its own routers
     mostly agree with (both float32)."""
-    from plait.types import Datum
+    from plait.api import Datum
     from plait_torch.options import TorchTrainerOptions
     from plait_torch.trainer import TorchTrainer
     from plait_vllm.engine import VLLMEngine

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import AdamParams, ModelInput, ResolvedModel, SamplingParams, WeightUpdate
 from plait_server.testing import assert_resampled_as_before
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum
 
@@ -79,7 +78,7 @@ def test_a_server_whose_engine_dies_mid_request_is_restarted_with_its_weights(
     and shuts itself down. The engine restarts the server, gives it the weights it had, and the
     requests complete there: the same tokens and logprobs as before, labelled with the update's
     version, and the trainer's logprobs. Two server starts: a few minutes on two cores."""
-    from plait.plugins import build
+    from plait.api import build
     from plait_vllm.engine import VLLMEngine
     from plait_vllm.options import VLLMOptions
 

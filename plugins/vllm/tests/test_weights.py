@@ -12,8 +12,7 @@ import pytest
 import structlog
 
 from plait.advantages import group_advantages
-from plait.models import ResolvedModel
-from plait.types import AdamParams, ModelInput, SamplingParams, WeightUpdate
+from plait.api import AdamParams, ModelInput, ResolvedModel, SamplingParams, WeightUpdate
 from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
 from plait_weights.capabilities import BroadcastGroup
@@ -33,7 +32,7 @@ def engine(make_attached):
 
 @pytest.fixture
 def trainer(tiny_model: ResolvedModel):
-    from plait.plugins import build
+    from plait.api import build
 
     trainer = build("trainer_engine", "torch", tiny_model, seed=0)
     yield trainer

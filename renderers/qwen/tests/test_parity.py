@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 
-from plait.errors import ConfigError
-from plait.plugins import get_registry
-from plait.types import Message, ToolCall, ToolSpec
+from plait.api import ConfigError, Message, ToolCall, ToolSpec, get_registry
 from plait_hf.formats import openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer

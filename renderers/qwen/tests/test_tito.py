@@ -1,4 +1,5 @@
-"""The extension property, bridging and parsing of the Qwen renderers, on the real Qwen3 tokenizer."""
+"""The extension property, bridging and parsing of the Qwen renderers, on the real Qwen3
+tokenizer."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, find, settings
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
-from plait.plugins import get_registry
-from plait.trajectory import Turn, merge_turns
-from plait.types import Message, ParseTermination, SampledSequence, ToolCall
+from plait.api import (
+    Message,
+    ModelError,
+    ParseTermination,
+    ResolvedModel,
+    SampledSequence,
+    ToolCall,
+    Turn,
+    get_registry,
+    merge_turns,
+)
 from plait_hf.formats import openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer

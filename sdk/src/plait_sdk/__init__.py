@@ -6,7 +6,7 @@ The names of the `ors` package (and the environment names of `openreward.environ
 here, so an environment written for either ports by changing its import.
 """
 
-from plait.types import ImageBlock, Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec
+from plait.api import ImageBlock, Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec
 from plait_sdk.environment import Environment, Toolset, terminal, tool
 from plait_sdk.local import LocalEnvironment, LocalSession
 from plait_sdk.types import (
@@ -22,8 +22,8 @@ from plait_sdk.types import (
 
 
 def __getattr__(name: str) -> object:
-    # The server pulls in uvicorn and pydantic models; import it only when asked for, so that plugin discovery
-    # (which imports plait_sdk.plugin) stays light.
+    # The server pulls in uvicorn and pydantic models; import it only when asked for, so that
+    # plugin discovery (which imports plait_sdk.plugin) stays light.
     if name in ("Server", "ServerOptions"):
         from plait_sdk import server
 

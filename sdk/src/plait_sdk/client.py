@@ -5,7 +5,7 @@
 
 In a run config: `env.name = "ors"` with `env.options = {url = "...", env_name = "...", ...}`.
 
-It speaks the wire protocol of both official SDKs (reference/ors.md) and of plait's own server:
+It speaks the wire protocol of both official SDKs (ors-sdk, openreward) and of plait's own server:
 SSE results (`task_id` / `chunk` / `end` / `error`), resuming a dropped `/call` stream with its
 `task_id`, a keep-alive `POST /ping` every `ping_interval_s`, retries with exponential back-off
 that honour `Retry-After` (429, 502, 503 — also the 503 "starting" answer while setup runs — 504
@@ -41,8 +41,7 @@ import attrs
 import certifi
 import structlog
 
-from plait.errors import EnvironmentError_
-from plait.types import Block, Message, Split, ToolError, ToolOutput, ToolSpec
+from plait.api import Block, EnvironmentError_, Message, Split, ToolError, ToolOutput, ToolSpec
 from plait_sdk import sse
 from plait_sdk.types import (
     INCLUDABLE,
@@ -78,7 +77,8 @@ class ORSOptions:
     """Use only these splits (default all the server lists)."""
     request_timeout_s: float = 60.0
     heartbeat_timeout_s: float = 30.0
-    """Longest silence on an SSE stream (the server pings every 10 s) before it counts as dropped."""
+    """Longest silence on an SSE stream (the server pings every 10 s) before it counts as
+    dropped."""
     setup_timeout_s: float = 600.0
     """How long to keep retrying while the server answers 503 (setup still running)."""
     max_retries: int = 5
@@ -229,7 +229,8 @@ class ORSEnvironment:
             attempt += 1
             if attempt > self.options.max_retries:
                 raise ServerError(
-                    f"ORS server {self.url} failed {method} {path} {attempt} times; last: {failure}",
+                    f"ORS server {self.url} failed {method} {path} {attempt} times; "
+                    f"last: {failure}",
                     0,
                     fix="check that the server runs and is reachable",
                 )
@@ -364,7 +365,8 @@ class ORSEnvironment:
         missing = [n for n in self.options.splits if n not in by_name]
         if missing:
             raise EnvironmentError_(
-                f"ORS environment {self.name!r} has no split(s) {missing}; it has {sorted(by_name)}",
+                f"ORS environment {self.name!r} has no split(s) {missing}; "
+                f"it has {sorted(by_name)}",
                 fix="fix env.options.splits",
             )
         return [by_name[n] for n in self.options.splits]
@@ -410,7 +412,8 @@ class ORSEnvironment:
                 extra["X-Secrets"] = secrets_header(secrets)
             else:  # ors-sdk's server reads secrets from the body only
                 body["secrets"] = dict(secrets)
-        # plait's servers answer with the session's messages and tools too (others ignore the header)
+        # plait's servers answer with the session's messages and tools too (others ignore the
+        # header)
         extra[INCLUDE_HEADER] = ",".join(INCLUDABLE)
         session = ORSSession(self, sid)
         try:
@@ -595,7 +598,8 @@ class ORSSession:
             return ToolError(f"tool {name!r} could not be called: {exc.message}", "exception")
         except (ValueError, aiohttp.ClientError) as exc:
             return ToolError(
-                f"tool {name!r}: the server's answer could not be read: {type(exc).__name__}: {exc}",
+                f"tool {name!r}: the server's answer could not be read: "
+                f"{type(exc).__name__}: {exc}",
                 "exception",
             )
         if isinstance(result, ToolOutput) and result.finished:
@@ -616,7 +620,9 @@ class ORSSession:
             try:
                 await self._request("POST", path)
                 if path == "/delete":
-                    break  # /delete_session does nothing on the server (ORS); only servers without /delete need it
+                    # /delete_session does nothing on the server (ORS); only servers without
+                    # /delete need it
+                    break
             except (ServerError, aiohttp.ClientError, RuntimeError) as exc:
                 # already gone, or a server without the route: closing must never fail the caller
                 log.debug("ORS close step failed", path=path, sid=self.sid, error=str(exc))

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, get_type_hints
 import attrs
 import pydantic
 
-from plait.types import Message, Split, TextBlock, ToolOutput, ToolSpec
+from plait.api import Message, Split, TextBlock, ToolOutput, ToolSpec
 from plait_sdk.types import (
     SPLIT_TYPES,
     Blocks,
@@ -320,7 +320,8 @@ class Environment(ABC):
                 if attr in found:
                     raise ValueError(
                         f"Tool name collision: {attr!r} is defined by "
-                        f"{(found[attr][2] or cls).__name__} and {owner.__name__}; rename one of them"
+                        f"{(found[attr][2] or cls).__name__} and {owner.__name__}; "
+                        "rename one of them"
                     )
                 found[attr] = (fn, info, None if owner is cls else owner)
         return found
@@ -356,7 +357,8 @@ class Environment(ABC):
         )
 
     def list_task_tools(self) -> ListToolsOutput | Sequence[ToolSpec]:
-        """This task's own tools, beside the shared ones: by default the `@tool(shared=False)` ones."""
+        """This task's own tools, beside the shared ones: by default the `@tool(shared=False)`
+        ones."""
         return ListToolsOutput(
             tools=[
                 tool_spec(n, fn)
@@ -387,15 +389,16 @@ class Environment(ABC):
             )
         if not cls.list_splits():
             raise ValueError(
-                f"environment {cls.__name__!r} has no splits; list_splits() must return at least one"
+                f"environment {cls.__name__!r} has no splits; list_splits() must return at least "
+                "one"
             )
         terminal_spec = cls.terminal_tool_spec()
         if terminal_spec is not None:
             fn, info, _ = methods[terminal_spec.name]
             if info.concurrent:
                 raise ValueError(
-                    f"@terminal tool {terminal_spec.name!r} is concurrent=True; a terminal tool grades "
-                    "the episode, so it must run serialised"
+                    f"@terminal tool {terminal_spec.name!r} is concurrent=True; a terminal tool "
+                    "grades the episode, so it must run serialised"
                 )
             fields = list((terminal_spec.input_schema or {}).get("properties", {}))
             if len(fields) > 1:

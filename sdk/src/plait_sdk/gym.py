@@ -28,7 +28,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from plait.types import Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec, blocks_text
+from plait.api import Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec, blocks_text
 from plait_sdk.types import SPLIT_TYPES
 
 MAX_TEXT = 1 << 20
@@ -201,7 +201,8 @@ def ansi_to_text(rendered: str) -> str:
 
 
 def observation_text(env: gymnasium.Env, observation: Any) -> str:
-    """A text view of a gym observation: the observation if it is text, else the ANSI render, else repr."""
+    """A text view of a gym observation: the observation if it is text, else the ANSI render,
+    else repr."""
     if isinstance(observation, str):
         return observation
     if getattr(env, "render_mode", None) == "ansi":

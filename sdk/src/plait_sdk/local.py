@@ -16,8 +16,7 @@ from typing import Any
 import pydantic
 import structlog
 
-from plait.errors import EnvironmentError_
-from plait.types import Block, Message, Split, ToolError, ToolOutput, ToolSpec
+from plait.api import Block, EnvironmentError_, Message, Split, ToolError, ToolOutput, ToolSpec
 from plait_sdk.environment import (
     Environment,
     ToolInfo,

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, hookimpl
+
+if TYPE_CHECKING:
+    from plait.api import Environment as EnvironmentProtocol
+    from plait_sdk.environment import Environment
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
+def plait_register_envs(register: RegisterEnv) -> None:
     register(
         "ors",
         "plait_sdk.client:ORSEnvironment.from_options",
@@ -21,21 +25,21 @@ def plait_register_envs(register: Any) -> None:
 
 
 def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    from plait.config import apply_overrides
+    from plait.api import apply_overrides
 
     return apply_overrides({}, pairs)
 
 
-def build_environment(name: str, options: dict[str, Any]) -> Any:
+def build_environment(
+    name: str, options: dict[str, Any]
+) -> EnvironmentProtocol | type[Environment]:
     """A registered environment by name, or an SDK class given as "module:Class"."""
-    from plait.plugins import build
-    from plait.targets import load_target
+    from plait.api import build, load_target
 
     if ":" in name:
-        if (
-            options
-        ):  # fail like a registered environment given an unknown option, not serve without it
-            from plait.errors import ConfigError
+        # fail like a registered environment given an unknown option, not serve without it
+        if options:
+            from plait.api import ConfigError
 
             raise ConfigError(
                 f"env.options.{sorted(options)[0]}",
@@ -49,7 +53,7 @@ def build_environment(name: str, options: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     @cli.group()
     def env() -> None:
         """Environments: serve them over ORS, scaffold new ones."""
@@ -122,8 +126,7 @@ def plait_register_commands(cli: Any) -> None:
     @env.command(name="list")
     def list_envs() -> None:
         """List the registered environments."""
-        from plait.kinds import ENV
-        from plait.plugins import get_registry
+        from plait.api import ENV, get_registry
 
         for factory in get_registry().all(ENV):
             click.echo(f"{factory.name:<24} {factory.description}  [{factory.plugin}]")

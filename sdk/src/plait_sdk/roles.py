@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from plait.rollout import REWARDS_KEY, ROLE_KEY
-from plait.types import TextBlock, ToolOutput
+from plait.api import REWARDS_KEY, ROLE_KEY, TextBlock, ToolOutput
 
 
 def first_role(task: Mapping[str, Any], role: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import keyword
 import re
 from pathlib import Path
 
-from plait.errors import PlaitError
+from plait.api import PlaitError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -56,7 +56,8 @@ from {package}.env import {cls}
 
 __all__ = ["{cls}"]
 ''',
-        f"src/{package}/env.py": f'''"""An example environment: guess a number; each guess is told "higher" or "lower".
+        f"src/{package}/env.py": f'''\
+"""An example environment: guess a number; each guess is told "higher" or "lower".
 
 Replace the tasks, the prompt and the tools with your own.
 """
@@ -87,7 +88,8 @@ class {cls}(Environment):
 
     def get_prompt(self) -> list[TextBlock]:
         low, high = self.task_spec["low"], self.task_spec["high"]
-        return [TextBlock(f"I picked a whole number from {{low}} to {{high}}. Find it with the guess tool.")]
+        text = f"I picked a whole number from {{low}} to {{high}}. Find it with the guess tool."
+        return [TextBlock(text)]
 
     @tool
     def guess(self, number: int) -> ToolOutput:
@@ -98,18 +100,24 @@ class {cls}(Environment):
             return ToolOutput(blocks=[TextBlock(f"Correct, after {{self.guesses}} guesses.")],
                               reward=1.0 / self.guesses, finished=True)
         hint = "higher" if secret > number else "lower"
-        return ToolOutput(blocks=[TextBlock(f"No: the number is {{hint}} than {{number}}.")], reward=0.0)
+        return ToolOutput(blocks=[TextBlock(f"No: the number is {{hint}} than {{number}}.")],
+                          reward=0.0)
 ''',
-        f"src/{package}/plugin.py": f'''"""Registers the environment with plait (entry point group "plait")."""
+        f"src/{package}/plugin.py": f'''\
+"""Registers the environment with plait (entry point group "plait")."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, hookimpl
+
+if TYPE_CHECKING:
+    from plait_sdk import LocalEnvironment
 
 
-def make_env(*, options: Any = None) -> Any:
+def make_env(*, options: None = None) -> LocalEnvironment:
+    # imported here, so that plugin discovery (which imports this module) stays light
     from plait_sdk import LocalEnvironment
     from {package}.env import {cls}
 
@@ -117,14 +125,19 @@ def make_env(*, options: Any = None) -> Any:
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
-    register("{name}", "{package}.plugin:make_env", description="{cls}: guess a number (example)")
+def plait_register_envs(register: RegisterEnv) -> None:
+    register(
+        "{name}",
+        "{package}.plugin:make_env",
+        description="{cls}: guess a number (example)",
+    )
 ''',
-        f"tests/test_{name}.py": f'''"""The contract kit checks the environment in-process and through an ORS server and client."""
+        f"tests/test_{name}.py": f'''\
+"""The contract kit checks the environment in-process and through an ORS server and client."""
 
 from __future__ import annotations
 
-from plait.plugins import build
+from plait.api import build
 from plait_sdk.testing import check_sdk_environment
 from {package}.env import {cls}
 
@@ -171,7 +184,8 @@ def scaffold(name: str, parent: Path) -> Path:
     if not _NAME.match(name) or keyword.iskeyword(name):
         raise PlaitError(
             f"environment name {name!r} is not usable as a Python package name",
-            fix="use lower-case letters, digits and underscores, starting with a letter (e.g. myenv)",
+            fix="use lower-case letters, digits and underscores, starting with a letter "
+            "(e.g. myenv)",
         )
     root = parent / f"plait-{name.replace('_', '-')}"
     if root.exists():

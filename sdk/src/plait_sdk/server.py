@@ -1,11 +1,12 @@
-"""An Open Reward Standard (ORS) server for any plait environment (a plain ASGI app on uvicorn, SSE).
+"""An Open Reward Standard (ORS) server for any plait environment (a plain ASGI app on uvicorn,
+SSE).
 
     from plait_sdk import Server
     Server([MyEnv]).run()                    # loopback, port 8080
 
 It serves SDK `Environment` classes and any object that implements the core
 `plait.protocols.Environment` (so `plait env serve NAME` can serve every registered environment).
-It follows the compatibility recipe of reference/ors.md: every endpoint of both official SDKs
+It is compatible with both official SDKs (ors-sdk, openreward): every endpoint of both official SDKs
 (environment routes also answer without the `/{env}` prefix, for the default environment),
 `/create_session` and `/call` always answer with well-formed SSE, result pieces never start with
 whitespace, tool outputs always carry `metadata`/`reward`/`finished`, the `X-Secrets` header and
@@ -48,13 +49,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any
 
 import attrs
+import click
 import pydantic
 import structlog
 
-from plait.errors import PlaitError
-from plait.protocols import Environment as EnvironmentProtocol
-from plait.protocols import EnvSession
-from plait.types import Message, ToolSpec
+from plait.api import Environment as EnvironmentProtocol, EnvSession, Message, PlaitError, ToolSpec
 from plait_sdk import sse
 from plait_sdk.environment import Environment
 from plait_sdk.local import LocalEnvironment
@@ -76,8 +75,9 @@ KEEP_ALIVE_S = 60
 next step's requests reuse it."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 ENDPOINTS = (
-    "/health, /version, /list_environments, /create_session, /create, /ping, /delete, /delete_session "
-    "and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|messages|call|score_group)"
+    "/health, /version, /list_environments, /create_session, /create, /ping, /delete, "
+    "/delete_session and /{env}/(splits|tasks|num_tasks|task|task_range|tools|task_tools|prompt|"
+    "messages|call|score_group)"
 )
 
 
@@ -250,7 +250,7 @@ class _Served:
     shared_tools: tuple[list[ToolSpec], ToolSpec | None] | None = None
 
 
-def _as_protocol_env(env: Any) -> Any:
+def _as_protocol_env(env: Any) -> EnvironmentProtocol:
     if inspect.isclass(env) and issubclass(env, Environment):
         return LocalEnvironment(env)
     if isinstance(env, Environment):
@@ -299,7 +299,7 @@ async def serving(app: Any, host: str, port: int, name: str = "server") -> Async
         await task
 
 
-def serve_group(cli: Any) -> Any:
+def serve_group(cli: click.Group) -> click.Group:
     """The `plait serve` command group, made by the first plugin that adds a service to it."""
     group = cli.commands.get("serve")
     if group is None:
@@ -309,6 +309,8 @@ def serve_group(cli: Any) -> Any:
             """Run one of plait's services on its own."""
 
         group = serve
+    if not isinstance(group, click.Group):
+        raise TypeError(f"the `plait serve` command is not a command group: {group!r}")
     return group
 
 
@@ -703,7 +705,8 @@ class Server:
         return handler, env_name
 
     def _routes(self) -> tuple[dict[str, dict[str, _Handler]], dict[str, dict[str, _Handler]]]:
-        """Routes at the root (/NAME), and per environment (/{env}/NAME, and /NAME for the default one)."""
+        """Routes at the root (/NAME), and per environment (/{env}/NAME, and /NAME for the default
+        one)."""
         root: dict[str, dict[str, _Handler]] = {
             "health": {"GET": self._health},
             "version": {"GET": self._version_route},
@@ -982,7 +985,8 @@ class Server:
 
         self._check_host(host)
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only when the
-        # listening socket says so, and without it each keep-alive request waits ~40 ms (delayed ACK).
+        # listening socket says so, and without it each keep-alive request waits ~40 ms
+        # (delayed ACK).
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
@@ -1021,7 +1025,8 @@ class _Request:
         self._receive = receive
 
     async def body(self, limit: int) -> bytes:
-        """The whole body; a 413 as soon as it grows past `limit` bytes, without reading the rest."""
+        """The whole body; a 413 as soon as it grows past `limit` bytes, without reading the
+        rest."""
         chunks: list[bytes] = []
         size = 0
         while True:

@@ -1,4 +1,4 @@
-"""Server-Sent Events framing as ORS uses it (see reference/ors.md §1.4 and §6).
+"""Server-Sent Events framing as ORS uses it (as the official SDKs' servers send it).
 
 A streamed result is `event: task_id` (the resume token), zero or more `event: chunk` pieces and a
 last `event: end` piece; the receiver joins the pieces and parses JSON. A failure is one

@@ -2,7 +2,9 @@
 
     from plait_sdk.testing import check_sdk_environment
     def test_contract():
-        check_sdk_environment(MyEnv, reward_range=(0.0, 1.0), solve=lambda task: [("answer", {...})])
+        check_sdk_environment(
+            MyEnv, reward_range=(0.0, 1.0), solve=lambda task: [("answer", {...})]
+        )
 
 It runs the protocol kit (`plait_testing.environment`) on the environment twice, in-process and
 through plait's ORS server and client over loopback HTTP, and adds what only the SDK can check:
@@ -20,8 +22,7 @@ from typing import Any
 
 import attrs
 
-from plait.errors import EnvironmentError_
-from plait.types import ToolError, ToolOutput
+from plait.api import EnvironmentError_, ToolError, ToolOutput
 from plait_sdk.environment import Environment, run_user_callable, tool
 from plait_sdk.local import LocalEnvironment
 from plait_testing.environment import EnvironmentReport, Solver, check_environment

@@ -1,9 +1,10 @@
 """The ORS wire types that environment authors touch, beside the core ones in `plait.types`.
 
-`TextBlock`, `ImageBlock`, `ToolOutput`, `ToolSpec` and `Split` are the core attrs classes (they take
-the same keyword arguments as the `ors` package's pydantic models). This module adds the rest of the
-`ors` / `openreward` type surface so that an environment written against those packages ports by
-changing its import, and the conversions between these types and their JSON form on the wire.
+`TextBlock`, `ImageBlock`, `ToolOutput`, `ToolSpec` and `Split` are the core attrs classes (they
+take the same keyword arguments as the `ors` package's pydantic models). This module adds the rest
+of the `ors` / `openreward` type surface so that an environment written against those packages
+ports by changing its import, and the conversions between these types and their JSON form on the
+wire.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 import attrs
 
-from plait.types import (
+from plait.api import (
     Block,
     ImageBlock,
     Message,
@@ -35,7 +36,8 @@ Blocks = Sequence[Block]
 SPLIT_TYPES: tuple[Literal["train", "validation", "test"], ...] = ("train", "validation", "test")
 # Block types this SDK accepts in messages (advertised as ListToolsOutput.message_block_types).
 MESSAGE_BLOCK_TYPES = ("text", "image")
-# plait's extension of /create: the routes whose answers it adds for a new session (plait_sdk.server).
+# plait's extension of /create: the routes whose answers it adds for a new session
+# (plait_sdk.server).
 INCLUDE_HEADER = "X-Plait-Include"
 INCLUDABLE = ("messages", "task_tools")
 

@@ -1,4 +1,5 @@
-"""Play full episodes against an ORS server with an official SDK's client (run with its venv python).
+"""Play full episodes against an ORS server with an official SDK's client (run with its venv
+python).
 
     python official_client.py ors|openreward URL
 

@@ -1,4 +1,5 @@
-"""Serve arith_env.py with ors-sdk's, openreward's or plait's own server (run with that SDK's python).
+"""Serve arith_env.py with ors-sdk's, openreward's or plait's own server (run with that SDK's
+python).
 
 python serve_arith_env.py ors|openreward|plait PORT
 """

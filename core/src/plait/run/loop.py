@@ -34,7 +34,14 @@ from plait.run.checkpoint import (
 from plait.run.report import StepTimes, policy_metrics, step_metrics
 from plait.run.schedules import Schedule, make_schedule
 from plait.run.state import Run, RunState, TaskSampler
-from plait.run.steps import evaluate, policy_groups, prepare, publish, train, write_samples
+from plait.run.steps import (
+    evaluate_held_out,
+    policy_groups,
+    prepare_groups,
+    publish,
+    train_prepared,
+    write_samples,
+)
 from plait.schema import unstructure
 from plait.trajectory import Trajectory
 
@@ -88,9 +95,9 @@ async def train_policy(
     views = policy_groups(run, policy, groups)
     version = policy.trainer.weight_version
     start = time.perf_counter()
-    prepared = await schedule.compute(lambda: prepare(run, policy, views))
+    prepared = await schedule.compute(lambda: prepare_groups(run, policy, views))
     trained = await schedule.compute(
-        lambda: train(run, policy, prepared.datums, always_step=schedule.always_step)
+        lambda: train_prepared(run, policy, prepared.datums, always_step=schedule.always_step)
     )
     return run.components.suffixed(
         policy,
@@ -126,7 +133,7 @@ async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, A
     with StepProgress(total=rl.steps, completed=state.step, title=run.config.run.name) as progress:
         if state.step == 0:
             progress.phase("eval")
-            metrics = await evaluate(run)
+            metrics = await evaluate_held_out(run)
             state.eval_history.append((0, metrics["eval/accuracy"]))
             log_metrics(run, 0, metrics)
         async with schedule.running():
@@ -137,7 +144,7 @@ async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, A
                 if (ec.every and state.step % ec.every == 0) or state.step == rl.steps:
                     progress.phase("eval")
                     t_eval = time.perf_counter()
-                    metrics.update(await evaluate(run))
+                    metrics.update(await evaluate_held_out(run))
                     metrics["time/eval"] = time.perf_counter() - t_eval
                     state.eval_history.append((state.step, metrics["eval/accuracy"]))
                 log_metrics(run, state.step, metrics)
@@ -170,7 +177,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
     return summary
 
 
-async def close(c: Components) -> None:
+async def close_components(c: Components) -> None:
     for policy in c.policies:
         if isinstance(policy.sync, ClosableWeightSync):  # syncs that hold a group or files
             await policy.sync.close()
@@ -196,7 +203,8 @@ def run_training(config: RunConfig, *, resume: bool = True) -> str:
     get_registry()  # load plugins before the (slow) model resolution, so errors come early
     run_dir = prepare_run_dir(config, resume=resume)
     components = build_components(config, run_dir)
-    gc.freeze()  # loaded for the whole run: full collections walked it, stalling every thread ~0.25 s
+    # loaded for the whole run: full collections walked it, stalling every thread ~0.25 s
+    gc.freeze()
 
     async def main() -> dict[str, Any]:
         try:
@@ -206,11 +214,12 @@ def run_training(config: RunConfig, *, resume: bool = True) -> str:
             run = Run(config, components, run_dir, RunState(), sampler)
             return await run_loop(run, make_schedule(run), resume=resume)
         finally:
-            await close(components)
+            await close_components(components)
 
     summary = asyncio.run(main())
     return (
         f"run {summary['run']}: {summary['steps']} steps in {summary['seconds'] / 60:.1f} min; "
-        f"held-out accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f} "
+        f"held-out accuracy {summary['eval_accuracy_start']:.3f} -> "
+        f"{summary['eval_accuracy_end']:.3f} "
         f"({summary['eval_accuracy_gain']:+.3f}); run dir {run_dir}"
     )

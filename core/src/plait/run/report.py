@@ -1,4 +1,4 @@
-"""The metrics of a step, built in one place (names: `reference/metrics.md`)."""
+"""The metrics of a step, built in one place (their names are read by dashboards and tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The two schedules of the RL loop: how a step gets its batch and how new weights reach the engines.
+"""The two schedules of the RL loop: how a step gets its batch and how new weights reach the
+engines.
 
 **sync** (the default): the step samples its batch with the current weights, trains, and pushes
 the new weights; nothing overlaps, so the trainer computes in the event loop's own thread.
@@ -256,8 +257,8 @@ async def engines_paused(
             await asyncio.wait_for(work, off_policy.update_timeout_s)
         except TimeoutError:
             raise EngineError(
-                f"the inference engines did not {what} within {off_policy.update_timeout_s:g} s for a "
-                "weight update",
+                f"the inference engines did not {what} within "
+                f"{off_policy.update_timeout_s:g} s for a weight update",
                 fix="raise off_policy.update_timeout_s, or use off_policy.update_pause = 'abort'",
             ) from None
 

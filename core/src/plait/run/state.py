@@ -1,4 +1,5 @@
-"""What a run knows between steps: where it is, which tasks come next, and the seed of every sample."""
+"""What a run knows between steps: where it is, which tasks come next, and the seed of every
+sample."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def policy_groups(
     return views
 
 
-def prepare(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
+def prepare_groups(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
     """Group advantages (constant-reward groups left out), token-level mean scaling, and the
     off-policy correction (`plait.off_policy`) when configured."""
     rl = run.config.rl
@@ -175,7 +175,7 @@ def correct_off_policy(
     return importance_correction(datums, train_logprobs, run.config.off_policy)
 
 
-def train(
+def train_prepared(
     run: Run, policy: Policy, datums: Sequence[Datum], *, always_step: bool
 ) -> dict[str, float]:
     """forward_backward over micro-batches, then one optimizer step. Without data the step is
@@ -207,7 +207,8 @@ def train(
 
 
 async def publish(run: Run) -> dict[str, float]:
-    """Push each policy's trainer weights to its inference engines, and check that each took them."""
+    """Push each policy's trainer weights to its inference engines, and check that each took
+    them."""
     parts = await asyncio.gather(*(publish_policy(run, p) for p in run.components.policies))
     return {k: v for part in parts for k, v in part.items()}
 
@@ -218,9 +219,11 @@ async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
     for index, engine in enumerate(policy.engines):
         if engine.weight_version != version:
             raise WeightSyncError(
-                f"inference engine #{index} ({type(engine).__name__}) of policy {policy.name!r} holds weight version "
-                f"{engine.weight_version} after sync method {policy.config.sync.method!r} pushed version {version}",
-                fix="pick a sync.method that reaches this engine (in_process or disk for engines in this process)",
+                f"inference engine #{index} ({type(engine).__name__}) of policy "
+                f"{policy.name!r} holds weight version {engine.weight_version} after sync "
+                f"method {policy.config.sync.method!r} pushed version {version}",
+                fix="pick a sync.method that reaches this engine "
+                "(in_process or disk for engines in this process)",
             )
     return run.components.suffixed(
         policy,
@@ -233,7 +236,7 @@ async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
     )
 
 
-async def evaluate(run: Run) -> dict[str, float]:
+async def evaluate_held_out(run: Run) -> dict[str, float]:
     """Greedy accuracy on the first `eval.tasks` held-out tasks; pass@k from sampled answers
     when `eval.samples_per_task` > 1."""
     ec, split, seed = run.config.eval, run.config.env.eval_split, run.config.run.seed

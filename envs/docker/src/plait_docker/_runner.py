@@ -3,8 +3,10 @@
 It is not imported on the host: the host passes this file's source to `python3 -c` in every exec,
 so the image holds only the OS and Python, and changing this file needs no image rebuild.
 
-    python3 -I -B -c SOURCE run      < '{"code": ..., "stdin": ..., "timeout_s": ..., "output_limit_bytes": ...}'
+    python3 -I -B -c SOURCE run      < JOB
     python3 -I -B -c SOURCE reset
+
+    JOB = '{"code": ..., "stdin": ..., "timeout_s": ..., "output_limit_bytes": ...}'
 
 `run` reads its job from stdin (so that the program, hidden tests included, never appears in a
 process list), executes the program as a child in its own session with its stdin fed and its
@@ -25,6 +27,8 @@ resource limits, priorities and scheduling, and I/O-owner signals. What happens 
 therefore never the program's doing, and the host reports it as a fault of the sandbox.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import json
@@ -35,6 +39,12 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
+
+# Every execution starts this program: it imports `typing` only for the type checker.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 WORK_DIR = "/work"
 WORK_DIR_MODE = 0o700
@@ -65,7 +75,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 _last_beat = 0.0
 
 
-def beat():
+def beat() -> None:
     """Tell the host this runner is alive (at most every HEARTBEAT_S)."""
     global _last_beat
     now = time.monotonic()
@@ -108,7 +118,7 @@ SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_EPERM = (
 )
 
 
-def guard_rules(runner_ids):
+def guard_rules(runner_ids: Iterable[int]) -> list[tuple[str, int, set[int]]]:
     """(syscall, argument index, refused values): the calls that could reach the runner, whose
     process (and process group) ids are `runner_ids`. Values are compared on their low 32 bits,
     as the kernel reads a pid_t or an int."""
@@ -140,12 +150,13 @@ def guard_rules(runner_ids):
     return rules
 
 
-def guard_filter(runner_ids, machine=None):
-    """The seccomp-BPF program (bytes of struct sock_filter) that refuses `guard_rules` with EPERM."""
+def guard_filter(runner_ids: Iterable[int], machine: str | None = None) -> bytes:
+    """The seccomp-BPF program (bytes of struct sock_filter) that refuses `guard_rules` with
+    EPERM."""
     machine = machine or os.uname().machine
     column = {"x86_64": 0, "aarch64": 1}[machine]  # another architecture: no guard, no execution
 
-    def op(code, k, jt=0, jf=0):
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("HBBI", code, jt, jf, k)
 
     program = [
@@ -156,17 +167,16 @@ def guard_filter(runner_ids, machine=None):
     ]
     if machine == "x86_64":  # the x32 ABI's numbers would slip past the checks below
         program += [op(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1), op(BPF_RET_K, SECCOMP_RET_EPERM)]
-    by_syscall = {}
+    by_syscall: dict[str, list[tuple[int, list[int]]]] = {}
     for name, index, values in guard_rules(runner_ids):
         by_syscall.setdefault(name, []).append((index, sorted(values)))
     for name, checks in by_syscall.items():
         block = []  # entered with the syscall number loaded; ends with "allow", then "refuse"
-        for index, values in checks:
+        for index, refused in checks:
             block.append((BPF_LD_W_ABS, 16 + 8 * index))
-            block += [(BPF_JEQ_K, value) for value in values]
-        program.append(
-            op(BPF_JEQ_K, SYSCALL_NUMBERS[name][column], 0, len(block) + 2)
-        )  # else: skip it
+            block += [(BPF_JEQ_K, value) for value in refused]
+        # another syscall jumps over the block, "allow" and "refuse"
+        program.append(op(BPF_JEQ_K, SYSCALL_NUMBERS[name][column], 0, len(block) + 2))
         for position, (code, k) in enumerate(block):
             # a match jumps over the rest of the block and "allow", to "refuse"
             program.append(
@@ -181,7 +191,7 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def program_preexec(guard):
+def program_preexec(guard: SockFprog) -> None:
     """What the child does between fork and exec (`guard`: a SockFprog built before the fork)."""
     # Undo the runner's non-dumpable flag (it makes /proc/self root-owned) so that the program can
     # raise its own OOM score: the memory cgroup's OOM killer then picks it, never the runner.
@@ -195,7 +205,7 @@ def program_preexec(guard):
         raise OSError(ctypes.get_errno(), "could not install the program's seccomp guard")
 
 
-def set_dumpable(flag):
+def set_dumpable(flag: int) -> None:
     libc.prctl(PR_SET_DUMPABLE, flag, 0, 0, 0)
 
 
@@ -204,7 +214,7 @@ def set_dumpable(flag):
 # ------------------------------------------------------------------------------------------------
 
 
-def read_counter(candidates):
+def read_counter(candidates: Iterable[tuple[str, str]]) -> int | None:
     for path, key in candidates:
         try:
             with open(path) as f:
@@ -217,7 +227,7 @@ def read_counter(candidates):
     return None
 
 
-def other_live_processes():
+def other_live_processes() -> list[int]:
     """PIDs of live (non-zombie) processes of this user, other than this one."""
     me, uid = os.getpid(), os.getuid()
     found = []
@@ -234,8 +244,9 @@ def other_live_processes():
     return found
 
 
-def kill_others():
-    """SIGKILL every other process of this user (kill(-1) spares only the caller); True when none is left."""
+def kill_others() -> bool:
+    """SIGKILL every other process of this user (kill(-1) spares only the caller); True when none
+    is left."""
     end = time.monotonic() + KILL_DEADLINE_S
     while True:
         beat()
@@ -248,7 +259,7 @@ def kill_others():
         time.sleep(0.005)
 
 
-def empty_directory(top):
+def empty_directory(top: str) -> None:
     """Remove everything inside `top`, however deep and whatever its permissions, without recursion
     and without holding a descriptor per level: walk down with chdir, come back up with ".."."""
     os.chdir(top)
@@ -275,7 +286,7 @@ def empty_directory(top):
         os.chdir("/")
 
 
-def ipc_ids(kind):
+def ipc_ids(kind: str) -> list[int]:
     try:
         with open(f"/proc/sysvipc/{kind}") as f:
             return [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
@@ -283,7 +294,7 @@ def ipc_ids(kind):
         return []
 
 
-def remove_ipc_objects():
+def remove_ipc_objects() -> None:
     """Remove every System V IPC object of the container's (private) IPC namespace. Its owner may
     have been handed to another user with IPC_SET, but its creator can only have been the sandbox
     user, and the creator may always remove it."""
@@ -297,7 +308,7 @@ def remove_ipc_objects():
             remove(ipc_id)
 
 
-def wipe():
+def wipe() -> list[str]:
     """Remove everything that could carry over to the next program: the work dir's contents (and
     its mode, times and extended attributes), the POSIX message queues and the System V IPC objects.
     Returns what is left (nothing when clean)."""
@@ -319,7 +330,7 @@ def wipe():
     return left
 
 
-def cleanup():
+def cleanup() -> tuple[bool, list[str]]:
     """kill_others, then wipe; (clean, what survived)."""
     survivors = []
     if not kill_others():
@@ -336,18 +347,23 @@ def cleanup():
 # ------------------------------------------------------------------------------------------------
 
 
-def capture(proc, stdin_data, timeout_s, limit):
+def capture(
+    proc: subprocess.Popen[bytes], stdin_data: bytes, timeout_s: float, limit: int
+) -> tuple[bytes, bytes, str | None]:
     """Feed the program's stdin and read its stdout/stderr until it exits (or the deadline, or the
     cap); returns (stdout bytes, stderr bytes, reason or None)."""
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    out_pipe, err_pipe, in_pipe = proc.stdout, proc.stderr, proc.stdin
+    if out_pipe is None or err_pipe is None:
+        raise ValueError("capture reads the program's stdout and stderr through pipes")
+    out_fd, err_fd = out_pipe.fileno(), err_pipe.fileno()
     outputs = {out_fd: bytearray(), err_fd: bytearray()}
     selector = selectors.DefaultSelector()
-    for stream in (proc.stdout, proc.stderr):
-        os.set_blocking(stream.fileno(), False)
-        selector.register(stream.fileno(), selectors.EVENT_READ)
+    for fd in (out_fd, err_fd):
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
     in_fd, fed = None, 0
-    if proc.stdin is not None:
-        in_fd = proc.stdin.fileno()
+    if in_pipe is not None:
+        in_fd = in_pipe.fileno()
         os.set_blocking(in_fd, False)
         selector.register(in_fd, selectors.EVENT_WRITE)
     deadline = time.monotonic() + timeout_s
@@ -368,7 +384,7 @@ def capture(proc, stdin_data, timeout_s, limit):
                 time.sleep(wait)
                 events = []
             for key, _ in events:
-                if key.fd == in_fd:
+                if in_pipe is not None and key.fd == in_fd:
                     try:
                         fed += os.write(in_fd, stdin_data[fed : fed + STDIN_CHUNK])
                     except BlockingIOError:
@@ -377,7 +393,7 @@ def capture(proc, stdin_data, timeout_s, limit):
                         fed = len(stdin_data)
                     if fed >= len(stdin_data):
                         selector.unregister(in_fd)
-                        proc.stdin.close()
+                        in_pipe.close()
                     continue
                 try:
                     chunk = os.read(key.fd, 65536)
@@ -401,9 +417,10 @@ def capture(proc, stdin_data, timeout_s, limit):
                     stream.close()
 
 
-def wait_for(proc):
+def wait_for(proc: subprocess.Popen[bytes]) -> int:
     """The program's exit status, waiting (with heartbeats) at most KILL_DEADLINE_S; a program that
-    does not die of SIGKILL in that time is taken as killed by it (cleanup reports it as a survivor)."""
+    does not die of SIGKILL in that time is taken as killed by it (cleanup reports it as a
+    survivor)."""
     end = time.monotonic() + KILL_DEADLINE_S
     while time.monotonic() < end:
         beat()
@@ -412,7 +429,7 @@ def wait_for(proc):
     return -signal.SIGKILL
 
 
-def run(spec):
+def run(spec: Mapping[str, Any]) -> int:
     with open(PROGRAM, "w", encoding="utf-8") as f:
         f.write(spec["code"])
     stdin_data = spec.get("stdin", "").encode("utf-8")
@@ -435,10 +452,8 @@ def run(spec):
     )
     duration = time.monotonic() - started
     if proc.poll() is None:
-        for target in (
-            -proc.pid,
-            proc.pid,
-        ):  # its process group, and itself should it have left the group
+        # its process group, and itself should it have left the group
+        for target in (-proc.pid, proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
     exit_code = wait_for(proc)
@@ -478,14 +493,14 @@ def run(spec):
     return 0 if cleared else 3
 
 
-def reset():
+def reset() -> int:
     cleared, survivors = cleanup()
     sys.stdout.write(json.dumps({"cleared": cleared, "survivors": survivors}))
     sys.stdout.flush()
     return 0 if cleared else 3
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     set_dumpable(0)
     beat()
     if argv[0] == "run":

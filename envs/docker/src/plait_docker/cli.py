@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from plait.errors import PlaitError
+from plait.api import PlaitError
 
 
 @click.group(name="plait-docker")
@@ -25,7 +25,7 @@ def docker_commands() -> None:
 )
 def build_image_command(force: bool, mirror: str | None) -> None:
     """Build the sandbox image locally (debootstrap + docker import); print its tag."""
-    from plait.logs import ensure_configured
+    from plait.api import ensure_configured
     from plait_docker.image import build_image
 
     ensure_configured()
@@ -58,9 +58,10 @@ def status() -> None:
     tag = default_image()
     containers = client.containers.list(all=True, filters={"label": f"{LABEL_SANDBOX}=1"})
     click.echo(f"engine      Docker {client.version()['Version']} at {client.api.base_url}")
-    click.echo(
-        f"image       {tag} ({'built' if image_exists(client, tag) else 'not built: run plait-docker build-image'})"
+    image_state = (
+        "built" if image_exists(client, tag) else "not built: run plait-docker build-image"
     )
+    click.echo(f"image       {tag} ({image_state})")
     click.echo(f"containers  {len(containers)} sandbox container(s)")
 
 

@@ -1,4 +1,5 @@
-"""Connecting to the Docker engine: the one place that decides whether sandboxed execution is possible.
+"""Connecting to the Docker engine: the one place that decides whether sandboxed execution is
+possible.
 
 There is no fallback: without a reachable engine nothing executes (untrusted code never runs on the
 host), and the error says how to start one.
@@ -12,7 +13,7 @@ import docker
 import docker.errors
 import requests
 
-from plait.errors import EngineError
+from plait.api import EngineError
 
 # Labels on everything plait-docker creates, so that the janitor can find leftovers.
 LABEL_SANDBOX = "plait.sandbox"
@@ -45,7 +46,8 @@ def connect(timeout_s: float = 60.0) -> docker.DockerClient:
     except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
         raise EngineError(
             f"no Docker engine is reachable at {engine_address()} ({type(exc).__name__}: {exc}); "
-            "plait-docker runs untrusted code only inside Docker containers, so it cannot execute anything",
+            "plait-docker runs untrusted code only inside Docker containers, so it cannot execute "
+            "anything",
             fix=START_ENGINE_FIX,
         ) from exc
     return client

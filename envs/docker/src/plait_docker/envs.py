@@ -18,8 +18,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plait.config import positive
-from plait.errors import EnvironmentError_
+from plait.api import EnvironmentError_, positive
 from plait_docker.grading import CodeTask, extract_code, grade_answer
 from plait_docker.sandbox import Sandbox, SandboxFault, SandboxOptions
 from plait_docker.tasks import TaskSet, humaneval_tasks, python_tasks
@@ -42,14 +41,14 @@ class MultiTurnCodeEnvOptions:
 
 
 SINGLE_TURN_INSTRUCTIONS = (
-    "Complete the Python function below. Reply with the complete function (with any imports it needs) "
-    "in one ```python code block. Hidden unit tests will check it."
+    "Complete the Python function below. Reply with the complete function (with any imports it "
+    "needs) in one ```python code block. Hidden unit tests will check it."
 )
 MULTI_TURN_INSTRUCTIONS = (
     "Complete the Python function below. You may call the tool `run_python` to run Python programs "
     "and see their output (at most {max_calls} times). When you are done, reply with the complete "
-    "function (with any imports it needs) in one ```python code block and no tool call. Hidden unit "
-    "tests will check it."
+    "function (with any imports it needs) in one ```python code block and no tool call. Hidden "
+    "unit tests will check it."
 )
 
 
@@ -122,7 +121,8 @@ class MultiTurnCodeEnv(CodeEnv):
             return ToolOutput(
                 blocks=[
                     TextBlock(
-                        f"run_python may be called at most {self.max_tool_calls} times; submit your answer now."
+                        f"run_python may be called at most {self.max_tool_calls} times; submit "
+                        "your answer now."
                     )
                 ],
                 metadata={"execution": "refused"},

@@ -54,7 +54,9 @@ def plan_tests(test_source: str) -> CheckPlan:
     checks = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if len(checks) != 1:
         raise ValueError("a task's test module must define exactly one function check(candidate)")
-    prelude = ast.unparse([n for n in module.body if n is not checks[0]])
+    prelude = ast.unparse(
+        ast.Module(body=[n for n in module.body if n is not checks[0]], type_ignores=[])
+    )
     steps = tuple(
         (ast.unparse(stmt), any(isinstance(n, ast.Assert) for n in ast.walk(stmt)))
         for stmt in checks[0].body
@@ -68,8 +70,8 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 
 def extract_code(answer: str, entry_point: str) -> str:
-    """The code in a model's answer: the last fenced block that defines `entry_point`, else the first
-    Python (or unlabelled) fenced block, else the whole answer."""
+    """The code in a model's answer: the last fenced block that defines `entry_point`, else the
+    first Python (or unlabelled) fenced block, else the whole answer."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(answer)]
     defining = [
         body
@@ -111,7 +113,8 @@ _write = _os.write
 
 
 def _emit(kind, index, text=""):
-    line = "\\n" + _NONCE + " " + kind + " " + str(index) + " " + text.replace("\\n", " ")[:300] + "\\n"
+    detail = text.replace("\\n", " ")[:300]
+    line = "\\n" + _NONCE + " " + kind + " " + str(index) + " " + detail + "\\n"
     _write(1, line.encode("utf-8", "replace"))
 
 
@@ -178,12 +181,14 @@ class Grade:
         }
 
     def summary(self) -> str:
-        head = f"{self.tests_passed}/{self.tests_total} hidden tests passed ({self.execution.reason}: {self.execution.detail})"
+        execution = f"{self.execution.reason}: {self.execution.detail}"
+        head = f"{self.tests_passed}/{self.tests_total} hidden tests passed ({execution})"
         return "\n".join([head, *self.failures[:3]])
 
 
 def read_grade(task: CodeTask, result: ExecutionResult, nonce: str) -> Grade:
-    """Count the tests the driver reported passed; a test reported both ways, or not at all, failed."""
+    """Count the tests the driver reported passed; a test reported both ways, or not at all,
+    failed."""
     total = plan_tests(task.test).num_tests
     outcomes: dict[int, str] = {}
     failures = []
@@ -211,7 +216,8 @@ def new_nonce() -> str:
 async def grade_answer(
     sandbox: Sandbox, task: CodeTask, code: str, *, timeout_s: float | None = None
 ) -> Grade:
-    """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the sandbox.
+    """Run `code` (the answer's code, see `extract_code`) against the task's hidden tests in the
+    sandbox.
 
     Raises `SandboxFault` when the sandbox failed (`ExecutionResult.engine_fault`): the answer's
     outcome is then unknown, and grading it 0 would blame it for the engine."""

@@ -1,4 +1,5 @@
-"""The sandbox image, built locally without a registry: a debootstrap root file system + `docker import`.
+"""The sandbox image, built locally without a registry: a debootstrap root file system +
+`docker import`.
 
 The tag is a hash of the recipe (Debian suite, packages, users, Python version), so a changed recipe
 gets a new tag, and building an image whose tag exists does nothing.
@@ -20,7 +21,7 @@ import docker
 import docker.errors
 import structlog
 
-from plait.errors import EngineError, PlaitError
+from plait.api import EngineError, PlaitError
 from plait_docker.engine import LABEL_IMAGE, LABEL_RECIPE, connect
 
 log = structlog.get_logger("plait_docker.image")
@@ -160,7 +161,8 @@ def build_image(
 def _check_build_prerequisites() -> None:
     if os.geteuid() != 0:
         raise PlaitError(
-            "building the sandbox image needs root (debootstrap creates device nodes and chowns files)",
+            "building the sandbox image needs root (debootstrap creates device nodes and chowns "
+            "files)",
             fix="run `plait-docker build-image` as root",
         )
     if shutil.which("debootstrap") is None:

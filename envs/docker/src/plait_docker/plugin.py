@@ -5,9 +5,12 @@ Imports nothing heavy: the environments load (and connect to Docker) on first us
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, hookimpl
+
+if TYPE_CHECKING:
+    import click
 
 _ENVS = (
     (
@@ -38,7 +41,7 @@ _ENVS = (
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
+def plait_register_envs(register: RegisterEnv) -> None:
     for name, factory, options, description in _ENVS:
         register(
             name,
@@ -49,7 +52,7 @@ def plait_register_envs(register: Any) -> None:
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     from plait_docker.cli import docker_commands
 
     cli.add_command(docker_commands, name="docker")

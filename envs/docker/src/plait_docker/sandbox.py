@@ -38,8 +38,7 @@ import docker.utils.socket
 import requests
 import structlog
 
-from plait.config import positive
-from plait.errors import EngineError
+from plait.api import EngineError, positive
 from plait_docker.engine import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -124,7 +123,8 @@ class SandboxOptions:
 
 @attrs.frozen
 class ExecutionResult:
-    """What one execution did. `ok` is true only for a clean exit with status 0 within every limit."""
+    """What one execution did. `ok` is true only for a clean exit with status 0 within every
+    limit."""
 
     reason: str
     detail: str
@@ -445,8 +445,8 @@ class Sandbox:
             network_mode="none",
             read_only=True,
             tmpfs={
-                work_dir: f"rw,noexec,nosuid,nodev,size={opts.work_dir_mb}m,nr_inodes={opts.work_dir_inodes},"
-                f"mode=700,uid={self._uid},gid={self._uid}"
+                work_dir: f"rw,noexec,nosuid,nodev,size={opts.work_dir_mb}m,"
+                f"nr_inodes={opts.work_dir_inodes},mode=700,uid={self._uid},gid={self._uid}"
             },
             mem_limit=f"{opts.memory_mb}m",
             memswap_limit=f"{opts.memory_mb}m",  # the same as mem_limit: no swap
@@ -501,7 +501,8 @@ class Sandbox:
                     break
                 if time.monotonic() > give_up:
                     raise EngineError(
-                        f"no sandbox container became free within {self.options.acquire_timeout_s}s",
+                        "no sandbox container became free within "
+                        f"{self.options.acquire_timeout_s}s",
                         fix="raise sandbox.pool_size or sandbox.acquire_timeout_s",
                     )
                 self._cond.wait(timeout=0.05)
@@ -598,7 +599,8 @@ class Sandbox:
         if stdin_bytes > opts.max_stdin_bytes:
             return _failure(
                 "program_too_large",
-                f"the input (stdin) has {stdin_bytes} bytes; at most {opts.max_stdin_bytes} are allowed",
+                f"the input (stdin) has {stdin_bytes} bytes; at most {opts.max_stdin_bytes} are "
+                "allowed",
             )
         # The job goes to the runner on its stdin, never on a command line (which the host's process
         # list would show, hidden tests included).
@@ -625,7 +627,8 @@ class Sandbox:
                 try:
                     result, clean = self._execute_in(container, payload, timeout, cancel)
                 except _ContainerUnusable as exc:
-                    # nothing ran: the container broke before the exec started; retry once on another
+                    # nothing ran: the container broke before the exec started;
+                    # retry once on another
                     self._discard(container)
                     if attempt == 2:
                         return _failure(
@@ -648,7 +651,8 @@ class Sandbox:
     ) -> tuple[ExecutionResult, bool]:
         """(result, whether the container is clean and reusable)."""
         started = time.monotonic()
-        # The runner's report holds at most two capped streams, JSON-escaped (at most 6 bytes a byte).
+        # The runner's report holds at most two capped streams, JSON-escaped
+        # (at most 6 bytes a byte).
         cap = 12 * self.options.output_limit_bytes + 65536
         outcome = _stream_exec(
             self.client.api,
@@ -690,7 +694,8 @@ class Sandbox:
     def _diagnose(
         self, container: Any, outcome: _StreamOutcome, timeout: float
     ) -> tuple[str, bool]:
-        """What went wrong with a run that gave no report (and whether the container is clean again)."""
+        """What went wrong with a run that gave no report (and whether the container is clean
+        again)."""
         state = self._container_state(container)
         clean = False
         if state == "running":
@@ -705,7 +710,8 @@ class Sandbox:
             return f"the engine did not say what became of the sandbox container: {state}", False
         if state != "running":
             return (
-                f"the sandbox container stopped during the execution ({state}): killed or stopped from outside",
+                f"the sandbox container stopped during the execution ({state}): killed or stopped "
+                "from outside",
                 False,
             )
         if outcome.host_reason == "unresponsive":
@@ -717,8 +723,8 @@ class Sandbox:
             return f"the sandbox runner gave no result within {timeout + HOST_GRACE_S:.0f}s", clean
         stderr_tail = outcome.stderr.decode("utf-8", "replace")[-500:]
         return (
-            f"the sandbox runner ended without a readable report (exit status {outcome.exit_code}): "
-            f"killed from outside, or it failed. {stderr_tail}"
+            "the sandbox runner ended without a readable report "
+            f"(exit status {outcome.exit_code}): killed from outside, or it failed. {stderr_tail}"
         ).strip(), clean
 
     async def run(
@@ -750,7 +756,8 @@ class Sandbox:
             return {"live": self._live, "idle": len(self._idle), "in_flight": self._in_flight}
 
     def close(self) -> None:
-        """Stop accepting executions, let running ones finish their cleanup, remove every container."""
+        """Stop accepting executions, let running ones finish their cleanup, remove every
+        container."""
         with self._cond:
             if self._closed:
                 return

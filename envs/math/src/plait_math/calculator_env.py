@@ -84,7 +84,8 @@ class CalculatorEnvironment(ArithEnvironment):
         self.calculator_calls += 1
         if self.calculator_calls > self.options.max_calculator_calls:
             raise CalculatorError(
-                f"the calculator may be called {self.options.max_calculator_calls} times per task; give your answer now"
+                f"the calculator may be called {self.options.max_calculator_calls} times per "
+                "task; give your answer now"
             )
         return ToolOutput(blocks=[TextBlock(format_result(evaluate(expression)))])
 

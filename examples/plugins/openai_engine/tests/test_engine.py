@@ -14,9 +14,15 @@ from typing import Any
 
 import pytest
 
-from plait.errors import ConfigError, DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait.api import (
+    ConfigError,
+    DataError,
+    EngineError,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_openai_engine.engine import OpenAIEngine, OpenAIOptions
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -88,7 +94,7 @@ def test_registers_through_its_entry_point_when_installed() -> None:
 
 
 def test_options_are_validated_with_the_key_named() -> None:
-    from plait.plugins import build
+    from plait.api import build
 
     with pytest.raises(
         ConfigError, match=r'inference\.options\.urll: unknown key \(did you mean "url"\?\)'

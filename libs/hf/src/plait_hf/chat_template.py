@@ -25,9 +25,15 @@ from typing import Any, Literal
 
 import attrs
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
-from plait.types import Message, ModelInput, ParseTermination, ToolSpec, TrainOnWhat
+from plait.api import (
+    Message,
+    ModelError,
+    ModelInput,
+    ParseTermination,
+    ResolvedModel,
+    ToolSpec,
+    TrainOnWhat,
+)
 from plait_hf.encoding import TokenEncoder
 from plait_hf.formats import (
     THINK_CLOSE,

@@ -2,8 +2,10 @@
 
 Two tool-call formats cover the Qwen families (and every template derived from them):
 
-- "json" (Hermes / Qwen2.5 / Qwen3): `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`
-- "xml" (Qwen3.5 / Qwen3-Coder): `<tool_call>\\n<function=f>\\n<parameter=p>\\nv\\n</parameter>\\n</function>\\n</tool_call>`
+- "json" (Hermes / Qwen2.5 / Qwen3):
+  `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`
+- "xml" (Qwen3.5 / Qwen3-Coder):
+  `<tool_call>\\n<function=f>\\n<parameter=p>\\nv\\n</parameter>\\n</function>\\n</tool_call>`
 
 Renderers write calls in these formats and parse sampled text back with `parse_tool_calls`.
 """
@@ -16,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from plait.types import ToolCall, ToolSpec
+from plait.api import ToolCall, ToolSpec
 
 ToolCallFormat = Literal["json", "xml"]
 

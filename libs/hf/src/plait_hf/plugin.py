@@ -1,9 +1,9 @@
-"""plait-hf's plugin module: the chat-template renderer, by a lazy target (no transformers on import)."""
+"""plait-hf's plugin module: the chat-template renderer, by a lazy target
+(no transformers on import)."""
 
 from __future__ import annotations
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterRenderer
+from plait.api import RegisterRenderer, hookimpl
 
 
 @hookimpl

@@ -3,11 +3,11 @@
 Engine plugins that drive an HTTP server (vLLM, SGLang) share three things, kept here:
 
 - `ServerProcess` (a `LaunchedServer` on this machine) launches the server's command in its own
-  process group, writes its output to a log file, waits for its health endpoint with a deadline (failing at once, with the log's last
-  lines, when the process exits during start-up), and stops the whole group (SIGTERM, then
-  SIGKILL after a grace period). A server is also stopped when this interpreter exits (atexit)
-  and, on Linux, when the process that launched it dies (PR_SET_PDEATHSIG), so a crashed run
-  leaves no server behind.
+  process group, writes its output to a log file, waits for its health endpoint with a deadline
+  (failing at once, with the log's last lines, when the process exits during start-up), and stops
+  the whole group (SIGTERM, then SIGKILL after a grace period). A server is also stopped when this
+  interpreter exits (atexit) and, on Linux, when the process that launched it dies
+  (PR_SET_PDEATHSIG), so a crashed run leaves no server behind.
 - `EngineHTTP` is a JSON client in which every failure becomes an `EngineError` within a known
   time: unreachable server, a server that crashed (named with its exit code and log tail), a
   request that ran past its deadline, a missing endpoint (an engine version without it), or an
@@ -56,10 +56,16 @@ from typing import Any, TypeVar
 import attrs
 import structlog
 
-from plait.config import positive
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import EngineHealth, ModelInput, WeightUpdate, prompt_token_ids
+from plait.api import (
+    DataError,
+    EngineError,
+    EngineHealth,
+    ModelInput,
+    ResolvedModel,
+    WeightUpdate,
+    positive,
+    prompt_token_ids,
+)
 
 log = structlog.get_logger("plait_server.engine")
 T = TypeVar("T")
@@ -110,7 +116,8 @@ class LaunchedServer:
 
     def crash_error(self, what: str = "") -> EngineError:
         return EngineError(
-            f"the {self.name} server {self.how_it_ended()}{what}; last lines of {self.log_path}:\n{self.log_tail()}",
+            f"the {self.name} server {self.how_it_ended()}{what}; "
+            f"last lines of {self.log_path}:\n{self.log_tail()}",
             fix="read the server log above for the cause",
         )
 
@@ -133,16 +140,17 @@ class LaunchedServer:
                 tail = self.log_tail()
                 self.stop()
                 raise EngineError(
-                    f"the {self.name} server{self.location} did not become healthy within {timeout_s:g} s; "
-                    f"last lines of {self.log_path}:\n{tail}",
-                    fix="raise the engine's startup_timeout_s (a loaded machine starts servers slowly), "
-                    "or read the log for the cause",
+                    f"the {self.name} server{self.location} did not become healthy "
+                    f"within {timeout_s:g} s; last lines of {self.log_path}:\n{tail}",
+                    fix="raise the engine's startup_timeout_s (a loaded machine starts servers "
+                    "slowly), or read the log for the cause",
                 )
             await asyncio.sleep(poll_s)
 
 
 class ServerProcess(LaunchedServer):
-    """One server process on this machine (and everything it spawns), with its output in `log_path`."""
+    """One server process on this machine (and everything it spawns), with its output in
+    `log_path`."""
 
     def __init__(
         self,
@@ -321,13 +329,16 @@ class EngineHTTP:
         except TimeoutError:
             self._raise_if_crashed(what)
             raise EngineError(
-                f"the {self.name} server at {self.base_url} did not answer {what} within {deadline:g} s",
-                fix="check that the server is not stuck (its log), or raise the engine's request timeout",
+                f"the {self.name} server at {self.base_url} did not answer {what} "
+                f"within {deadline:g} s",
+                fix="check that the server is not stuck (its log), "
+                "or raise the engine's request timeout",
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self._raise_if_crashed(what)
             raise EngineError(
-                f"cannot reach the {self.name} server at {self.base_url} ({what}): {type(exc).__name__}: {exc}",
+                f"cannot reach the {self.name} server at {self.base_url} ({what}): "
+                f"{type(exc).__name__}: {exc}",
                 fix="start the server, or check the engine's url/host/port options",
             ) from exc
         if response.status_code in accept:
@@ -336,7 +347,8 @@ class EngineHTTP:
             raise EngineError(
                 f"the {self.name} server at {self.base_url} has no endpoint {what} "
                 f"(HTTP {response.status_code}); this engine version lacks it, or it is disabled",
-                fix="use an engine version with this endpoint, or enable it (see the plugin's README)",
+                fix="use an engine version with this endpoint, "
+                "or enable it (see the plugin's README)",
             )
         raise EngineError(
             f"the {self.name} server answered {what} with HTTP {response.status_code}: "
@@ -372,7 +384,8 @@ ROUTE_NOT_FOUND = frozenset({"Not Found", "Method Not Allowed", ""})
 
 
 def error_message(response: Any) -> str:
-    """The error text of a reply: `{"error": {"message"}}`, `{"error": str}`, `{"detail"}`, or text."""
+    """The error text of a reply: `{"error": {"message"}}`, `{"error": str}`, `{"detail"}`, or
+    text."""
     try:
         body = response.json()
     except ValueError:
@@ -422,8 +435,10 @@ class PauseGate:
                 await asyncio.wait_for(future, timeout_s)
             except TimeoutError:
                 raise EngineError(
-                    f"the engine stayed paused for more than {timeout_s:g} s; the request was not sent",
-                    fix="call resume() after the weight update, or raise the engine's pause_timeout_s",
+                    f"the engine stayed paused for more than {timeout_s:g} s; "
+                    "the request was not sent",
+                    fix="call resume() after the weight update, "
+                    "or raise the engine's pause_timeout_s",
                 ) from None
 
 
@@ -514,7 +529,8 @@ class WeightStaging:
         if update.kind != "full":
             raise EngineError(
                 f"this engine loads full weight updates from disk, got kind {update.kind!r}",
-                fix="use a weight sync whose payload is 'full', or one that writes deltas into a checkpoint",
+                fix="use a weight sync whose payload is 'full', "
+                "or one that writes deltas into a checkpoint",
             )
         from plait_weights.sync import save_safetensors
 
@@ -554,7 +570,8 @@ class ServerOptions:
     """Extra environment variables for a launched server."""
     api_key: str | None = None
     startup_timeout_s: float = attrs.field(default=900.0, validator=positive)
-    """How long a launched server may take to answer /health (minutes on a loaded 2-core machine)."""
+    """How long a launched server may take to answer /health (minutes on a loaded 2-core
+    machine)."""
     request_timeout_s: float = attrs.field(default=600.0, validator=positive)
     """Deadline of one sampling request."""
     control_timeout_s: float = attrs.field(default=120.0, validator=positive)
@@ -717,7 +734,8 @@ class ServerEngine:
                 )
             elif not await self._healthy():
                 raise EngineError(
-                    f"the {self.server_name} server at {self.http.base_url} is not healthy (GET /health answered 503)",
+                    f"the {self.server_name} server at {self.http.base_url} is not healthy "
+                    "(GET /health answered 503)",
                     fix="wait for it to finish starting, or check its log",
                 )
             await self._on_ready()
@@ -794,9 +812,10 @@ class ServerEngine:
                 return False
             raise EngineError(
                 failure.message,
-                fix=f"this engine is attached to the server at {self.options.url} (inference.options.url), "
-                "and plait restarts only servers it launched: restart that server, or leave url unset "
-                "so that the engine launches (and restarts) its own",
+                fix=f"this engine is attached to the server at {self.options.url} "
+                "(inference.options.url), and plait restarts only servers it launched: "
+                "restart that server, or leave url unset so that the engine launches "
+                "(and restarts) its own",
             ) from failure
         if self.server is not server:
             return True
@@ -832,19 +851,21 @@ class ServerEngine:
                     f"the {self.server_name} server {how} after {self._restarts} restarts "
                     f"(inference.options.max_restarts = {self.options.max_restarts}); "
                     f"last lines of {dead.log_path}:\n{dead.log_tail()}",
-                    fix="read the server log for the cause; raise inference.options.max_restarts to restart it more often",
+                    fix="read the server log for the cause; raise inference.options.max_restarts "
+                    "to restart it more often",
                 )
             reason = self._why_weights_cannot_be_restored()
             if reason is not None:
                 raise EngineError(
-                    f"the {self.server_name} server {how}, and a new one could not be given its weights: {reason}; "
-                    f"last lines of {dead.log_path}:\n{dead.log_tail()}",
-                    fix="read the server log for the cause; weights synced by disk (sync.method 'disk' or "
-                    "'in_process') are given back to a restarted server",
+                    f"the {self.server_name} server {how}, and a new one could not be given "
+                    f"its weights: {reason}; last lines of {dead.log_path}:\n{dead.log_tail()}",
+                    fix="read the server log for the cause; weights synced by disk "
+                    "(sync.method 'disk' or 'in_process') are given back to a restarted server",
                 )
             self._restarts += 1
             log.warning(
-                f"the {self.server_name} server {how}; restarting it and re-issuing its running requests",
+                f"the {self.server_name} server {how}; "
+                "restarting it and re-issuing its running requests",
                 server=self.server_name,
                 exit_code=dead.exit_code,
                 log=str(dead.log_path),
@@ -894,7 +915,8 @@ class ServerEngine:
         except EngineError as exc:
             raise EngineError(
                 f"the restarted {self.server_name} server could not be given the weights "
-                f"it had (version {version}, from {self._weights_path or self.model.path}): {exc.message}",
+                f"it had (version {version}, from {self._weights_path or self.model.path}): "
+                f"{exc.message}",
                 fix=exc.fix,
             ) from exc
         self._version = version

@@ -33,8 +33,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from plait.errors import EngineError
-from plait.types import ModelInput, SampledSequence, SampleResponse, SamplingParams, WeightUpdate
+from plait.api import (
+    EngineError,
+    ModelInput,
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_server.engine import free_port
 
 
@@ -208,7 +214,8 @@ class ServerEngineFailureContract:
         self, make_engine: Callable[..., Any], tmp_path: Any
     ) -> None:
         """A server command that exits at once (here: this interpreter without the server's
-        package): the error names the exit code and shows the log, well before the start-up timeout."""
+        package): the error names the exit code and shows the log, well before the start-up
+        timeout."""
 
         async def body() -> None:
             engine = make_engine(

@@ -16,7 +16,8 @@ What it checks (each failure is an AssertionError that names the rule and what b
 - rewards are finite and, when a range is declared, inside it;
 - the finished latch: after a result with `finished=True` every call is refused
   (`ToolError(reason="episode_finished")`);
-- `close()` is always safe: twice, right after `open()`, after the episode; `Environment.close()` too.
+- `close()` is always safe: twice, right after `open()`, after the episode; `Environment.close()`
+  too.
 
 `solve(task)` (optional) gives the (tool, input) calls that play a task to its end; without it the
 kit calls each tool with the smallest input its schema allows, for up to `max_steps` calls.
@@ -32,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from plait.types import ImageBlock, Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec
+from plait.api import ImageBlock, Message, Split, TextBlock, ToolError, ToolOutput, ToolSpec
 
 Action = tuple[str, Mapping[str, Any]]
 Solver = Callable[[Mapping[str, Any]], Sequence[Action]]
@@ -118,6 +119,8 @@ def _example_value(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Any:
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), None)
+    if kind is None:
+        return None
     minimum = schema.get("minimum", 0)
     return {
         "string": "0" * int(schema.get("minLength", 1)),
@@ -219,7 +222,9 @@ async def _check_session_surface(session: Any) -> tuple[list[ToolSpec], ToolSpec
     )
     messages = await session.messages()
     _check(
-        isinstance(messages, list) and all(isinstance(m, Message) for m in messages) and messages,
+        isinstance(messages, list)
+        and all(isinstance(m, Message) for m in messages)
+        and bool(messages),
         "messages",
         f"messages() must return a non-empty list of Message, got {messages!r}",
     )
@@ -297,7 +302,7 @@ async def check_environment(
     )
     splits = await env.splits()
     _check(
-        isinstance(splits, list) and splits and all(isinstance(s, Split) for s in splits),
+        isinstance(splits, list) and bool(splits) and all(isinstance(s, Split) for s in splits),
         "splits",
         f"splits() must return a non-empty list of Split, got {splits!r}",
     )

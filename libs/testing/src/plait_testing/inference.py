@@ -34,10 +34,18 @@ import attrs
 import numpy as np
 import pytest
 
-from plait.errors import PlaitError, UnknownComponentError
-from plait.models import ResolvedModel
-from plait.protocols import InferenceEngine, TrainerEngine
-from plait.types import AdamParams, ModelInput, SampledSequence, SamplingParams, WeightUpdate
+from plait.api import (
+    AdamParams,
+    InferenceEngine,
+    ModelInput,
+    PlaitError,
+    ResolvedModel,
+    SampledSequence,
+    SamplingParams,
+    TrainerEngine,
+    UnknownComponentError,
+    WeightUpdate,
+)
 from plait_testing.trainer import datum_logprobs, random_tokens, sft_datum, vocab_size
 
 MakeEngine = Callable[[], InferenceEngine]
@@ -97,7 +105,7 @@ class InferenceEngineContract:
 
     @pytest.fixture
     def make_trainer(self, model: ResolvedModel) -> MakeTrainer:
-        from plait.plugins import build, get_registry
+        from plait.api import build, get_registry
 
         try:
             get_registry().get("trainer_engine", self.reference_trainer)
@@ -255,7 +263,8 @@ class InferenceEngineContract:
     def test_logprobs_match_the_trainer(
         self, make_engine: MakeEngine, make_trainer: MakeTrainer, vocab: int
     ) -> None:
-        """Logprobs come from the raw distribution (temperature 1, unfiltered), as the trainer sees it."""
+        """Logprobs come from the raw distribution (temperature 1, unfiltered), as the trainer sees
+        it."""
         trainer = make_trainer()
         prompt = self.prompt(vocab)
 
@@ -403,7 +412,8 @@ class InferenceEngineContract:
         eos = tokenizer.eos_token_id
         if eos is None or not self.takes_weight_updates:
             pytest.skip(
-                "the test trains the model towards end-of-sequence, which needs eos and weight updates"
+                "the test trains the model towards end-of-sequence, "
+                "which needs eos and weight updates"
             )
         trainer = make_trainer()
         prompt = self.prompt(vocab)

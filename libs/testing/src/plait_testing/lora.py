@@ -1,6 +1,7 @@
 """LoRA adapters for tests: a random PEFT-format adapter, and the logprobs it should give.
 
-    deltas = write_random_lora(model, dest)       # dest/adapter_config.json + adapter_model.safetensors
+    # writes dest/adapter_config.json and dest/adapter_model.safetensors
+    deltas = write_random_lora(model, dest)
     expected = merged_logprob(model, deltas, tokens)
 
 Imports torch, safetensors and transformers on use.
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 
 
 def write_random_lora(
@@ -77,6 +78,6 @@ def merged_logprob(model: ResolvedModel, deltas: Mapping[str, Any], tokens: Sequ
     params = dict(hf.named_parameters())
     with torch.no_grad():
         for name, delta in deltas.items():
-            params[name] += delta
+            params[name].add_(delta)
         logits = hf(torch.tensor([list(tokens[:-1])])).logits[0, -1]
     return float(torch.log_softmax(logits, -1)[tokens[-1]])

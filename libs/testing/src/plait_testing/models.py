@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.errors import UnknownComponentError
-from plait.models import ModelSource, ResolvedModel, load_materializer
+from plait.api import ModelSource, ResolvedModel, UnknownComponentError, load_materializer
 
 
 def materialize_model(name: str, dest: Path) -> ResolvedModel:
@@ -16,7 +15,7 @@ def materialize_model(name: str, dest: Path) -> ResolvedModel:
     Skips the calling test when no installed plugin registers `name` (e.g. "tiny-qwen3" comes
     with plait-torch). Use it from a session-scoped fixture: tiny-qwen3 takes a few seconds.
     """
-    from plait.plugins import get_registry
+    from plait.api import get_registry
 
     try:
         source: ModelSource = get_registry().get("model", name).load()
@@ -32,7 +31,8 @@ def materialize_model(name: str, dest: Path) -> ResolvedModel:
 
 def build_resized_qwen3(base: Path, dest: Path, seed: int = 0, **config: int) -> ResolvedModel:
     """A random-init Qwen3 at `dest` with `base`'s tokenizer and config, `config` overriding its
-    sizes (e.g. tiny-qwen3 widened and deepened into a ~50M-parameter model for weight-sync tests)."""
+    sizes (e.g. tiny-qwen3 widened and deepened into a ~50M-parameter model for weight-sync
+    tests)."""
     import json
 
     import torch

@@ -39,8 +39,7 @@ from typing import Any
 import attrs
 import pytest
 
-from plait.protocols import Renderer
-from plait.types import Message, ParseTermination, ToolCall, ToolSpec, TrainOnWhat
+from plait.api import Message, ParseTermination, Renderer, ToolCall, ToolSpec, TrainOnWhat
 
 M = Message
 
@@ -72,8 +71,8 @@ class Conversation:
     """A named conversation that ends with an assistant message, and the tools it may call."""
 
     name: str
-    messages: tuple[Message, ...] = attrs.field(converter=tuple)
-    tools: tuple[ToolSpec, ...] = attrs.field(converter=tuple, factory=tuple)
+    messages: tuple[Message, ...] = attrs.field(converter=tuple[Message, ...])
+    tools: tuple[ToolSpec, ...] = attrs.field(converter=tuple[ToolSpec, ...], factory=tuple)
 
     @property
     def reasons(self) -> bool:

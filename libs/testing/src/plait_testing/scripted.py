@@ -3,9 +3,9 @@
 A random tiny model never writes a tool call, so multi-turn rollouts cannot be tested with one.
 `build_scripted_qwen3` rewrites the weights of a small Qwen3 checkpoint (e.g. plait-torch's
 `tiny-qwen3`) so that, whatever the context, the token after `start` is `script[0]`, after
-`script[0]` it is `script[1]`, and so on: attention and the first MLPs are switched off, and the last
-MLP becomes a key-value memory from each token's embedding to its successor's. The result is an
-ordinary checkpoint that real inference engines load and sample (greedy sampling follows the
+`script[0]` it is `script[1]`, and so on: attention and the first MLPs are switched off, and the
+last MLP becomes a key-value memory from each token's embedding to its successor's. The result is
+an ordinary checkpoint that real inference engines load and sample (greedy sampling follows the
 script; the engine's logprobs are the model's own).
 
 The script's tokens must be distinct (the next token depends on the current one only), and `start`
@@ -108,9 +108,11 @@ def build_scripted_qwen3(base: Path, dest: Path, start: int, script: Sequence[in
     memory = layers[-1].mlp
     if memory.gate_proj.out_features < len(script):
         raise ValueError(
-            f"the script has {len(script)} steps; the model's MLP holds {memory.gate_proj.out_features}"
+            f"the script has {len(script)} steps; "
+            f"the model's MLP holds {memory.gate_proj.out_features}"
         )
     embeddings = model.get_input_embeddings().weight
+    assert isinstance(embeddings, torch.Tensor)  # an nn.Embedding's weight, typed as a module's
     with torch.no_grad():
         for layer in layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -131,7 +133,8 @@ def build_scripted_qwen3(base: Path, dest: Path, start: int, script: Sequence[in
     if follows != chain[1:]:
         wrong = next(i for i, (a, b) in enumerate(zip(follows, chain[1:], strict=True)) if a != b)
         raise ValueError(
-            f"the scripted model would write {follows[wrong]} instead of {chain[wrong + 1]} at step {wrong}"
+            f"the scripted model would write {follows[wrong]} instead of {chain[wrong + 1]} "
+            f"at step {wrong}"
         )
     dest = Path(dest)
     model.save_pretrained(str(dest))

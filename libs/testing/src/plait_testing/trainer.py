@@ -30,10 +30,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from plait.errors import PlaitError
-from plait.models import ResolvedModel
-from plait.protocols import TrainerEngine
-from plait.types import AdamParams, Datum, ForwardBackwardOutput, ModelInput
+from plait.api import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    ModelInput,
+    PlaitError,
+    ResolvedModel,
+    TrainerEngine,
+)
 
 MakeTrainer = Callable[[], TrainerEngine]
 
@@ -44,8 +49,8 @@ RL_LOSSES: dict[str, dict[str, float]] = {
     "cispo": {},
     "dro": {"beta": 0.1},
 }
-# Adam with a large eps is close to SGD (update ~ lr * g / eps), so its updates depend smoothly
-# on the gradient: small numerical differences in the gradient give small differences in the weights.
+# Adam with a large eps is close to SGD (update ~ lr * g / eps), so its updates depend smoothly on
+# the gradient: small numerical differences in the gradient give small differences in the weights.
 SMOOTH_ADAM = AdamParams(learning_rate=1e-1, eps=1.0)
 
 
@@ -79,9 +84,10 @@ def sft_datum(tokens: Sequence[int], weights: Sequence[float] | None = None) -> 
 
 
 def rl_datum(
-    tokens: Sequence[int], prompt_len: int, sampler_logprobs: Sequence[float], advantage: float
+    tokens: Sequence[int], prompt_len: int, sampler_logprobs: Iterable[float], advantage: float
 ) -> Datum:
-    """An RL datum: the completion (tokens after `prompt_len`) carries advantage and sampler logprobs."""
+    """An RL datum: the completion (tokens after `prompt_len`) carries advantage and sampler
+    logprobs."""
     tokens = list(tokens)
     n = len(tokens) - 1
     active = [1.0 if i + 1 >= prompt_len else 0.0 for i in range(n)]
@@ -103,7 +109,8 @@ def datum_logprobs(out: ForwardBackwardOutput) -> list[np.ndarray]:
 
 
 def to_numpy(tensor: Any) -> np.ndarray:
-    """A torch tensor (any dtype/device) or array as a float64 numpy array, without importing torch."""
+    """A torch tensor (any dtype/device) or array as a float64 numpy array, without importing
+    torch."""
     if hasattr(tensor, "detach"):
         tensor = tensor.detach().cpu().float().numpy()
     return np.asarray(tensor, dtype=np.float64)
@@ -144,7 +151,8 @@ class TrainerEngineContract:
     logprob_atol: float = 1e-4
     """Same weights, different batching or padding: target logprobs agree within this."""
     step_atol: float = 1e-3
-    """Two ways to the same update (accumulated vs one batch): logprobs afterwards agree within this."""
+    """Two ways to the same update (accumulated vs one batch): logprobs afterwards agree within
+    this."""
     required_metrics: tuple[str, ...] = ("loss:sum",)
     """Metric keys every forward/forward_backward must report."""
     seq_len: int = 12

@@ -1,4 +1,5 @@
-"""Training building blocks shared by the torch-based trainer engines (plait-torch, plait-fsdp2, ...).
+"""Training building blocks shared by the torch-based trainer engines (plait-torch, plait-fsdp2,
+...).
 
 Everything here imports torch, so nothing in `plait` imports this package: `import plait` and
 plugin discovery stay torch-free. A trainer plugin imports the modules it uses:

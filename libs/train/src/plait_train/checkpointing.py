@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from plait.errors import ModelError
+from plait.api import ModelError
 
 CheckpointMode = Literal["full", "selective"]
 

@@ -19,9 +19,14 @@ from pathlib import Path
 import structlog
 import torch
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
-from plait.types import AdamParams, Datum, ForwardBackwardOutput, OptimStepResult
+from plait.api import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    ModelError,
+    OptimStepResult,
+    ResolvedModel,
+)
 from plait_train.optimizer import adamw_step, make_adamw
 from plait_train.perf import FlopsModel, PeakFlops, peak_flops
 from plait_train.state import (
@@ -157,7 +162,8 @@ class SingleProcessEngine:
         check_same_parameters(meta["parameters"], self.parameter_shapes(), path)
         with torch.no_grad():
             self._load_weights(path)
-        # On the CPU: RNG states must stay CPU tensors; the optimizer moves its state to the parameters.
+        # On the CPU: RNG states must stay CPU tensors; the optimizer moves its state to the
+        # parameters.
         state = torch.load(path / TRAINING_STATE_FILE, map_location="cpu", weights_only=False)
         if not optimizer:
             self.optimizer = make_adamw(self._params.values())

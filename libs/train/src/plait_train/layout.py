@@ -169,7 +169,8 @@ def plan_rows(sequences: Sequence[np.ndarray], options: LayoutOptions) -> list[R
     if not options.packing:
         groups = [members for members, _ in chunks]
     else:  # first fit decreasing
-        groups, free = [], []
+        groups = []
+        free: list[int] = []  # the room left in each row
         for members, shared in sorted(chunks, key=lambda c: -_unit_size(sequences, *c)):
             size = _unit_size(sequences, members, shared)
             row = next((r for r, room in enumerate(free) if room >= size), None)
@@ -249,7 +250,8 @@ class MicroBatch:
     owned: list[int]
     """Per datum: the positions computed for it alone (the rest came from a shared prefix)."""
     routing: torch.Tensor | None = None
-    """(R x W, layers, top_k) the sampler's experts of every slot (MoE routing data), None without."""
+    """(R x W, layers, top_k) the sampler's experts of every slot (MoE routing data), None
+    without."""
     routed: torch.Tensor | None = None
     """(R x W,) True on the slots `routing` covers (padding slots route to experts 0..top_k-1)."""
 

@@ -10,8 +10,7 @@ from typing import Any
 import structlog
 import torch
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
+from plait.api import ModelError, ResolvedModel
 
 log = structlog.get_logger("plait_train")
 
@@ -85,11 +84,14 @@ def load_causal_lm(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(str(model.path), **kwargs)
+        # Typed as the nn.Module it is: transformers types its own `to` (a functools.wraps of
+        # Module.to) as an unbound function, which rejects `hf_model.to(device)`.
+        hf_model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(model.path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(
             f"cannot load model {model.name!r} from {model.path}: {exc}",
-            fix="point model.name at a Hugging Face causal-LM checkpoint directory (config.json + safetensors)",
+            fix="point model.name at a Hugging Face causal-LM checkpoint directory "
+            "(config.json + safetensors)",
         ) from exc
     return hf_model.to(device)
 
@@ -105,7 +107,9 @@ def check_tokenizer_fits(tokenizer: Any, hf_model: Any, model: ResolvedModel) ->
     if vocab > rows:
         raise ModelError(
             f"the tokenizer at {model.tokenizer_path} has {vocab} tokens but model {model.name!r} "
-            f"({model.path}) has only {rows} embedding rows, so token ids {rows}..{vocab - 1} would fail",
-            fix="use the model's own tokenizer (unset model.tokenizer), or resize the model's embeddings "
-            f"(model.resize_token_embeddings({vocab})), train them, and save the checkpoint",
+            f"({model.path}) has only {rows} embedding rows, "
+            f"so token ids {rows}..{vocab - 1} would fail",
+            fix="use the model's own tokenizer (unset model.tokenizer), or resize the model's "
+            f"embeddings (model.resize_token_embeddings({vocab})), train them, "
+            "and save the checkpoint",
         )

@@ -1,14 +1,14 @@
 """LoRA: low-rank adapters on a frozen model's linear layers, one or many, in PEFT's layout.
 
-    bank = LoraBank(model)                               # the model's own weights freeze
+    bank = LoraBank(model)                 # the model's own weights freeze
     bank.add("alice", LoraConfig(rank=8, alpha=16), seed=1)
     bank.add("bob", LoraConfig(rank=4, alpha=8, train_mlp=False), seed=2)
-    with bank.routing(adapter_of_token, ["alice", "bob"]):   # (batch, seq) indices; -1 = the base
-        loss = ...model(input_ids)...; loss.backward()        # grads reach each adapter's own weights
-    bank.default = "alice"                               # outside `routing`: every token through alice
-    bank.parameters_of("alice")                          # "base_model.model.<module>.lora_A.weight", ...
-    bank.merged_weights("alice")                         # the adapted layers' W + alpha / rank * B @ A
-    bank.save("alice", directory)                        # adapter_config.json + adapter_model.safetensors
+    with bank.routing(adapter_of_token, ["alice", "bob"]):  # (batch, seq) indices; -1 = the base
+        loss = ...model(input_ids)...; loss.backward()  # grads reach each adapter's own weights
+    bank.default = "alice"                 # outside `routing`: every token through alice
+    bank.parameters_of("alice")            # "base_model.model.<module>.lora_A.weight", ...
+    bank.merged_weights("alice")           # the adapted layers' W + alpha / rank * B @ A
+    bank.save("alice", directory)          # adapter_config.json + adapter_model.safetensors
 
 A forward hook on each adaptable `nn.Linear` adds the adapters' `alpha / rank * B(A(x))` to its
 output, so the model keeps its modules and parameter names, and packing, prefix sharing and
@@ -28,8 +28,9 @@ Which layers: the attention projections (q, k, v, o) and the MLP's (gate, up, do
 Qwen / Mistral-style models, and the unembedding (`lm_head`), chosen by `LoraConfig.train_attn` /
 `train_mlp` / `train_unembed` (Tinker's `lora_config`). With tied embeddings the unembedding's
 adapter changes the output projection only; merging it gives `lm_head` a weight of its own. The
-chunked output head applies unembedding adapters itself (`unembedding_adapters`). Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not
-adapted; their attention is.
+chunked output head applies unembedding adapters itself (`unembedding_adapters`).
+Mixture-of-experts expert weights (fused 3-D tensors, not `nn.Linear`) are not adapted; their
+attention is.
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ from typing import Any
 
 import torch
 
-from plait.errors import ModelError
-from plait.types import LoraConfig
+from plait.api import LoraConfig, ModelError
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -114,7 +114,8 @@ class LoraBank:
             )
         self.adapters: dict[str, dict[str, Adapter]] = {}
         self.specs: dict[str, LoraConfig] = {}
-        # Within `routing`: the flat token indices sorted by adapter, and each adapter's segment of them.
+        # Within `routing`: the flat token indices sorted by adapter, and each adapter's
+        # segment of them.
         self._order: torch.Tensor | None = None
         self._segments: list[tuple[str, int, int]] = []
         self._adapter_of: torch.Tensor | None = (
@@ -130,7 +131,8 @@ class LoraBank:
         ]
 
     def add(self, name: str, spec: LoraConfig, seed: int = 0) -> dict[str, torch.nn.Parameter]:
-        """A new adapter (B = 0: it starts as the base model); returns its parameters by PEFT name."""
+        """A new adapter (B = 0: it starts as the base model); returns its parameters by PEFT
+        name."""
         if name in self.adapters:
             raise ValueError(f"adapter {name!r} exists already")
         wanted = target_names(spec)
@@ -189,8 +191,10 @@ class LoraBank:
             tensors[k].shape != p.shape for k, p in params.items()
         ):
             raise ModelError(
-                f"adapter in {directory} does not fit adapter {name!r} (rank or adapted layers differ)",
-                fix="load it into an adapter made with the same rank, train_attn, train_mlp and train_unembed",
+                f"adapter in {directory} does not fit adapter {name!r} "
+                "(rank or adapted layers differ)",
+                fix="load it into an adapter made with the same rank, train_attn, train_mlp "
+                "and train_unembed",
             )
         with torch.no_grad():
             for key, param in params.items():
@@ -329,10 +333,14 @@ def adapter_deltas(directory: str | Path) -> dict[str, torch.Tensor]:
 
 
 def merge_adapter(model: torch.nn.Module, directory: str | Path) -> int:
-    """Add a PEFT adapter's deltas to `model`'s weights in place; returns how many weights changed."""
+    """Add a PEFT adapter's deltas to `model`'s weights in place; returns how many weights
+    changed."""
     params = dict(model.named_parameters())
     deltas = adapter_deltas(directory)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # A transformers model's method, looked up by getattr: torch types a module's unknown
+    # attributes as tensors or submodules.
+    get_output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = get_output_embeddings() if get_output_embeddings is not None else None
     head_name = next(
         (f"{path}.weight" for path, module in model.named_modules() if module is head), None
     )

@@ -53,7 +53,8 @@ def _config(
     unknown = set(config) - set(defaults)
     if unknown:
         raise ValueError(
-            f"loss {loss!r} has no config key(s) {sorted(unknown)}; it takes {sorted(defaults) or 'none'}"
+            f"loss {loss!r} has no config key(s) {sorted(unknown)}; "
+            f"it takes {sorted(defaults) or 'none'}"
         )
     return {**defaults, **config}
 

@@ -117,10 +117,9 @@ class _HeadLogprobs(torch.autograd.Function):
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         rows = chunk_rows(weight.shape[0])
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_flat: list[torch.Tensor | None] = [None] * len(flat)
-        for k in range(0, len(flat), 3):
-            grad_flat[k + 1] = torch.zeros_like(flat[k + 1], dtype=torch.float32)
-            grad_flat[k + 2] = torch.zeros_like(flat[k + 2], dtype=torch.float32)
+        # Of each low-rank part (rows, u, b), u and b take gradients; rows are indices.
+        grad_u = [torch.zeros_like(u, dtype=torch.float32) for u in flat[1::3]]
+        grad_b = [torch.zeros_like(b, dtype=torch.float32) for b in flat[2::3]]
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.float()
             grad_weight = torch.zeros_like(w) if need_weight else None
@@ -136,17 +135,25 @@ class _HeadLogprobs(torch.autograd.Function):
                     .mul_(-g[:, None])
                 )
                 grad_logits[torch.arange(end - start, device=h.device), targets[start:end]] += g
-                if need_hidden:
+                if grad_hidden is not None:
                     grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
-                if need_weight:
+                if grad_weight is not None:
                     grad_weight.addmm_(grad_logits.T, h)
                 for local, inside, k in _chunk_parts(flat, start, end):
                     u, b = flat[3 * k + 1], flat[3 * k + 2]
                     mine = grad_logits if local is None else grad_logits[local]
-                    grad_flat[3 * k + 1][inside] += mine @ b.float()
-                    grad_flat[3 * k + 2].addmm_(mine.T, u[inside].float())
+                    grad_u[k][inside] += mine @ b.float()
+                    grad_b[k].addmm_(mine.T, u[inside].float())
+        grad_flat: list[torch.Tensor | None] = [
+            grad for k in range(len(grad_u)) for grad in (None, grad_u[k], grad_b[k])
+        ]
         grads = [None if g is None else g.to(t.dtype) for g, t in zip(grad_flat, flat, strict=True)]
-        return grad_hidden, (grad_weight.to(weight.dtype) if need_weight else None), None, *grads
+        return (
+            grad_hidden,
+            (grad_weight.to(weight.dtype) if grad_weight is not None else None),
+            None,
+            *grads,
+        )
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import structlog
 import torch
 
-from plait.types import AdamParams
+from plait.api import AdamParams
 
 log = structlog.get_logger("plait_train")
 
@@ -47,7 +47,7 @@ def adamw_step(
     if not with_grads:
         log.warning("optim_step without accumulated gradients; weights stay as they are")
     total_norm = (
-        torch.nn.utils.get_total_norm([p.grad for p in with_grads])
+        torch.nn.utils.get_total_norm([p.grad for p in with_grads if p.grad is not None])
         if with_grads
         else torch.zeros(())
     )

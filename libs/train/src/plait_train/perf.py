@@ -88,7 +88,8 @@ class FlopsModel:
     N counts every parameter that takes part in a matmul: all parameters except the input
     embedding table, which is a lookup. The output projection counts even when it is tied to the
     input embedding, because it is a full matmul per token (for small models with large
-    vocabularies it is most of the work). A = attention width (heads x head_dim), S = sequence length.
+    vocabularies it is most of the work). A = attention width (heads x head_dim), S = sequence
+    length.
     """
 
     matmul_params: int

@@ -1,9 +1,9 @@
-"""plait-train's plugin module: the Tinker losses, by lazy targets (importing it imports no torch)."""
+"""plait-train's plugin module: the Tinker losses, by lazy targets (importing it imports no
+torch)."""
 
 from __future__ import annotations
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterLoss
+from plait.api import RegisterLoss, hookimpl
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, cast
 
 import attrs
 import torch
 
-from plait.errors import DataError
+from plait.api import DataError
 
 
 @attrs.frozen
@@ -30,6 +30,14 @@ class MoeShape:
     layers: int
     top_k: int
     experts: int
+
+
+class _RouterSize(Protocol):
+    """The plain attributes of a top-k router (torch types module attributes as tensors or
+    submodules only)."""
+
+    top_k: int
+    num_experts: int
 
 
 def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -49,11 +57,10 @@ def moe_shape(model: torch.nn.Module) -> MoeShape | None:
 
 
 def _shape(routers: list[torch.nn.Module]) -> MoeShape | None:
-    return (
-        MoeShape(len(routers), int(routers[0].top_k), int(routers[0].num_experts))
-        if routers
-        else None
-    )
+    if not routers:
+        return None
+    first = cast(_RouterSize, routers[0])  # find_routers keeps only routers with both attributes
+    return MoeShape(len(routers), int(first.top_k), int(first.num_experts))
 
 
 class RoutingHooks:
@@ -105,11 +112,13 @@ class RoutingHooks:
 
     @contextlib.contextmanager
     def forced(self, experts: torch.Tensor) -> Iterator[None]:
-        """Route the flat tokens of the forward passes inside by `experts` (tokens, layers, top_k)."""
+        """Route the flat tokens of the forward passes inside by `experts`
+        (tokens, layers, top_k)."""
         if experts.shape[1:] != (self.shape.layers, self.shape.top_k):
             raise DataError(
-                f"routed experts of shape {tuple(experts.shape)}: the model has {self.shape.layers} "
-                f"MoE layers routing {self.shape.top_k} experts per token",
+                f"routed experts of shape {tuple(experts.shape)}: "
+                f"the model has {self.shape.layers} MoE layers routing {self.shape.top_k} "
+                "experts per token",
                 fix="sample with the model being trained (same MoE configuration)",
             )
         if experts.numel() and int(experts.max()) >= self.shape.experts:

@@ -33,7 +33,9 @@ def attention_implementation(model: Any) -> str:
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def split_output_head(model: Any) -> tuple[Any, Any]:
+def split_output_head(
+    model: Any,
+) -> tuple[torch.nn.Module, torch.nn.Linear] | tuple[None, None]:
     """(decoder, output projection) when logits are exactly `decoder(x) @ head.weight.T`, so the
     chunked output head applies; (None, None) for models that scale, cap or bias their logits."""
     head = model.get_output_embeddings()
@@ -68,7 +70,7 @@ class TokenScorer(torch.nn.Module):
         decoder, head = split_output_head(model) if chunked_head else (None, None)
         # A plain tuple: decoder and head are submodules of `model` already, and registering them
         # again would give their parameters a second name.
-        self._head_parts = (decoder, head) if decoder is not None else None
+        self._head_parts = (decoder, head) if decoder is not None and head is not None else None
         self.attention = attention_implementation(model)
         self.head_adapters: (
             Callable[[torch.Tensor], Sequence[tuple[torch.Tensor | None, Any]]] | None
@@ -93,7 +95,8 @@ class TokenScorer(torch.nn.Module):
         select: torch.Tensor,
         targets: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their targets."""
+        """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their
+        targets."""
         kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids

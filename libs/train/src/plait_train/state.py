@@ -1,4 +1,5 @@
-"""Pieces of a trainer's saved state: RNG states, and checkpoint directories that appear atomically."""
+"""Pieces of a trainer's saved state: RNG states, and checkpoint directories that appear
+atomically."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plait.errors import ModelError
-from plait.run.checkpoint import fsync_dir
+from plait.api import ModelError, fsync_dir
 
 
 def rng_state() -> dict[str, Any]:
@@ -59,9 +59,10 @@ def check_same_parameters(
     differing = sorted(n for n in saved.keys() | expected.keys() if saved.get(n) != expected.get(n))
     if differing:
         raise ModelError(
-            f"trainer state {path} was saved from a different model (or other LoRA settings): {len(differing)} "
-            f"parameters differ in name or shape, e.g. {differing[:3]}",
-            fix="load it into a trainer built on the same model, with the same trainer.options.lora",
+            f"trainer state {path} was saved from a different model (or other LoRA settings): "
+            f"{len(differing)} parameters differ in name or shape, e.g. {differing[:3]}",
+            fix="load it into a trainer built on the same model, "
+            "with the same trainer.options.lora",
         )
 
 
@@ -80,7 +81,8 @@ def fsync_tree(root: Path) -> None:
 
 def replace_dir(tmp: Path, dest: Path) -> None:
     """Move the complete `tmp` to `dest`. An existing `dest` is moved aside first and removed
-    afterwards: a crash in between leaves the complete old state as `.NAME.old-*`, never a torn one."""
+    afterwards: a crash in between leaves the complete old state as `.NAME.old-*`, never a torn
+    one."""
     old = None
     if dest.exists():
         old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")

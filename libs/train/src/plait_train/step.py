@@ -21,9 +21,7 @@ import attrs
 import numpy as np
 import torch
 
-from plait.errors import DataError
-from plait.metrics import merge_metrics
-from plait.types import Datum, ForwardBackwardOutput, TensorData
+from plait.api import DataError, Datum, ForwardBackwardOutput, TensorData, merge_metrics
 from plait_train.layout import INT_INPUTS, LayoutOptions, MicroBatch, plan_micro_batches
 from plait_train.losses import LossOutput, check_inputs
 from plait_train.perf import FlopsModel
@@ -36,7 +34,7 @@ _ROUTING_SUMS = ("routing_agreed:sum", "routing_natural_agreed:sum", "routing_co
 
 
 def lookup_loss(name: str) -> Any:
-    from plait.plugins import get_registry
+    from plait.api import get_registry
 
     return get_registry().get("loss", name).load()
 
@@ -59,7 +57,8 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
             )
         if sorted(datum.loss_fn_inputs) != keys:
             raise DataError(
-                f"data[{index}] has loss_fn_inputs {sorted(datum.loss_fn_inputs)} but data[0] has {keys}",
+                f"data[{index}] has loss_fn_inputs {sorted(datum.loss_fn_inputs)} "
+                f"but data[0] has {keys}",
                 fix="give every datum of one call the same loss_fn_inputs keys",
             )
     if "target_tokens" not in keys:
@@ -344,7 +343,8 @@ class StepRunner:
         if self.routing_replay and ROUTED_EXPERTS not in keys and data:
             raise DataError(
                 "trainer.options.routing_replay is on, but the data carry no routed_experts",
-                fix="ask the sampler for them (inference.options.enable_return_routed_experts = true)",
+                fix="ask the sampler for them "
+                "(inference.options.enable_return_routed_experts = true)",
             )
         if self.routing is None or ROUTED_EXPERTS not in keys:
             return None

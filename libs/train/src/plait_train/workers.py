@@ -26,6 +26,7 @@ import ctypes
 import faulthandler
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import os
 import shutil
 import signal
@@ -40,7 +41,7 @@ from typing import Any
 
 import structlog
 
-from plait.errors import EngineError, PlaitError
+from plait.api import EngineError, PlaitError
 
 log = structlog.get_logger("plait_train.workers")
 
@@ -68,7 +69,7 @@ def _worker_main(
     # Append mode: the controller empties the file before asking for a dump.
     stacks = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler until the process ends
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    from plait.targets import load_target
+    from plait.api import load_target
 
     try:
         rank_object = load_target(target)(rank, world_size, store, setup)
@@ -178,6 +179,7 @@ class WorkerGroup:
         )
         self.store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
         address = ("127.0.0.1", int(self.store.port))
+        context: multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext
         if "forkserver" in multiprocessing.get_all_start_methods():
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["plait_train.workers", *preload])
@@ -350,7 +352,8 @@ class WorkerGroup:
             + "; the ranks were stopped.\n"
             + "\n".join(lines)
             + f"\nfull stack dumps: {self._stack_dir}",
-            fix="raise the call timeout if the work is just slow; otherwise see the stuck rank's stack",
+            fix="raise the call timeout if the work is just slow; "
+            "otherwise see the stuck rank's stack",
         )
 
     def _stop(self) -> None:

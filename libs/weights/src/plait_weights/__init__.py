@@ -1,1 +1,2 @@
-"""Weight sync: payloads (full, bucketed, delta), transports (in-process, disk, torch.distributed), layouts."""
+"""Weight sync: payloads (full, bucketed, delta), transports (in-process, disk,
+torch.distributed), layouts."""

@@ -52,7 +52,8 @@ class DiskWeightLoader(Protocol):
         engine's server) as `version`."""
 
     async def set_weight_version(self, version: int) -> None:
-        """Tag later tokens with `version` without loading anything (the weights came another way)."""
+        """Tag later tokens with `version` without loading anything (the weights came another
+        way)."""
 
 
 @runtime_checkable

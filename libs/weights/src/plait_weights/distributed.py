@@ -4,9 +4,9 @@ NCCL on GPUs), from the trainer (rank 0) to receiver processes (ranks 1..N).
 A receiver runs next to each engine (or each tensor-parallel shard of one) and applies what
 arrives to it: `WeightReceiver(target, ...).run()`, where `target` is an inference engine or a
 `WeightStore` (named tensors; what a sharded engine worker holds). Every payload and layout of
-`plait_weights.sync` works: a push is one or more packed updates (`plait_weights.patch.pack`), each sent
-as one flat byte buffer (broadcast for the Hugging Face layout, point-to-point to each receiver
-for the tensor-parallel one, where rank r gets only its shards).
+`plait_weights.sync` works: a push is one or more packed updates (`plait_weights.patch.pack`),
+each sent as one flat byte buffer (broadcast for the Hugging Face layout, point-to-point to each
+receiver for the tensor-parallel one, where rank r gets only its shards).
 
 Control runs through the group's TCPStore, so that no collective starts unless every receiver
 is known to be there and every stage has a deadline that names who missed it:
@@ -43,10 +43,14 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from plait.config import positive
-from plait.errors import WeightSyncError
-from plait.protocols import InferenceEngine, TrainerEngine
-from plait.types import SyncStats, WeightUpdate
+from plait.api import (
+    InferenceEngine,
+    SyncStats,
+    TrainerEngine,
+    WeightSyncError,
+    WeightUpdate,
+    positive,
+)
 from plait_weights import patch as weight_patch
 from plait_weights.sync import Push, SyncOptions, WeightPublisher, _stats
 
@@ -106,7 +110,8 @@ class WeightStore:
                 )
             except ValueError as exc:
                 raise WeightSyncError(
-                    f"weight update {update.version} does not apply: {getattr(exc, 'message', exc)}",
+                    f"weight update {update.version} does not apply: "
+                    f"{getattr(exc, 'message', exc)}",
                     fix=getattr(exc, "fix", None),
                 ) from exc
             self.tensors.update(fresh)
@@ -219,9 +224,10 @@ class DistributedSync:
         )
         if missing:
             raise WeightSyncError(
-                f"weight receivers of ranks {missing} did not join the group at {o.master_address}:{o.master_port} "
-                f"within {o.join_timeout_s:g} s",
-                fix="start one WeightReceiver per rank with this address and port, or raise sync.options.join_timeout_s",
+                f"weight receivers of ranks {missing} did not join the group at "
+                f"{o.master_address}:{o.master_port} within {o.join_timeout_s:g} s",
+                fix="start one WeightReceiver per rank with this address and port, "
+                "or raise sync.options.join_timeout_s",
             )
         self._peers = {r: self._store.get(f"peer/{r}") for r in ranks}
         tp_ranks = sorted({p["tp_rank"] for p in self._peers.values()})
@@ -273,7 +279,8 @@ class DistributedSync:
             rank, error = next(iter(failed.items()))
             raise WeightSyncError(
                 f"{self.peer_name(rank)} failed to apply weight version {version}: {error}",
-                fix="check the receiver's engine (model and sync.options.dtype must match the trainer's)",
+                fix="check the receiver's engine "
+                "(model and sync.options.dtype must match the trainer's)",
             )
         return _stats(pushes, version, nbytes, start)
 
@@ -302,6 +309,7 @@ class DistributedSync:
                 for t, updates in plan.items()
                 if index < len(updates)
             }
+            sends: list[tuple[int | None, torch.Tensor]]  # destination rank, None = broadcast
             if self.publisher.ranks == 1:
                 sends = [(None, buffers[0])]
             else:
@@ -344,8 +352,10 @@ class DistributedSync:
             names = ", ".join(self.peer_name(r) for r in behind) or "no receiver reported a problem"
             raise WeightSyncError(
                 f"sending weight version {version} (buffer {index + 1}) did not finish within "
-                f"{self.options.timeout_s:g} s: {type(exc).__name__} {exc}; not received by: {names}",
-                fix="check the named receivers (a hung process, a dead host), or raise sync.options.timeout_s",
+                f"{self.options.timeout_s:g} s: {type(exc).__name__} {exc}; "
+                f"not received by: {names}",
+                fix="check the named receivers (a hung process, a dead host), "
+                "or raise sync.options.timeout_s",
             ) from None
 
     async def _wait(self, seq: int, stage: str, ranks: list[int], version: int, what: str) -> None:
@@ -431,14 +441,18 @@ class WeightReceiver:
         headers = store.get(f"plan/{seq}")[str(self.tp_rank)]
         broadcast = len(store.get(f"plan/{seq}")) == 1
         device = _device(self.backend)
+
+        def receive(buffer: torch.Tensor) -> None:
+            if broadcast:
+                group.broadcast([buffer], _root()).wait()
+            else:
+                group.recv([buffer], 0, 0).wait()
+
         updates = []
         for index, header in enumerate(headers):
             specs = weight_patch.piece_specs(header)
             buffer = torch.empty(weight_patch.buffer_size(specs), dtype=torch.uint8, device=device)
-            if broadcast:
-                await asyncio.to_thread(lambda b=buffer: group.broadcast([b], _root()).wait())
-            else:
-                await asyncio.to_thread(lambda b=buffer: group.recv([b], 0, 0).wait())
+            await asyncio.to_thread(receive, buffer)
             store.put(f"got/{seq}/{self.rank}", index + 1)
             updates.append(weight_patch.unpack(header, weight_patch.from_bytes(buffer, specs)))
         try:

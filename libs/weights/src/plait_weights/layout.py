@@ -7,13 +7,14 @@ parameter name:
 | parameters | split |
 |---|---|
 | `q_proj` | by attention head, dim 0 |
-| `k_proj`, `v_proj` | by key/value head, dim 0; with fewer KV heads than ranks, rank r holds head r·kv/tp (replicated, as vLLM does) |
+| `k_proj`, `v_proj` | by key/value head, dim 0 (with fewer KV heads than ranks: see below) |
 | `o_proj.weight` | by attention head, dim 1 |
 | `gate_proj`, `up_proj` | dim 0 (column parallel) |
 | `down_proj.weight` | dim 1 (row parallel) |
 | `embed_tokens`, `lm_head` | vocabulary rows, dim 0 (the last shard may be shorter) |
 | everything else (norms, row-parallel biases) | replicated on every rank |
 
+With fewer KV heads than ranks, rank r holds key/value head r·kv/tp (replicated, as vLLM does).
 Shards keep their Hugging Face names; a rank's shards are what its engine loads. Imports torch.
 """
 
@@ -77,7 +78,8 @@ class TensorParallelLayout:
             dim = 0 if module in _COLUMN else 1
             if tensor.shape[dim] % tp:
                 raise ValueError(
-                    f"{name}: dim {dim} of size {tensor.shape[dim]} does not split over tp_size {tp}"
+                    f"{name}: dim {dim} of size {tensor.shape[dim]} "
+                    f"does not split over tp_size {tp}"
                 )
             return list(tensor.chunk(tp, dim))
         if module in _VOCAB and kind == "weight":

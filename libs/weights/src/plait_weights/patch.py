@@ -41,8 +41,7 @@ from typing import Any
 
 import torch
 
-from plait.errors import WeightBaseError
-from plait.types import TensorPatch, WeightUpdate
+from plait.api import TensorPatch, WeightBaseError, WeightUpdate
 
 FORMAT = "plait-weights/2"
 
@@ -143,6 +142,7 @@ def _encode_positions(
         size = count * (dtype.itemsize + value_size)
         if best is None or size < best[0]:
             best = (size, dtype, limit, pieces)
+    assert best is not None  # _GAP_DTYPES is not empty
     _, dtype, limit, pieces = best
     if int(pieces.max()) == 1:
         return gaps.to(dtype), positions
@@ -155,6 +155,8 @@ def _encode_positions(
 
 def positions_of(patch: TensorPatch) -> torch.Tensor:
     """The flat positions a sparse patch writes (int64)."""
+    if patch.gaps is None:
+        raise ValueError("a dense patch writes the whole tensor: it has no positions")
     return patch.gaps.to(torch.int64).cumsum(0)
 
 
@@ -185,7 +187,10 @@ def apply(target: torch.Tensor, patch: TensorPatch) -> None:
 def _misfit(target: torch.Tensor, patch: TensorPatch) -> str | None:
     """Why `patch` cannot apply to `target`, or None."""
     if tuple(patch.shape) != tuple(target.shape):
-        return f"patch for shape {tuple(patch.shape)} does not fit a tensor of shape {tuple(target.shape)}"
+        return (
+            f"patch for shape {tuple(patch.shape)} "
+            f"does not fit a tensor of shape {tuple(target.shape)}"
+        )
     values = torch.as_tensor(patch.values)
     if patch.dense:
         if patch.bit_steps:
@@ -196,18 +201,22 @@ def _misfit(target: torch.Tensor, patch: TensorPatch) -> str | None:
     if patch.bit_steps:
         if values.dtype not in _STEP_DTYPES or values.element_size() >= target.element_size():
             return (
-                f"bit steps are {dtype_name(values.dtype)}, not a signed integer dtype narrower than the "
-                f"tensor's {dtype_name(target.dtype)}"
+                f"bit steps are {dtype_name(values.dtype)}, not a signed integer dtype narrower "
+                f"than the tensor's {dtype_name(target.dtype)}"
             )
         escaped = torch.as_tensor(patch.escaped)
         if escaped.dtype != target.dtype:
-            return f"escaped values are {dtype_name(escaped.dtype)} but the tensor is {dtype_name(target.dtype)}"
+            return (
+                f"escaped values are {dtype_name(escaped.dtype)} "
+                f"but the tensor is {dtype_name(target.dtype)}"
+            )
         escapes = int((values == torch.iinfo(values.dtype).min).sum())
         if escaped.numel() != escapes:
             return f"patch has {escapes} escaped steps but {escaped.numel()} escaped values"
     elif values.dtype != target.dtype:
         return (
-            f"patch values are {dtype_name(values.dtype)} but the tensor is {dtype_name(target.dtype)}; "
+            f"patch values are {dtype_name(values.dtype)} "
+            f"but the tensor is {dtype_name(target.dtype)}; "
             "a sparse patch must be made in the receiver's dtype"
         )
     positions = positions_of(patch)
@@ -248,7 +257,7 @@ def checksum(tensors: Iterable[tuple[str, Any]]) -> str:
         tensor = torch.as_tensor(value).detach()
         digest.update(f"{name}\0{dtype_name(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode())
         data = tensor.reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
-        digest.update(memoryview(data))
+        digest.update(data.data)  # the array's buffer, as a memoryview
     return "blake2b:" + digest.hexdigest()
 
 
@@ -282,7 +291,8 @@ def apply_update(
     for name, patch in update.tensors.items():
         if not isinstance(patch, TensorPatch):
             raise ValueError(
-                f"entry {name!r} of a delta update is a {type(patch).__name__}, not a plait.types.TensorPatch"
+                f"entry {name!r} of a delta update is a {type(patch).__name__}, "
+                "not a plait.types.TensorPatch"
             )
         problem = _misfit(tensors[name], patch)
         if problem:
@@ -301,8 +311,10 @@ def apply_update(
                 else f"the receiver, which holds version {held_version}"
             )
             raise WeightBaseError(
-                f"delta weight update {update.version} (made against version {update.base_version}) "
-                f"steps from other bits than {holder} (base checksum {held} != {update.base_checksum})",
+                f"delta weight update {update.version} "
+                f"(made against version {update.base_version}) "
+                f"steps from other bits than {holder} "
+                f"(base checksum {held} != {update.base_checksum})",
                 fix="send full weights to this receiver (a new sync, or one that missed a "
                 "version, does), then deltas again",
             )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterWeightSync
+from plait.api import RegisterWeightSync, hookimpl
 
 
 @hookimpl
@@ -18,11 +17,13 @@ def plait_register_weight_syncs(register: RegisterWeightSync) -> None:
         "disk",
         "plait_weights.sync:DiskSync",
         options="plait_weights.sync:DiskSyncOptions",
-        description="weights (full, bucketed or delta patches) written once as safetensors; engines load them from disk",
+        description="weights (full, bucketed or delta patches) written once as safetensors; "
+        "engines load them from disk",
     )
     register(
         "distributed",
         "plait_weights.distributed:DistributedSync",
         options="plait_weights.distributed:DistributedSyncOptions",
-        description="weights over a torch.distributed group (gloo/NCCL) to WeightReceiver processes",
+        description="weights over a torch.distributed group (gloo/NCCL) "
+        "to WeightReceiver processes",
     )

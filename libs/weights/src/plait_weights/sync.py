@@ -37,15 +37,20 @@ import tempfile
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import attrs
 import structlog
 
-from plait.config import positive
-from plait.errors import WeightSyncError
-from plait.protocols import InferenceEngine, TrainerEngine
-from plait.types import SyncStats, TensorPatch, WeightUpdate
+from plait.api import (
+    InferenceEngine,
+    SyncStats,
+    TensorPatch,
+    TrainerEngine,
+    WeightSyncError,
+    WeightUpdate,
+    positive,
+)
 from plait_weights.capabilities import DiskWeightLoader, WritesWeightFiles
 
 log = structlog.get_logger("plait_weights.sync")
@@ -115,7 +120,8 @@ async def _bounded(
         await asyncio.wait_for(step, timeout_s)
     except TimeoutError:
         raise WeightSyncError(
-            f"{_engine_name(index, engine)} did not take weight version {version} within {timeout_s:g} s",
+            f"{_engine_name(index, engine)} did not take weight version {version} "
+            f"within {timeout_s:g} s",
             fix="raise sync.options.timeout_s, or check that the engine is not stuck",
         ) from None
 
@@ -135,7 +141,8 @@ class SyncOptions:
 
     payload: Payload = "full"
     dtype: WireDType | None = None
-    """Cast weights to this dtype before sending (the dtype the engine serves); None = as exported."""
+    """Cast weights to this dtype before sending (the dtype the engine serves); None = as
+    exported."""
     layout: Layout = "hf"
     tp_size: int = attrs.field(default=1, validator=positive)
     """Tensor-parallel ranks of the receiving engine (layout "tp")."""
@@ -151,7 +158,8 @@ class SyncOptions:
     def __attrs_post_init__(self) -> None:
         if self.layout == "tp" and self.head_dim is None:
             raise ValueError(
-                "layout 'tp' splits attention by heads: set head_dim (the model's attention head size)"
+                "layout 'tp' splits attention by heads: "
+                "set head_dim (the model's attention head size)"
             )
         if self.layout == "hf" and self.tp_size != 1:
             raise ValueError("tp_size applies to layout 'tp'; set layout = 'tp' or drop tp_size")
@@ -278,8 +286,9 @@ class WeightPublisher:
         from plait_weights import patch as weight_patch
 
         if snapshot.keys() != tensors.keys():
+            changed_names = sorted(snapshot.keys() ^ tensors.keys())
             raise WeightSyncError(
-                f"the trainer now exports other tensors than last time ({sorted(snapshot.keys() ^ tensors.keys())[:3]})",
+                f"the trainer now exports other tensors than last time ({changed_names[:3]})",
                 fix="use one sync per model; a new model needs a new sync",
             )
         return {name: weight_patch.diff(snapshot[name], tensor) for name, tensor in tensors.items()}
@@ -430,8 +439,9 @@ class InProcessSync:
 
 async def deliver(engine: InferenceEngine, index: int, push: Push, timeout_s: float) -> int:
     """Apply `push` to one in-process engine; a delta the engine refuses (another base, a
-    checksum mismatch) is followed by the full weights, with a warning. Returns bytes handed over."""
-    from plait.errors import EngineError
+    checksum mismatch) is followed by the full weights, with a warning. Returns bytes handed
+    over."""
+    from plait.api import EngineError
 
     updates = push.for_receiver(engine.weight_version)
     try:
@@ -441,7 +451,8 @@ async def deliver(engine: InferenceEngine, index: int, push: Push, timeout_s: fl
     except EngineError as exc:
         if updates is not push.delta:
             raise WeightSyncError(
-                f"{_engine_name(index, engine)} refused weight version {push.version}: {exc.message}",
+                f"{_engine_name(index, engine)} refused weight version {push.version}: "
+                f"{exc.message}",
                 fix=exc.fix or "check that the engine serves the trainer's model",
             ) from exc
         log.warning(
@@ -526,9 +537,10 @@ class DiskSync:
         self._prune_later(version)
         return _stats(pushes, version, nbytes, start)
 
-    def _trainer_writes(self, trainer: TrainerEngine) -> bool:
-        """Whether the trainer's own file is what this sync would write: full weights, as
-        exported (no cast, no resharding), without a checksum."""
+    def _trainer_writes(self, trainer: TrainerEngine) -> TypeGuard[WritesWeightFiles]:
+        """Whether the trainer writes its own file (`WritesWeightFiles`) and that file is what
+        this sync would write: full weights, as exported (no cast, no resharding), without a
+        checksum."""
         o = self.options
         return (
             isinstance(trainer, WritesWeightFiles)
@@ -740,7 +752,8 @@ def apply_patch_to_checkpoint(patch_dir: Path, checkpoint_dir: Path) -> None:
     for update in read_updates(patch_dir):
         if update.base_version is not None and version is None:
             raise WeightSyncError(
-                f"{checkpoint_dir} holds no checkpoint, but the patches of version {update.version} "
+                f"{checkpoint_dir} holds no checkpoint, "
+                f"but the patches of version {update.version} "
                 f"were made against version {update.base_version}",
                 fix="push full weights (a new sync does), or apply the versions in order",
             )

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.errors import ModelError
-from plait.models import ResolvedModel
-from plait.types import (
+from plait.api import (
     AdamParams,
     Datum,
     ForwardBackwardOutput,
+    ModelError,
     OptimStepResult,
+    ResolvedModel,
     TrainerCapabilities,
 )
 from plait_fsdp2.options import FSDP2Options
@@ -99,7 +99,8 @@ class FSDP2Trainer:
 
     @property
     def peak_flops_per_s(self) -> float:
-        """Peak FLOP/s of all ranks together (each rank's device peak, measured or from a datasheet)."""
+        """Peak FLOP/s of all ranks together (each rank's device peak, measured or from a
+        datasheet)."""
         return self._info.peak_flops_per_s * self.options.world_size
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -125,7 +126,8 @@ class FSDP2Trainer:
 
     def export_weights(self) -> Iterator[tuple[str, Any]]:
         """(Hugging Face name, CPU tensor) for every parameter (tied ones once), one bucket of
-        about `export_bucket_mb` at a time. The tensors are copies, valid as long as they are kept."""
+        about `export_bucket_mb` at a time. The tensors are copies, valid as long as they are
+        kept."""
         for bucket in self._call("export_plan")[0]:
             names = [name for name, _ in bucket]
             flat = tensor_from_wire(self._call("export_bucket", names)[0])
@@ -168,7 +170,8 @@ class FSDP2Trainer:
         meta = json.loads(meta_path.read_text())
         if meta.get("format") != STATE_FORMAT:
             raise ModelError(
-                f"trainer state {path} has format {meta.get('format')}, this trainer reads {STATE_FORMAT}",
+                f"trainer state {path} has format {meta.get('format')}, "
+                f"this trainer reads {STATE_FORMAT}",
                 fix="load it with the plait-fsdp2 version that wrote it",
             )
         check_same_parameters(meta["parameters"], self._info.parameters, path)

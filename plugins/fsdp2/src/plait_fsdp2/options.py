@@ -6,13 +6,14 @@ from typing import Literal
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 
 
 @attrs.frozen
 class FSDP2Options:
     world_size: int = attrs.field(default=2, validator=positive)
-    """Worker processes (ranks), one per GPU with device = "cuda"; data-parallel, parameters sharded."""
+    """Worker processes (ranks), one per GPU with device = "cuda"; data-parallel, parameters
+    sharded."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto = CUDA (NCCL, rank r on GPU r) when torch sees world_size GPUs, else CPU (gloo)."""
     micro_batch_tokens: int = attrs.field(default=2048, validator=positive)

@@ -1,14 +1,13 @@
-"""plait-fsdp2's plugin module: lazy "module:attribute" targets only, so discovery imports no torch."""
+"""plait-fsdp2's plugin module: lazy "module:attribute" targets only, so discovery imports no
+torch."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from plait.hookspecs import hookimpl
+from plait.api import RegisterTrainerEngine, hookimpl
 
 
 @hookimpl
-def plait_register_trainer_engines(register: Any) -> None:
+def plait_register_trainer_engines(register: RegisterTrainerEngine) -> None:
     register(
         "fsdp2",
         "plait_fsdp2.engine:FSDP2Trainer",

@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
-from plait.models import ResolvedModel
-from plait.types import AdamParams, Datum
+from plait.api import AdamParams, Datum, ResolvedModel
 from plait_fsdp2.options import FSDP2Options
 from plait_train import loading
 from plait_train.checkpointing import apply_activation_checkpointing, decoder_layers
@@ -60,6 +60,13 @@ class RankInfo:
     parameters: dict[str, list[int]]
     """Full (unsharded) shape of every parameter, by Hugging Face name."""
     chunked_head: bool
+
+
+def sharded(tensor: torch.Tensor) -> DTensor:
+    """`tensor` as the DTensor that fully_shard made it: torch types a module's parameters, and
+    their gradients, as plain tensors."""
+    assert isinstance(tensor, DTensor), type(tensor)
+    return tensor
 
 
 def use_cuda(options: FSDP2Options) -> bool:
@@ -163,7 +170,7 @@ class FSDP2Rank:
         )
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
-        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        grads = [sharded(p.grad) for p in self.params.values() if p.grad is not None]
         squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for grad in grads:  # every rank holds a disjoint shard: local sums add up to the global one
             squares += grad.to_local().double().square().sum()
@@ -208,7 +215,7 @@ class FSDP2Rank:
     def export_bucket(self, names: Sequence[str]) -> tuple[str, Any] | None:
         """The full tensors of `names`, gathered on every rank (one collective each), flattened
         into one buffer on rank 0 (None elsewhere)."""
-        full = [self.params[name].detach().full_tensor() for name in names]
+        full = [sharded(self.params[name].detach()).full_tensor() for name in names]
         if self.rank != 0:
             return None
         return tensor_to_wire(torch.cat([t.reshape(-1) for t in full]))
@@ -239,13 +246,10 @@ class FSDP2Rank:
         meta = json.loads((Path(path) / META_FILE).read_text())
         model_state, optim_state = get_state_dict(self.scorer, self.optimizer)
         grads = {name: torch.zeros_like(self.params[name]) for name in meta["grads"]}
-        state = {"model": model_state, "optim": optim_state, "grads": grads}
-        dcp.load(state, checkpoint_id=path)
+        # dcp.load fills the three state dicts in place
+        dcp.load({"model": model_state, "optim": optim_state, "grads": grads}, checkpoint_id=path)
         set_state_dict(
-            self.scorer,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            self.scorer, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state
         )
         for name, param in self.params.items():
             param.grad = grads.get(name)

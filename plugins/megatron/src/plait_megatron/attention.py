@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from megatron.core.transformer.module import MegatronModule
 
-from plait.errors import ConfigError
+from plait.api import ConfigError
 
 
 class SDPACoreAttention(MegatronModule):
@@ -48,10 +48,10 @@ class SDPACoreAttention(MegatronModule):
         ):
             raise ConfigError(
                 "trainer.options.attention",
-                "'sdpa' (SDPACoreAttention) runs plain causal softmax attention without dropout on one "
-                "tensor-parallel rank",
-                fix="use megatron-core's own kernels (attention = 'megatron', on CUDA) for dropout, windows, "
-                "softmax offsets, query-key layer scaling or TP/CP > 1",
+                "'sdpa' (SDPACoreAttention) runs plain causal softmax attention without dropout "
+                "on one tensor-parallel rank",
+                fix="use megatron-core's own kernels (attention = 'megatron', on CUDA) "
+                "for dropout, windows, softmax offsets, query-key layer scaling or TP/CP > 1",
             )
         self.softmax_scale = (
             softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import attrs
 import torch
 
-from plait.errors import ModelError
+from plait.api import ModelError
 
 Spec = Literal["local", "te"]
 
@@ -51,16 +51,18 @@ class Qwen3Shape:
     @classmethod
     def of(cls, config: Any) -> Qwen3Shape:
         """From a transformers `Qwen3Config` or its dict (config.json)."""
-        get = (
-            config.get
-            if isinstance(config, Mapping)
-            else lambda key, default=None: getattr(config, key, default)
-        )
+
+        def get(key: str, default: Any = None) -> Any:
+            if isinstance(config, Mapping):
+                return config.get(key, default)
+            return getattr(config, key, default)
+
         architectures = get("architectures") or ["Qwen3ForCausalLM"]
         if get("model_type", "qwen3") != "qwen3" or "Qwen3ForCausalLM" not in architectures:
             raise ModelError(
                 f"plait-megatron converts Qwen3 (dense) checkpoints, not {architectures}",
-                fix="use a Qwen3ForCausalLM checkpoint, or trainer.engine = 'fsdp2' for other models",
+                fix="use a Qwen3ForCausalLM checkpoint, "
+                "or trainer.engine = 'fsdp2' for other models",
             )
         heads = int(get("num_attention_heads"))
         groups = int(get("num_key_value_heads") or heads)
@@ -120,7 +122,8 @@ def hf_to_megatron(
 def megatron_to_hf(
     mc: Mapping[str, torch.Tensor], shape: Qwen3Shape, spec: Spec = "local"
 ) -> dict[str, torch.Tensor]:
-    """The Hugging Face Qwen3 state dict (tied embeddings stored once) of a Megatron GPTModel state."""
+    """The Hugging Face Qwen3 state dict (tied embeddings stored once) of a Megatron GPTModel
+    state."""
     # Transformer Engine keeps FP8 metadata in `_extra_state` entries: no weights.
     remaining = {k: v for k, v in mc.items() if not k.endswith("._extra_state")}
 

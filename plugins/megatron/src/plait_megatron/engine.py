@@ -25,9 +25,7 @@ from typing import Any
 import structlog
 import torch
 
-from plait.errors import ConfigError, ModelError, PluginError
-from plait.models import ResolvedModel
-from plait.types import TrainerCapabilities
+from plait.api import ConfigError, ModelError, PluginError, ResolvedModel, TrainerCapabilities
 from plait_megatron import parallel
 from plait_megatron.convert import Qwen3Shape, Spec, hf_to_megatron, megatron_to_hf
 from plait_megatron.options import MegatronOptions
@@ -95,9 +93,8 @@ class MegatronTrainer(SingleProcessEngine):
             vocab_rows=self.vocab_rows,
             autocast_dtype=autocast_dtype,
         )
-        self._init_training(
-            runner, dict(self.gpt.named_parameters())
-        )  # Megatron names; tied ones once
+        # Megatron names; tied ones once
+        self._init_training(runner, dict(self.gpt.named_parameters()))
         log.info(
             "trainer ready",
             model=model.name,
@@ -123,9 +120,8 @@ class MegatronTrainer(SingleProcessEngine):
         if not cpu:
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-            model_parallel_cuda_manual_seed(
-                seed
-            )  # the CUDA RNG states megatron-core's kernels fork
+            # the CUDA RNG states megatron-core's kernels fork
+            model_parallel_cuda_manual_seed(seed)
         gpt = build_gpt_model(
             self.hf_config,
             spec=self.spec,
@@ -138,8 +134,8 @@ class MegatronTrainer(SingleProcessEngine):
         missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]
         if missing or result.unexpected_keys:
             raise ModelError(
-                f"the converted weights do not fit megatron-core's GPTModel: missing {missing[:3]}, "
-                f"unexpected {result.unexpected_keys[:3]}",
+                "the converted weights do not fit megatron-core's GPTModel: "
+                f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}",
                 fix="report it: plait_megatron.convert and the layer spec disagree",
             )
         return gpt.to(self.device).train()
@@ -175,7 +171,7 @@ class MegatronTrainer(SingleProcessEngine):
             return
         self._closed = True
         self._close_training()
-        self.gpt = self.scorer = self._runner = None
+        del self.gpt, self.scorer, self._runner  # their memory is freed now, not with the engine
         parallel.release()
 
 
@@ -195,10 +191,11 @@ def _kernels(options: MegatronOptions, device: torch.device) -> tuple[Spec, type
     if not cuda and (spec == "te" or options.attention == "megatron"):
         raise ConfigError(
             "trainer.options",
-            f"spec {options.spec!r} / attention {options.attention!r} need CUDA: megatron-core 0.16's "
-            "DotProductAttention takes its buffers and RNG states from the CUDA device, and Transformer "
-            "Engine is CUDA-only",
-            fix="on the CPU use trainer.options.spec = 'local' and attention = 'sdpa' (the defaults there)",
+            f"spec {options.spec!r} / attention {options.attention!r} need CUDA: "
+            "megatron-core 0.16's DotProductAttention takes its buffers and RNG states from the "
+            "CUDA device, and Transformer Engine is CUDA-only",
+            fix="on the CPU use trainer.options.spec = 'local' and attention = 'sdpa' "
+            "(the defaults there)",
         )
     if options.attention == "megatron" or (options.attention == "auto" and cuda):
         return spec, None

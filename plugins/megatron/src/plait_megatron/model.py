@@ -12,6 +12,7 @@ never runs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ from plait_megatron.convert import Qwen3Shape, Spec
 
 def rope_theta(config: Any) -> float:
     """transformers 5 keeps it in `rope_parameters`, earlier versions as `rope_theta`."""
-    parameters = getattr(config, "rope_parameters", None) or {}
-    return float(parameters.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+    parameters: Mapping[str, Any] = getattr(config, "rope_parameters", None) or {}
+    theta = parameters.get("rope_theta")
+    return float(theta if theta else getattr(config, "rope_theta", 10000.0))
 
 
 def transformer_config(

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from plait.errors import ConfigError
+from plait.api import ConfigError
 
 _lock = threading.Lock()
 _users = 0
@@ -36,7 +36,8 @@ def acquire(device: torch.device) -> None:
                     "trainer.engine",
                     f"the Megatron trainer runs in one process, but torch.distributed has "
                     f"{dist.get_world_size()} ranks",
-                    fix="start plait without torchrun; for data/tensor parallelism use trainer.engine = 'fsdp2'",
+                    fix="start plait without torchrun; for data/tensor parallelism use "
+                    "trainer.engine = 'fsdp2'",
                 )
             _owned["model_parallel"] = not parallel_state.model_parallel_is_initialized()
             if _owned["model_parallel"]:

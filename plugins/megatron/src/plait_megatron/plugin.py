@@ -3,16 +3,15 @@ neither torch nor megatron-core."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from plait.hookspecs import hookimpl
+from plait.api import RegisterTrainerEngine, hookimpl
 
 
 @hookimpl
-def plait_register_trainer_engines(register: Any) -> None:
+def plait_register_trainer_engines(register: RegisterTrainerEngine) -> None:
     register(
         "megatron",
         "plait_megatron.engine:MegatronTrainer",
         options="plait_megatron.options:MegatronOptions",
-        description="megatron-core GPTModel trainer for Qwen3 (one process, TP = PP = 1; CPU or one CUDA device)",
+        description="megatron-core GPTModel trainer for Qwen3 "
+        "(one process, TP = PP = 1; CPU or one CUDA device)",
     )

@@ -54,7 +54,8 @@ class MegatronScorer(torch.nn.Module):
         select: torch.Tensor,
         targets: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their targets."""
+        """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their
+        targets."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
                 input_ids

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import attrs
 
-from plait.types import Message, ToolCall, ToolSpec
+from plait.api import Message, ToolCall, ToolSpec
 from plait_proxy.chat import ChatRequest, Choice, Completion, RequestError
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -270,7 +270,8 @@ def _unsupported_block(kind: str, param: str, allowed: str) -> NoReturn:
     if kind in _MEDIA_BLOCKS:
         _fail(
             param,
-            f"{kind} blocks are not supported: the proxy serves a text-only model; send text blocks",
+            f"{kind} blocks are not supported: the proxy serves a text-only model; "
+            "send text blocks",
         )
     _fail(param, f"{_shown(kind)} blocks are not supported here: {allowed}")
 

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from plait.errors import DataError
+from plait.api import DataError
 from plait_proxy import anthropic_messages, openai_chat, openai_common, openai_responses
 from plait_proxy.chat import ChatRequest, Completion, RequestError
 from plait_proxy.proxy import Proxy
@@ -95,7 +95,8 @@ class ProxyApp:
         observer: CompletionObserver | None = None,
         routes: Sequence[Route] = (),
     ) -> None:
-        """`routes`: more endpoints (behind the API key; a RequestError they raise is the answer)."""
+        """`routes`: more endpoints (behind the API key; a RequestError they raise is the
+        answer)."""
         self.proxy = proxy
         self.store = store
         self.options = options or ServeOptions()

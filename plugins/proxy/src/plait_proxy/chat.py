@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from plait.types import Message, ParseTermination, SampledSequence, ToolSpec
+from plait.api import Message, ParseTermination, SampledSequence, ToolSpec
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 

@@ -6,8 +6,9 @@ session, and hands the agent's answer to the task's terminal tool, which scores 
 either a program (`command`: the prompt in `PLAIT_PROMPT`, the session in `OPENAI_BASE_URL`,
 `ANTHROPIC_BASE_URL` and both API keys; its answer is the last line it prints) or, to save a
 process start per episode, a function called in this process (`function = "module:name"`, given
-an `AgentEpisode` with the same values; its answer is what it returns). The trajectory is what the proxy recorded of that session: the token ids the engine
-sampled, so the agent trains like any in-process episode (GRPO groups, advantages, TITO).
+an `AgentEpisode` with the same values; its answer is what it returns). The trajectory is what
+the proxy recorded of that session: the token ids the engine sampled, so the agent trains like
+any in-process episode (GRPO groups, advantages, TITO).
 
 The program brings its own tools (a harness's tools are its business); the task environment only
 provides the prompt and the verifier. The run's sampling settings (temperature, top_p, top_k,
@@ -31,12 +32,23 @@ from typing import Any
 import attrs
 import structlog
 
-from plait.plugins import build
-from plait.protocols import Environment, EnvSession, InferenceEngine, Renderer
-from plait.rollout import EpisodeConfig, is_correct, reduce_rewards, terminal_argument
-from plait.targets import load_target
-from plait.trajectory import Trajectory
-from plait.types import Message, Split, ToolError, ToolOutput
+from plait.api import (
+    Environment,
+    EnvSession,
+    EpisodeConfig,
+    InferenceEngine,
+    Message,
+    Renderer,
+    Split,
+    ToolError,
+    ToolOutput,
+    Trajectory,
+    build,
+    is_correct,
+    load_target,
+    reduce_rewards,
+    terminal_argument,
+)
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy

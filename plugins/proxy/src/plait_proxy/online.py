@@ -3,7 +3,8 @@ live clients and learns from the rewards they send back.
 
     client --chat--> proxy --sample--> serving engine        answer recorded (online_log), sent
     client --POST /v1/feedback {response_id, reward}-->      reward recorded, acknowledged
-    learner: `batch_size` rewarded answers -> train -> candidate engine -> gate -> promote | roll back
+    learner: `batch_size` rewarded answers -> train -> candidate engine -> gate
+             -> promote | roll back
 
 Every answer is a trajectory: the turns of its conversation (a session named by the client, or
 the one call) with the reward its client gave it, late or never (answers left without one past
@@ -14,14 +15,14 @@ batch is one group: live prompts rarely repeat). Answers sampled more than
 
 The gate: each trained version is pushed to a candidate engine (a second inference engine of
 the config's kind, never serving) and evaluated greedily on the first `eval.tasks` tasks of the
-environment's `env.eval_split` (`gate_score`). It serves only if its score is within `gate_tolerance` of
-the best version served since the server started; then its trainer state is saved as the
-promoted one and the serving engines take it in flight (`off_policy.update_pause`). A rejected
-version does not serve, and training goes on from it, unless it is a regression (more than
-`regression_margin` below the best) or the trainer has got `off_policy.max_staleness` versions
-ahead of the serving one: then the trainer rolls back to the promoted state (and reuses the
-rejected versions' numbers: version numbers name what served). Each answer says which version
-produced it: the `x-plait-weight-version` header and `plait.weight_version` in the body.
+environment's `env.eval_split` (`gate_score`). It serves only if its score is within
+`gate_tolerance` of the best version served since the server started; then its trainer state is
+saved as the promoted one and the serving engines take it in flight (`off_policy.update_pause`).
+A rejected version does not serve, and training goes on from it, unless it is a regression (more
+than `regression_margin` below the best) or the trainer has got `off_policy.max_staleness`
+versions ahead of the serving one: then the trainer rolls back to the promoted state (and reuses
+the rejected versions' numbers: version numbers name what served). Each answer says which
+version produced it: the `x-plait-weight-version` header and `plait.weight_version` in the body.
 """
 
 from __future__ import annotations
@@ -44,21 +45,33 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from plait import kinds
-from plait.components import Policy, build_components
-from plait.config import RunConfig
-from plait.errors import ConfigError
-from plait.plugins import build
-from plait.protocols import ClosableWeightSync, Environment
-from plait.rollout import terminal_argument
-from plait.run.loop import close, log_metrics, prepare_run_dir
-from plait.run.report import policy_metrics
-from plait.run.schedules import engines_paused
-from plait.run.state import Run, RunState, TaskSampler
-from plait.run.steps import evaluate, prepare, publish_policy, train
-from plait.schema import structure
-from plait.trajectory import Trajectory
-from plait.types import ToolError
+from plait.api import (
+    INFERENCE_ENGINE,
+    WEIGHT_SYNC,
+    ClosableWeightSync,
+    ConfigError,
+    Environment,
+    Policy,
+    Run,
+    RunConfig,
+    RunState,
+    TaskSampler,
+    ToolError,
+    Trajectory,
+    build,
+    build_components,
+    close_components,
+    engines_paused,
+    evaluate_held_out,
+    log_metrics,
+    policy_metrics,
+    prepare_groups,
+    prepare_run_dir,
+    publish_policy,
+    structure,
+    terminal_argument,
+    train_prepared,
+)
 from plait_proxy.app import ProxyApp, ServeOptions, read_json
 from plait_proxy.chat import Completion, RequestError
 from plait_proxy.online_log import Answer, OnlineLog, replay
@@ -88,7 +101,8 @@ class OnlineOptions:
     """How long an answer waits for its reward; later feedback is refused (404)."""
     gate_tolerance: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     """How far below the best held-out score of any version served since start a candidate may
-    score and still serve (against the best, not the serving one, so that small losses cannot add up)."""
+    score and still serve (against the best, not the serving one, so that small losses cannot add
+    up)."""
     regression_margin: float = attrs.field(default=0.2, validator=attrs.validators.ge(0))
     """A candidate this far below the best is a regression: the trainer rolls back at once."""
     max_waiting: int = attrs.field(default=100_000, validator=attrs.validators.ge(1))
@@ -220,7 +234,8 @@ class OnlineServer:
         step would make the same candidate again."""
         self.serving_version = 0
         self.serving_score = self.best_score = math.nan
-        """Held-out score (`gate_score`) of the serving version, and the best of any version served since start."""
+        """Held-out score (`gate_score`) of the serving version, and the best of any version
+        served since start."""
         self.events: deque[dict[str, Any]] = deque(maxlen=1000)
         """The last updates: version, gate verdict, and when the serving engines took it."""
 
@@ -241,20 +256,22 @@ class OnlineServer:
             await self._in_thread(trainer.save_state, promoted)
         await publish_policy(self.run, self.policy)
         self.serving_version = trainer.weight_version
-        self.serving_score = self.best_score = gate_score(await evaluate(self.run))
+        self.serving_score = self.best_score = gate_score(await evaluate_held_out(self.run))
         log.info("serving", version=self.serving_version, held_out_score=self.serving_score)
 
     # -- answers and feedback ------------------------------------------------------------------
 
     def admit(self, headers: Mapping[str, str]) -> None:
-        """`CompletionObserver`: a malformed `x-plait-task` is refused before anything is sampled."""
+        """`CompletionObserver`: a malformed `x-plait-task` is refused before anything is
+        sampled."""
         _task(headers.get(TASK_HEADER))
 
     async def completed(
         self, session: ProxySession, completion: Completion, headers: Mapping[str, str]
     ) -> dict[str, Any]:
         """`CompletionObserver`: record the answer (its first choice) and the conversation that led
-        to it before the client sees it; with an `x-plait-task` header, have the environment judge it."""
+        to it before the client sees it; with an `x-plait-task` header, have the environment judge
+        it."""
         task = _task(headers.get(TASK_HEADER))
         choice = completion.choices[0]
         versions = choice.sequence.versions()
@@ -278,7 +295,8 @@ class OnlineServer:
         job.add_done_callback(self.judging.discard)
 
     async def _judge(self, answer: Answer) -> None:
-        """The environment's reward for the answer, recorded as feedback (unless a client gave one first)."""
+        """The environment's reward for the answer, recorded as feedback (unless a client gave one
+        first)."""
         assert answer.task is not None
         try:
             async with self.judges:
@@ -424,9 +442,12 @@ class OnlineServer:
             self.policy.config,
             trainer=attrs.evolve(self.policy.config.trainer, learning_rate=learning_rate),
         )
-        prepared = await self._in_thread(prepare, self.run, self.policy, [trajectories])
+        prepared = await self._in_thread(prepare_groups, self.run, self.policy, [trajectories])
         trained = await self._in_thread(
-            functools.partial(train, always_step=False), self.run, self.policy, prepared.datums
+            functools.partial(train_prepared, always_step=False),
+            self.run,
+            self.policy,
+            prepared.datums,
         )
         train_seconds = time.perf_counter() - start
         metrics = policy_metrics(
@@ -485,7 +506,7 @@ class OnlineServer:
         then the trainer rolls back to the promoted state."""
         trainer, start = self.policy.trainer, time.perf_counter()
         await publish_policy(self.gate_run, self.candidate)
-        score = gate_score(await evaluate(self.gate_run))
+        score = gate_score(await evaluate_held_out(self.gate_run))
         gate_seconds = time.perf_counter() - start
         promoted = score >= self.best_score - self.options.gate_tolerance
         regression = score < self.best_score - self.options.regression_margin
@@ -652,7 +673,7 @@ async def online_server(
     try:
         policy = components.policies[0]
         candidate_engine = build(
-            kinds.INFERENCE_ENGINE,
+            INFERENCE_ENGINE,
             config.inference.engine,
             policy.model,
             options=config.inference.options,
@@ -666,7 +687,7 @@ async def online_server(
             policy,
             engines=[candidate_engine],
             sync=build(
-                kinds.WEIGHT_SYNC,
+                WEIGHT_SYNC,
                 config.sync.method,
                 options=sync_options,
                 options_path="sync.options",
@@ -694,4 +715,4 @@ async def online_server(
     finally:
         if server is not None:
             await server.close()
-        await close(components)
+        await close_components(components)

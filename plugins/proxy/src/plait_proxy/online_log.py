@@ -1,9 +1,11 @@
 """What `plait serve online` must not lose, appended as JSON lines to `<run dir>/online/`:
 
-    answers.jsonl    {"id", "time", "version", "turns", ["task", "text"]}   before the answer reaches its client
-    feedback.jsonl   {"id", "reward", "time"}                  before the feedback is acknowledged
-    updates.jsonl    {"update", "ids"} | {"update", "stale"}   answers an update consumed or passed over
-                     {"update", "promoted", "score", ...}      its verdict
+    answers.jsonl    {"id", "time", "version", "turns",    before the answer reaches its client
+                      ["task", "text"]}
+    feedback.jsonl   {"id", "reward", "time"}              before the feedback is acknowledged
+    updates.jsonl    {"update", "ids"} |                   answers an update consumed or passed over
+                     {"update", "stale"}
+                     {"update", "promoted", "score", ...}  its verdict
 
 so a server killed at any moment has on disk every answer it sent and every reward it
 acknowledged; `replay` reads them back on restart. Each line is one `write` to a file opened for
@@ -24,10 +26,7 @@ from typing import Any
 import attrs
 import structlog
 
-from plait.metrics import read_jsonl
-from plait.run.checkpoint import fsync_dir
-from plait.serde import from_json, to_json
-from plait.trajectory import Turn
+from plait.api import Turn, from_json, fsync_dir, read_jsonl, to_json
 
 log = structlog.get_logger("plait.online")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from plait.types import Message, ToolCall
+from plait.api import Message, ToolCall
 from plait_proxy.chat import ChatRequest, Choice, Completion, RequestError
 from plait_proxy.openai_common import (
     INT32_MAX,

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from plait.types import ToolCall, ToolSpec
+from plait.api import ToolCall, ToolSpec
 from plait_proxy.chat import Choice, RequestError
 from plait_sdk.server import parse_json
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from plait.types import Message, ToolCall
+from plait.api import Message, ToolCall
 from plait_proxy.chat import ChatRequest, Choice, Completion, RequestError
 from plait_proxy.openai_common import (
     Fields,

@@ -1,29 +1,29 @@
-"""plait-proxy's plugin: the `proxy.harness` environment, `plait serve proxy` and `plait serve online`."""
+"""plait-proxy's plugin: the `proxy.harness` environment, `plait serve proxy` and
+`plait serve online`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, hookimpl
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
+def plait_register_envs(register: RegisterEnv) -> None:
     register(
         "proxy.harness",
         "plait_proxy.harness:make_harness_env",
         options="plait_proxy.harness:HarnessOptions",
-        description="tasks of another environment played by an unmodified agent program through the proxy "
-        "(options: tasks, command)",
+        description="tasks of another environment played by an unmodified agent program "
+        "through the proxy (options: tasks, command)",
     )
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     from plait_sdk.server import serve_group
 
     @serve_group(cli).command()
@@ -52,8 +52,7 @@ def plait_register_commands(cli: Any) -> None:
         import asyncio
         import contextlib
 
-        from plait.config import load_config
-        from plait.logs import configure
+        from plait.api import configure_logging, load_config
         from plait_proxy.app import ProxyApp, ServeOptions
         from plait_proxy.proxy import build_proxy
         from plait_proxy.store import RolloutStore
@@ -62,7 +61,7 @@ def plait_register_commands(cli: Any) -> None:
         if not is_loopback(host) and not api_key:
             raise click.UsageError(f"--host {host} serves beyond this machine: give --api-key too")
         cfg = load_config(config, overrides)
-        configure(cfg.run.log_level)
+        configure_logging(cfg.run.log_level)
 
         async def serve_forever() -> None:
             proxy = build_proxy(cfg)
@@ -102,8 +101,7 @@ def plait_register_commands(cli: Any) -> None:
         import asyncio
         import contextlib
 
-        from plait.config import load_config
-        from plait.logs import configure
+        from plait.api import configure_logging, load_config
         from plait_proxy.app import ServeOptions
         from plait_proxy.online import online_server
         from plait_sdk.server import is_loopback
@@ -111,7 +109,7 @@ def plait_register_commands(cli: Any) -> None:
         if not is_loopback(host) and not api_key:
             raise click.UsageError(f"--host {host} serves beyond this machine: give --api-key too")
         cfg = load_config(config, overrides)
-        configure(cfg.run.log_level)
+        configure_logging(cfg.run.log_level)
 
         async def serve_forever() -> None:
             async with online_server(cfg, ServeOptions(host, port, api_key), fresh=fresh) as (
@@ -119,7 +117,8 @@ def plait_register_commands(cli: Any) -> None:
                 server,
             ):
                 click.echo(
-                    f"plait online for {cfg.model.name} on {url}  (OpenAI: {url}/v1, Anthropic: {url}); "
+                    f"plait online for {cfg.model.name} on {url}  "
+                    f"(OpenAI: {url}/v1, Anthropic: {url}); "
                     f"rewards: POST {url}/v1/feedback; status: GET {url}/v1/online/status; "
                     f"serving version {server.serving_version}",
                     err=True,

@@ -19,11 +19,19 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from plait.config import RunConfig
-from plait.protocols import InferenceEngine, Renderer
-from plait.rollout import sample_through_aborts
-from plait.trajectory import PromptSource
-from plait.types import Message, ModelInput, SampledSequence, SamplingParams, TensorData, ToolCall
+from plait.api import (
+    InferenceEngine,
+    Message,
+    ModelInput,
+    PromptSource,
+    Renderer,
+    RunConfig,
+    SampledSequence,
+    SamplingParams,
+    TensorData,
+    ToolCall,
+    sample_through_aborts,
+)
 from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
 from plait_proxy.store import ProxySession, RecordedCall
 
@@ -146,8 +154,9 @@ class Proxy:
         if room < 1:
             # litellm (and so mini-swe-agent) recognises this wording and stops instead of retrying
             raise RequestError(
-                f"This model's maximum context length is {self.limits.max_context_tokens} tokens; the prompt "
-                f"is {prompt_tokens}: shorten the conversation",
+                "This model's maximum context length is "
+                f"{self.limits.max_context_tokens} tokens; the prompt is {prompt_tokens}: "
+                "shorten the conversation",
                 param="messages",
                 kind="context_length_exceeded",
             )
@@ -266,8 +275,7 @@ def _first_rows(tensor: TensorData, rows: int) -> TensorData:
 
 def build_proxy(config: RunConfig, limits: Limits | None = None) -> Proxy:
     """The proxy for a run config's model, inference engine and renderer."""
-    from plait.components import resolve_model
-    from plait.plugins import build
+    from plait.api import build, resolve_model
 
     model = resolve_model(
         config.model.name, tokenizer=config.model.tokenizer, dtype=config.model.dtype

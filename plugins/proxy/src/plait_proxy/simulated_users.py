@@ -22,7 +22,7 @@ import attrs
 import httpx
 import numpy as np
 
-from plait.protocols import Environment
+from plait.api import Environment
 from plait_proxy.online import judge_answer
 
 
@@ -297,7 +297,8 @@ def online_process(
             while True:
                 if server.poll() is not None:
                     raise RuntimeError(
-                        f"plait serve online exited ({server.returncode}): {log_path.read_text()[-3000:]}"
+                        f"plait serve online exited ({server.returncode}): "
+                        f"{log_path.read_text()[-3000:]}"
                     )
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(f"{url}/health", timeout=2).status_code == 200:

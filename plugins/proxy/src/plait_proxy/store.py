@@ -28,9 +28,15 @@ from typing import Any
 
 import attrs
 
-from plait.serde import to_json
-from plait.trajectory import PromptSource, Turn
-from plait.types import Message, ParseTermination, SamplingParams, ToolSpec
+from plait.api import (
+    Message,
+    ParseTermination,
+    PromptSource,
+    SamplingParams,
+    ToolSpec,
+    Turn,
+    to_json,
+)
 from plait_proxy.chat import Choice, RequestError
 
 

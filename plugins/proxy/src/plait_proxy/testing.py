@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from plait.trajectory import merge_turns
+from plait.api import merge_turns
 from plait_proxy.store import ProxySession, RolloutStore
 
 SYSTEM = "You are terse."

@@ -18,17 +18,26 @@ from typing import Any
 
 import attrs
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.serde import from_json, to_json
-from plait.types import ModelInput, PauseMode, SampleResponse, SamplingParams, prompt_token_ids
+from plait.api import (
+    DataError,
+    EngineError,
+    ModelInput,
+    PauseMode,
+    ResolvedModel,
+    SampleResponse,
+    SamplingParams,
+    from_json,
+    prompt_token_ids,
+    to_json,
+)
 from plait_remote.options import RemoteOptions
 from plait_remote.wire import launch_config, refused
 from plait_server.engine import LaunchedServer, ServerEngine
 
 
 class RemoteEngine(ServerEngine):
-    """`plait.protocols.InferenceEngine` (plus `DiskWeightLoader`) on a `plait serve inference` service."""
+    """`plait.protocols.InferenceEngine` (plus `DiskWeightLoader`) on a `plait serve inference`
+    service."""
 
     server_name = "plait inference service"
     options: RemoteOptions

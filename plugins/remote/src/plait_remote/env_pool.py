@@ -30,11 +30,17 @@ from typing import Any
 import attrs
 import structlog
 
-from plait.errors import ConfigError, EnvironmentError_
-from plait.protocols import EnvSession, InferenceEngine, Renderer
-from plait.rollout import EpisodeConfig, run_episode
-from plait.trajectory import Trajectory
-from plait.types import Split
+from plait.api import (
+    ConfigError,
+    EnvironmentError_,
+    EnvSession,
+    EpisodeConfig,
+    InferenceEngine,
+    Renderer,
+    Split,
+    Trajectory,
+    run_episode,
+)
 from plait_remote.options import EnvPoolOptions
 from plait_remote.scale import autoscaler_for, drain, start_sizing
 from plait_remote.wire import answers_health, start_service

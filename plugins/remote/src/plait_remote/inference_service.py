@@ -3,9 +3,11 @@
 Wire (JSON bodies; plait's types as `plait.serde` writes them; errors as in `plait_remote.wire`):
 
 - `GET /health` -> 200 `{"ok": true, "weight_version", "detail", "engine"}`, 503 with `ok` false.
-- `POST /sample {"prompt": ModelInput, "num_samples", "sampling_params": SamplingParams}` -> `SampleResponse`.
+- `POST /sample {"prompt": ModelInput, "num_samples", "sampling_params": SamplingParams}`
+  -> `SampleResponse`.
 - `POST /compute_logprobs {"prompt"}` -> `{"logprobs": [null, ...]}`.
-- `POST /pause {"mode": "keep"|"abort"|"wait"}` (answers once the engine has paused), `POST /resume`.
+- `POST /pause {"mode": "keep"|"abort"|"wait"}` (answers once the engine has paused),
+  `POST /resume`.
 - `POST /load_weights {"path", "version"}`: full weights as safetensors in directory `path` (the
   client stages them there; the disk is shared). An engine that loads from disk itself (vLLM,
   SGLang) is handed the path; any other gets the tensors.
@@ -23,9 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from plait.protocols import InferenceEngine
-from plait.serde import from_json, to_json
-from plait.types import ModelInput, SamplingParams, WeightUpdate
+from plait.api import InferenceEngine, ModelInput, SamplingParams, WeightUpdate, from_json, to_json
 from plait_remote.wire import BadRequest, endpoint, field, log, reply
 from plait_weights.capabilities import DiskWeightLoader
 
@@ -133,11 +133,11 @@ def serve_inference(
     api_key: str | None,
 ) -> None:
     """Build the config's inference engine, then serve it until SIGINT or SIGTERM."""
-    from plait import kinds
+    from plait.api import INFERENCE_ENGINE
     from plait_remote.wire import component_factory, serve_until_stopped
 
     async def start() -> Any:
-        make, name = component_factory(kinds.INFERENCE_ENGINE, config_path, overrides)
+        make, name = component_factory(INFERENCE_ENGINE, config_path, overrides)
         engine = make()
         return (
             InferenceService(engine, name=name, api_key=api_key).app,

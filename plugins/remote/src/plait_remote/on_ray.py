@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from plait.errors import EngineError
+from plait.api import EngineError
 from plait_remote.options import RayPlacement
 from plait_server.engine import LaunchedServer, ServerProcess, free_port
 
@@ -53,10 +53,10 @@ def connect(placement: RayPlacement) -> None:
         if wanted in (None, "auto", _joined_as, joined):
             return
         raise EngineError(
-            f"this process is connected to the Ray cluster at {joined}, and a process joins one Ray "
-            f"cluster: it cannot place a service on {wanted}",
-            fix="give every component of the run the same ray.address, and reach services on another "
-            "cluster over HTTP: start them there with plait serve and set options.url",
+            f"this process is connected to the Ray cluster at {joined}, and a process joins one "
+            f"Ray cluster: it cannot place a service on {wanted}",
+            fix="give every component of the run the same ray.address, and reach services on "
+            "another cluster over HTTP: start them there with plait serve and set options.url",
         )
     try:
         ray.init(
@@ -148,7 +148,8 @@ class RayServer(LaunchedServer):
             ray.kill(self.actor)
             raise EngineError(
                 f"no node of the Ray cluster took the {name} within {timeout_s:g} s: it asks for "
-                f"{self._request()}; the cluster has {ray.cluster_resources()}, free now {ray.available_resources()}",
+                f"{self._request()}; the cluster has {ray.cluster_resources()}, "
+                f"free now {ray.available_resources()}",
                 fix="ask for resources a node has (options.ray), add a node that has them, "
                 "or raise startup_timeout_s",
             ) from None
@@ -204,7 +205,10 @@ class RayServer(LaunchedServer):
         try:
             return str(ray.get(self.actor.log_tail.remote(lines), timeout=30))
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return f"(the log is on node {self.node_id[:12]} at {self.address}, and its actor does not answer)"
+            return (
+                f"(the log is on node {self.node_id[:12]} at {self.address}, "
+                "and its actor does not answer)"
+            )
 
     def how_it_ended(self) -> str:
         if self._actor_failure is None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 from plait_remote.scale import AutoscaleOptions
 from plait_server.engine import ServerOptions
 
@@ -22,7 +22,8 @@ class RayPlacement:
     num_cpus: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     num_gpus: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
     resources: dict[str, float] = attrs.field(factory=dict)
-    """Custom resources, e.g. {inference_pool = 1}: only nodes started with them take the service."""
+    """Custom resources, e.g. {inference_pool = 1}: only nodes started with them take the
+    service."""
     namespace: str = "plait"
 
 
@@ -41,7 +42,8 @@ class RemoteOptions(ServerOptions):
     keepalive_s: float = attrs.field(default=30.0, validator=positive)
     """How long an idle connection to the service is kept: plait's services keep theirs 60 s, so
     a step's requests reuse the last step's connections (with 1 s, every step opened one per
-    request). Behind anything that drops idle connections sooner (uvicorn's default: 5 s), set it below that."""
+    request). Behind anything that drops idle connections sooner (uvicorn's default: 5 s), set it
+    below that."""
 
 
 @attrs.frozen
@@ -86,8 +88,9 @@ class ReplicaSpec:
 
 @attrs.frozen
 class PoolOptions:
-    """`replicas`: what the pool starts with, e.g. [{engine = "remote", options = {engine = "torch"},
-    count = 2}, {engine = "vllm", options = {...}}]. Scaling up repeats the last spec."""
+    """`replicas`: what the pool starts with, e.g. [{engine = "remote",
+    options = {engine = "torch"}, count = 2}, {engine = "vllm", options = {...}}]. Scaling up
+    repeats the last spec."""
 
     replicas: list[ReplicaSpec] = attrs.field(factory=lambda: [ReplicaSpec()])
     max_in_flight: int | None = attrs.field(
@@ -116,9 +119,11 @@ class EnvPoolOptions:
     max_in_flight: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(positive)
     )
-    """Episodes one member runs at once (its capacity: a slow verifier, a sandbox pool); None = no cap."""
+    """Episodes one member runs at once (its capacity: a slow verifier, a sandbox pool); None = no
+    cap."""
     scale_file: str | None = None
-    """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to (`plait scale`)."""
+    """A JSON file `{"replicas": n}` the pool reads every `poll_s` seconds and scales to
+    (`plait scale`)."""
     poll_s: float = attrs.field(default=1.0, validator=positive)
     autoscale: AutoscaleOptions | None = None
     """Size the pool by its queue instead (needs `max_in_flight`): episodes that wait for room

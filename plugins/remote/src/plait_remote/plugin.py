@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterEnv, RegisterInferenceEngine, RegisterTrainerEngine, hookimpl
 
 
 @hookimpl
-def plait_register_trainer_engines(register: Any) -> None:
+def plait_register_trainer_engines(register: RegisterTrainerEngine) -> None:
     register(
         "remote",
         "plait_remote.trainer:RemoteTrainer",
@@ -26,13 +25,14 @@ def plait_register_trainer_engines(register: Any) -> None:
 
 
 @hookimpl
-def plait_register_envs(register: Any) -> None:
+def plait_register_envs(register: RegisterEnv) -> None:
     register(
         "pool",
         "plait_remote.env_pool:EnvPool.from_options",
         options="plait_remote.options:EnvPoolOptions",
-        description="an environment's episodes spread over several ORS servers of it (or rollout workers), "
-        "each running at most max_in_flight at once; members added and drained while a run goes",
+        description="an environment's episodes spread over several ORS servers of it "
+        "(or rollout workers), each running at most max_in_flight at once; members added and "
+        "drained while a run goes",
     )
     register(
         "rollout",
@@ -44,25 +44,25 @@ def plait_register_envs(register: Any) -> None:
 
 
 @hookimpl
-def plait_register_inference_engines(register: Any) -> None:
+def plait_register_inference_engines(register: RegisterInferenceEngine) -> None:
     register(
         "remote",
         "plait_remote.engine:RemoteEngine",
         options="plait_remote.options:RemoteOptions",
-        description="any installed inference engine in a process of its own (plait serve inference), "
-        "launched by the run or attached by URL",
+        description="any installed inference engine in a process of its own "
+        "(plait serve inference), launched by the run or attached by URL",
     )
     register(
         "pool",
         "plait_remote.pool:PoolEngine",
         options="plait_remote.options:PoolOptions",
-        description="several inference engines behind one: routed by measured load, failed requests "
-        "re-issued, replicas added and drained while a run goes",
+        description="several inference engines behind one: routed by measured load, "
+        "failed requests re-issued, replicas added and drained while a run goes",
     )
 
 
 def _service_command(
-    group: Any,
+    group: click.Group,
     name: str,
     help: str,
     example: str,
@@ -97,7 +97,7 @@ def _service_command(
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     from plait_sdk.server import serve_group
 
     group = serve_group(cli)
@@ -159,6 +159,6 @@ def plait_register_commands(cli: Any) -> None:
                 )
             path = scale(run_dir, section, int(count))
             click.echo(
-                f"asked the {section} pool of {run_dir} for {count} (written to {path}; the run reads it "
-                f"every {scale_file_of(run_dir, section)[1]:g} s)"
+                f"asked the {section} pool of {run_dir} for {count} (written to {path}; "
+                f"the run reads it every {scale_file_of(run_dir, section)[1]:g} s)"
             )

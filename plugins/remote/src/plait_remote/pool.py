@@ -28,13 +28,16 @@ from typing import Any, TypeVar
 import attrs
 import structlog
 
-from plait.errors import ConfigError, DataError, EngineError, PlaitError
-from plait.models import ResolvedModel
-from plait.protocols import InferenceEngine
-from plait.types import (
+from plait.api import (
+    ConfigError,
+    DataError,
+    EngineError,
     EngineHealth,
+    InferenceEngine,
     ModelInput,
     PauseMode,
+    PlaitError,
+    ResolvedModel,
     SampleResponse,
     SamplingParams,
     WeightUpdate,
@@ -72,7 +75,8 @@ class PoolEngine:
             raise ConfigError(
                 "inference.options.replicas",
                 "the pool needs at least one replica",
-                fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, count = 2}]',
+                fix='e.g. replicas = [{engine = "remote", options = {engine = "torch"}, '
+                "count = 2}]",
             )
         self._autoscaler = autoscaler_for(self.options, "inference", "inference pool")
         self._seed = seed
@@ -91,7 +95,7 @@ class PoolEngine:
         self._closed = False
 
     def _build(self, spec: ReplicaSpec) -> _Replica:
-        from plait.plugins import build
+        from plait.api import build
 
         if spec.engine == "pool":
             raise ConfigError("inference.options.replicas", "a pool's replica cannot be a pool")
@@ -237,7 +241,8 @@ class PoolEngine:
             await replica.engine.close()
         if not self.replicas:
             raise EngineError(
-                f"every replica of the inference pool failed (last: {replica.name}: {health.detail})",
+                "every replica of the inference pool failed "
+                f"(last: {replica.name}: {health.detail})",
                 fix="check the replicas' logs",
             )
 
@@ -276,7 +281,8 @@ class PoolEngine:
     async def apply_weights(self, update: WeightUpdate) -> None:
         if update.kind != "full":
             raise EngineError(
-                "the inference pool takes full weight updates (a replica that joins later gets the newest)",
+                "the inference pool takes full weight updates "
+                "(a replica that joins later gets the newest)",
                 fix='use sync.options.payload = "full"',
             )
         await self._everywhere(lambda engine: engine.apply_weights(update))

@@ -28,11 +28,16 @@ from typing import Any
 import attrs
 import structlog
 
-from plait.errors import ConfigError
-from plait.protocols import InferenceEngine, Renderer
-from plait.rollout import EpisodeConfig, run_episode
-from plait.serde import from_json, to_json
-from plait.trajectory import Trajectory
+from plait.api import (
+    ConfigError,
+    EpisodeConfig,
+    InferenceEngine,
+    Renderer,
+    Trajectory,
+    from_json,
+    run_episode,
+    to_json,
+)
 from plait_remote.wire import endpoint, field
 from plait_sdk.client import ORSEnvironment, ORSOptions
 from plait_server.engine import Reply, error_message
@@ -87,7 +92,8 @@ class RolloutService:
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """ASGI: the worker's own routes, and every other path (and the lifespan) to the ORS server."""
+        """ASGI: the worker's own routes, and every other path (and the lifespan) to the ORS
+        server."""
         if scope["type"] == "http" and scope["path"].startswith("/rollout/"):
             await self._rollout(scope, receive, send)
         else:
@@ -134,9 +140,7 @@ def build_worker(
     config_path: Path | None, overrides: tuple[str, ...], *, api_key: str | None
 ) -> RolloutService:
     """The worker of a run config: its `[model]`, `[renderer]` and `[env]`."""
-    from plait.components import resolve_model
-    from plait.config import load_config
-    from plait.plugins import build
+    from plait.api import build, load_config, resolve_model
     from plait_sdk.plugin import build_environment
 
     config = load_config(config_path, overrides)

@@ -27,8 +27,7 @@ from typing import Any
 import attrs
 import structlog
 
-from plait.config import positive
-from plait.errors import ConfigError, PlaitError
+from plait.api import ConfigError, PlaitError, positive
 
 log = structlog.get_logger("plait_remote")
 
@@ -55,10 +54,11 @@ def scale_file_of(run_dir: Path, section: str) -> tuple[Path, float]:
         )
     options = table.get("options") or {}
     if not options.get("scale_file"):
+        suggested_file = run_dir / f"{section}-scale.json"
         raise ConfigError(
             f"{section}.options.scale_file",
             f"the {section} pool of the run in {run_dir} reads no scale file",
-            fix=f'start the run with {section}.options.scale_file = "{run_dir / f"{section}-scale.json"}"',
+            fix=f'start the run with {section}.options.scale_file = "{suggested_file}"',
         )
     return Path(options["scale_file"]).expanduser(), float(options.get("poll_s", 1.0))
 
@@ -82,9 +82,9 @@ def scale(run_dir: Path, section: str, replicas: int) -> Path:
 async def follow_scale_file(
     path: Path, poll_s: float, resize: Callable[[int], Awaitable[None]], what: str
 ) -> None:
-    """Every `poll_s` seconds, `resize(n)` when `{"replicas": n}` in `path` changes (until cancelled).
-    A missing or unreadable file is waited for; a resize that fails is logged, and tried again
-    when the file asks for something else."""
+    """Every `poll_s` seconds, `resize(n)` when `{"replicas": n}` in `path` changes (until
+    cancelled). A missing or unreadable file is waited for; a resize that fails is logged, and
+    tried again when the file asks for something else."""
     wanted: int | None = None
     while True:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):

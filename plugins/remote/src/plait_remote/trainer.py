@@ -22,15 +22,16 @@ from typing import Any
 
 import attrs
 
-from plait.errors import EngineError
-from plait.models import ResolvedModel
-from plait.serde import from_json, to_json
-from plait.types import (
+from plait.api import (
     AdamParams,
     Datum,
+    EngineError,
     ForwardBackwardOutput,
     OptimStepResult,
+    ResolvedModel,
     TrainerCapabilities,
+    from_json,
+    to_json,
 )
 from plait_remote.options import RemoteTrainerOptions
 from plait_remote.wire import answers_health, launch_config, refused, start_service
@@ -39,8 +40,8 @@ SERVICE = "plait trainer service"
 
 
 class RemoteTrainer:
-    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and `plait_weights.capabilities.WritesWeightFiles`)
-    on a `plait serve trainer` service."""
+    """`plait.protocols.TrainerEngine` (plus `MeasuresFlops` and
+    `plait_weights.capabilities.WritesWeightFiles`) on a `plait serve trainer` service."""
 
     def __init__(
         self, model: ResolvedModel, *, options: RemoteTrainerOptions | None = None, seed: int = 0
@@ -144,14 +145,16 @@ class RemoteTrainer:
             if self.server is not None and not self.server.alive():
                 raise self.server.crash_error(f" (during {what})") from None
             raise EngineError(
-                f"cannot reach the {SERVICE} at {self._http.base_url} ({what}): {type(exc).__name__}: {exc}",
+                f"cannot reach the {SERVICE} at {self._http.base_url} ({what}): "
+                f"{type(exc).__name__}: {exc}",
                 fix="start the service, or check trainer.options.url",
             ) from exc
         if response.status_code == 400:
             raise refused(response)
         if response.status_code != 200:
             raise EngineError(
-                f"the {SERVICE} answered {what} with HTTP {response.status_code}: {error_message(response)}"
+                f"the {SERVICE} answered {what} with HTTP {response.status_code}: "
+                f"{error_message(response)}"
             )
         return response.json()
 
@@ -219,9 +222,9 @@ class RemoteTrainer:
         yield from tensors.items()
 
     def export_weights_to(self, directory: Path) -> Path:
-        """The service writes `directory/model.safetensors` (`plait_weights.capabilities.WritesWeightFiles`:
-        the disk sync has it written where the engines load it). `directory` must be writable by
-        the service."""
+        """The service writes `directory/model.safetensors`
+        (`plait_weights.capabilities.WritesWeightFiles`: the disk sync has it written where the
+        engines load it). `directory` must be writable by the service."""
         return Path(
             self._trainer("export_weights", {"path": str(Path(directory).resolve())})["path"]
         )

@@ -5,9 +5,10 @@ state), then drives it by id.
 Wire (JSON bodies; plait's types as `plait.serde` writes them; errors as in `plait_remote.wire`):
 
 - `GET /health` -> `{"ok": true, "engine", "trainers": n}`.
-- `POST /trainers {}` -> `{"id", "weight_version", "capabilities": TrainerCapabilities, "peak_flops_per_s"}`.
-- `POST /trainers/{id}/forward` and `/forward_backward {"data": [Datum], "loss_fn", "loss_fn_config"}`
-  -> `ForwardBackwardOutput`.
+- `POST /trainers {}` -> `{"id", "weight_version", "capabilities": TrainerCapabilities,
+  "peak_flops_per_s"}`.
+- `POST /trainers/{id}/forward` and
+  `/forward_backward {"data": [Datum], "loss_fn", "loss_fn_config"}` -> `ForwardBackwardOutput`.
 - `POST /trainers/{id}/optim_step {"adam_params": AdamParams}` -> `OptimStepResult`.
 - `POST /trainers/{id}/save_state` and `/load_state {"path"}`: a directory on the shared disk.
 - `POST /trainers/{id}/export_weights {"path"}`: the weights as `path/model.safetensors`
@@ -34,9 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from plait.protocols import MeasuresFlops, TrainerEngine
-from plait.serde import from_json, to_json
-from plait.types import AdamParams, Datum
+from plait.api import AdamParams, Datum, MeasuresFlops, TrainerEngine, from_json, to_json
 from plait_remote.wire import BadRequest, NotFound, endpoint, field, reply
 
 log = structlog.get_logger("plait_remote")
@@ -198,11 +197,11 @@ def serve_trainer(
     api_key: str | None,
 ) -> None:
     """Serve trainer engines of the config's `[trainer]` kind until SIGINT or SIGTERM."""
-    from plait import kinds
+    from plait.api import TRAINER_ENGINE
     from plait_remote.wire import component_factory, serve_until_stopped
 
     async def start() -> Any:
-        make, name = component_factory(kinds.TRAINER_ENGINE, config_path, overrides)
+        make, name = component_factory(TRAINER_ENGINE, config_path, overrides)
         service = TrainerService(make, name=name, api_key=api_key)
         return service.app, "trainer service", service.close
 

@@ -19,7 +19,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from plait.errors import ConfigError, DataError, PlaitError
+from plait.api import ConfigError, DataError, PlaitError
 
 log = structlog.get_logger("plait_remote")
 
@@ -110,9 +110,7 @@ def component_factory(
 ) -> tuple[Callable[[], Any], str]:
     """(a function that builds a new instance of run config's component of `kind`: the trainer or
     inference engine on its model, options and seed; the component's name)."""
-    from plait.components import resolve_model
-    from plait.config import load_config
-    from plait.plugins import get_registry
+    from plait.api import get_registry, load_config, resolve_model
 
     config = load_config(config_path, overrides)
     section = getattr(config, kind.config_key.split(".")[0])
@@ -143,12 +141,12 @@ def serve_until_stopped(
     SIGINT or SIGTERM, then close. Beyond loopback an API key is required."""
     import click
 
-    from plait.logs import configure
+    from plait.api import configure_logging
     from plait_sdk.server import is_loopback, serving
 
     if not api_key and not is_loopback(host):
         raise click.UsageError(f"--host {host} serves beyond this machine: give an --api-key first")
-    configure("info")
+    configure_logging("info")
 
     async def main() -> None:
         app, what, close = await start()
@@ -227,7 +225,8 @@ def start_service(
 
 
 async def answers_health(url: str) -> bool:
-    """Whether the service at `url` answers GET /health with 200 (False while it is not listening yet)."""
+    """Whether the service at `url` answers GET /health with 200 (False while it is not listening
+    yet)."""
     import httpx
 
     try:

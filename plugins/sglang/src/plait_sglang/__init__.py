@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plait_sglang.engine import SGLangEngine
+    from plait_sglang.options import SGLangOptions
+
 __all__ = ["SGLangEngine", "SGLangOptions"]
 
 
-def __getattr__(name: str):  # lazy: plugin discovery imports only plait_sglang.plugin
+def __getattr__(name: str) -> type:  # lazy: plugin discovery imports only plait_sglang.plugin
     if name == "SGLangEngine":
         from plait_sglang.engine import SGLangEngine
 

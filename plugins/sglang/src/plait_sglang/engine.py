@@ -42,14 +42,16 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import (
+from plait.api import (
+    DataError,
+    EngineError,
     ModelInput,
     PauseMode,
+    ResolvedModel,
     SampledSequence,
     SampleResponse,
     SamplingParams,
+    StopReason,
     TensorData,
     prompt_token_ids,
 )
@@ -64,7 +66,7 @@ from plait_weights.capabilities import BroadcastGroup, TensorMeta
 
 log = structlog.get_logger("plait_sglang")
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 GROUP_NAME = "weight_update_group"
 
 
@@ -231,7 +233,8 @@ class SGLangEngine(ServerEngine):
             if "routed_experts" not in meta:
                 raise EngineError(
                     "SGLang returned no routed_experts",
-                    fix="use SGLang >= 0.5.7 launched with --enable-return-routed-experts, on a MoE model",
+                    fix="use SGLang >= 0.5.7 launched with --enable-return-routed-experts, "
+                    "on a MoE model",
                 )
             routed = decode_routed_experts(meta["routed_experts"], *self._moe_shape)
         return SampledSequence(

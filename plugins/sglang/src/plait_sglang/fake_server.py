@@ -3,7 +3,7 @@
 SGLang has no CPU build for these machines, so plait's tests (and anyone without a GPU) run this
 instead of `python -m sglang.launch_server`. It takes the same command-line flags plait passes
 and answers every endpoint plait-sglang uses exactly as SGLang does (checked against the
-`sglang` package's `api_types.py` and `io_struct.py`; see tests/test_fake_fidelity.py): paths,
+`sglang` package's `api_types.py` and `io_struct.py`; see tests/test_wire_fidelity.py): paths,
 methods, bodies and their defaults, status codes, plain-text (`/flush_cache`) and empty
 (`/abort_request`) replies, aborts as HTTP 200 with partial output, `/generate` calls that block
 while generation is paused, `/flush_cache` refused (400) while requests run.
@@ -18,7 +18,7 @@ raw ones). Requests run one at a time per decode step (no batching) and the pref
 by the exact prompt; `retract` frees a request's KV and re-prefills it on continue, `in_place`
 keeps it.
 
-`--fake-version` picks the SGLang release whose wire it speaks (drift in reference/engines.md):
+`--fake-version` picks the SGLang release whose wire it speaks (the releases differ):
 0.5.23 (default): /generate rejects unknown `sampling_params` keys (400, the contract gate),
   `/begin_weight_update` and `/end_weight_update` exist, no `/get_weight_version`.
 0.5.15: no contract gate, no begin/end, `/get_weight_version` answers 404 "deprecated".
@@ -39,6 +39,8 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -355,6 +357,7 @@ class FakeSGLang:
 
     def _sample(self, seq: Sequence_) -> tuple[int, float, dict[str, Any] | None]:
         params = seq.params
+        assert seq.next_logits is not None  # step() has just run the forward
         logits = seq.next_logits.float()
         temperature = float(
             params.get("temperature", 1.0) if params.get("temperature") is not None else 1.0
@@ -385,7 +388,7 @@ class FakeSGLang:
                     return token, logprob, {"type": "stop", "matched": stop}
         return token, logprob, None
 
-    def _adapter(self, name: str | None) -> Any:
+    def _adapter(self, name: str | None) -> AbstractContextManager[None]:
         """Run with LoRA adapter `name` merged into the weights (restored after)."""
         import contextlib
 
@@ -397,7 +400,7 @@ class FakeSGLang:
         params = dict(self.model.named_parameters())
 
         @contextlib.contextmanager
-        def merged():
+        def merged() -> Iterator[None]:
             originals = {n: params[n].detach().clone() for n in deltas}
             for n, delta in deltas.items():
                 params[n].data += delta.to(params[n].dtype)
@@ -681,7 +684,8 @@ def build_app(server: FakeSGLang) -> FastAPI:
             return bad(
                 "/generate",
                 body,
-                "The input_ids must be a non-empty list of token ids (text is not supported by this fake)",
+                "The input_ids must be a non-empty list of token ids "
+                "(text is not supported by this fake)",
             )
         vocab = server.config.vocab_size
         for prompt in prompts:
@@ -707,10 +711,13 @@ def build_app(server: FakeSGLang) -> FastAPI:
             server.waiting.extend(seqs)
             server.cond.notify_all()
         await asyncio.gather(*(s.done for s in seqs))
-        for seq in seqs:  # an abort that carries an error status is an HTTP error (SGLang's _handle_abort_finish_reason)
-            status = (seq.finish or {}).get("status_code")
+        # An abort that carries an error status is an HTTP error (SGLang's
+        # _handle_abort_finish_reason).
+        for seq in seqs:
+            finish = seq.finish or {}
+            status = finish.get("status_code")
             if isinstance(status, int) and status >= 400:
-                return bad("/generate", body, seq.finish["message"], status)
+                return bad("/generate", body, finish["message"], status)
         replies = [server.reply(s) for s in seqs]
         return ok_json("/generate", body, replies if batch else replies[0])
 
@@ -719,7 +726,8 @@ def build_app(server: FakeSGLang) -> FastAPI:
         if server.flush():
             text = (
                 "Cache flushed.\nPlease check backend logs for more details. "
-                "(When there are running or waiting requests, the operation will not be performed.)\n"
+                "(When there are running or waiting requests, "
+                "the operation will not be performed.)\n"
             )
             return Response(content=text, status_code=200)
         return Response(content="Flush cache failed.\n", status_code=400)
@@ -1003,7 +1011,8 @@ def _adapters(server: FakeSGLang) -> dict[str, str]:
 
 
 def _open_gloo_group(body: dict[str, Any]) -> Any:
-    """The engine's member of the broadcast group (plait's rendezvous, `plait_weights.broadcast`)."""
+    """The engine's member of the broadcast group (plait's rendezvous,
+    `plait_weights.broadcast`)."""
     from plait_weights.broadcast import open_group
     from plait_weights.capabilities import BroadcastGroup
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 from plait_server.engine import ServerOptions
 
 

@@ -4,9 +4,9 @@ server's recorded wire traffic against the real `sglang` package.
     python check_wire.py WIRE.jsonl CONTROL_BODIES.json
 
 - Every /generate request the server accepted decodes with SGLang 0.5.23's own contract
-  (`sglang/api/v1/api_types.py`: GenerateRequest), and every reply with GenerateResponse; /model_info
-  and /server_info replies with GetModelInfoResponse / GetServerInfoResponse; /abort_request
-  bodies with AbortRequest.
+  (`sglang/api/v1/api_types.py`: GenerateRequest), and every reply with GenerateResponse;
+  /model_info and /server_info replies with GetModelInfoResponse / GetServerInfoResponse;
+  /abort_request bodies with AbortRequest.
 - Every /generate request the server refused with 400 is refused by the contract too, with the
   same message.
 - The control endpoints' request bodies (field names and defaults) equal SGLang's io_struct

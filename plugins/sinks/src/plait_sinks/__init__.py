@@ -1,1 +1,2 @@
-"""plait's metric sinks beyond metrics.jsonl: `console`, `tensorboard` and `dashboard` (and `plait plot`)."""
+"""plait's metric sinks beyond metrics.jsonl: `console`, `tensorboard` and `dashboard` (and
+`plait plot`)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import attrs
 
-from plait.logs import console
+from plait.api import console
 from plait_sinks.plot import policy_names
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import structlog
 
-from plait.schema import non_negative
+from plait.api import non_negative
 from plait_sinks.plot import plot_run
 
 log = structlog.get_logger("plait.dashboard")

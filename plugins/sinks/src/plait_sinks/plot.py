@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plait.errors import PlaitError
-from plait.metrics import read_jsonl
+from plait.api import PlaitError, read_jsonl
 
 TIMING_KEYS = ("time/rollout", "time/train", "time/sync", "time/eval")
 

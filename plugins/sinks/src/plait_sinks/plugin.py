@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterMetricSink
+from plait.api import RegisterMetricSink, hookimpl
 
 
 @hookimpl
@@ -23,7 +21,8 @@ def plait_register_metric_sinks(register: RegisterMetricSink) -> None:
         "dashboard",
         "plait_sinks.dashboard:DashboardSink",
         options="plait_sinks.dashboard:DashboardOptions",
-        description="dashboard.png in the run directory, rendered when the run ends (and every N steps)",
+        description="dashboard.png in the run directory, rendered when the run ends "
+        "(and every N steps)",
     )
     register(
         "tensorboard",
@@ -33,7 +32,7 @@ def plait_register_metric_sinks(register: RegisterMetricSink) -> None:
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     @cli.command()
     @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
     @click.option(

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from plait.errors import PlaitError
+from plait.api import PlaitError
 
 
 class TensorBoardSink:
     """Scalars to TensorBoard event files under `<run_dir>/tb` (with tensorboardX: no torch)."""
 
-    def __init__(self, run_dir: Path, *, options: Any = None) -> None:
+    def __init__(self, run_dir: Path, *, options: None = None) -> None:  # it takes no options
         try:
             from tensorboardX import SummaryWriter
         except ImportError as exc:
             raise PlaitError(
                 f"the tensorboard metric sink needs tensorboardX: {exc}",
-                fix="pip install 'plait-sinks[tensorboard]', or drop 'tensorboard' from metrics.sinks",
+                fix="pip install 'plait-sinks[tensorboard]', "
+                "or drop 'tensorboard' from metrics.sinks",
             ) from exc
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
 

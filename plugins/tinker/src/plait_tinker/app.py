@@ -205,7 +205,8 @@ class TinkerApp:
         body = await request.body()
         if request.headers.get("content-encoding") == "zstd":
             raise ServiceError(
-                "zstd-compressed bodies are not accepted; client/config leaves proto_compress_fwdbwd off"
+                "zstd-compressed bodies are not accepted; "
+                "client/config leaves proto_compress_fwdbwd off"
             )
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise ServiceError(

@@ -24,11 +24,17 @@ from typing import Any
 
 import attrs
 
-from plait import kinds
-from plait.config import apply_overrides
-from plait.errors import ConfigError, UnknownComponentError
-from plait.plugins import get_registry
-from plait.schema import positive, structure
+from plait.api import (
+    INFERENCE_ENGINE,
+    TRAINER_ENGINE,
+    ConfigError,
+    Kind,
+    UnknownComponentError,
+    apply_overrides,
+    get_registry,
+    positive,
+    structure,
+)
 
 
 @attrs.frozen
@@ -40,9 +46,11 @@ class ServerOptions:
     lora_alpha: float = attrs.field(default=32.0, validator=positive)
     """Tinker's lora_config has no alpha: every adapter scales by lora_alpha / rank."""
     max_samplers: int = attrs.field(default=4, validator=positive)
-    """Sampling engines kept loaded (one per sampled checkpoint, least recently used closed first)."""
+    """Sampling engines kept loaded (one per sampled checkpoint, least recently used closed
+    first)."""
     poll_s: float = attrs.field(default=25.0, validator=positive)
-    """How long a retrieve_future waits for its result before answering 408 (the SDK gives up at 45 s)."""
+    """How long a retrieve_future waits for its result before answering 408 (the SDK gives up at
+    45 s)."""
     session_timeout_s: float = attrs.field(default=300.0, validator=positive)
     """A session without a heartbeat for this long is finished: its training runs unload."""
 
@@ -98,9 +106,9 @@ class TinkerServerConfig:
 def check_components(config: TinkerServerConfig) -> None:
     """The trainer and inference engines exist and their options fit, before any model loads."""
     registry = get_registry()
-    checks: list[tuple[str, Component, kinds.Kind[Any]]] = [
-        ("trainer", config.trainer, kinds.TRAINER_ENGINE),
-        ("inference", config.inference, kinds.INFERENCE_ENGINE),
+    checks: list[tuple[str, Component, Kind[Any]]] = [
+        ("trainer", config.trainer, TRAINER_ENGINE),
+        ("inference", config.inference, INFERENCE_ENGINE),
     ]
     for section, component, kind in checks:
         try:

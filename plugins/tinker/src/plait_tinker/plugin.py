@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from plait.hookspecs import hookimpl
+from plait.api import hookimpl
 
 
 @hookimpl
-def plait_register_commands(cli: Any) -> None:
+def plait_register_commands(cli: click.Group) -> None:
     from plait_sdk.server import serve_group
 
     @serve_group(cli).command()
@@ -31,7 +30,7 @@ def plait_register_commands(cli: Any) -> None:
         import asyncio
         import contextlib
 
-        from plait.logs import configure
+        from plait.api import configure_logging
         from plait_sdk.server import is_loopback
         from plait_tinker.app import build_app
         from plait_tinker.config import load_server_config
@@ -43,7 +42,7 @@ def plait_register_commands(cli: Any) -> None:
                 f"server.host {server.host} serves beyond this machine: list [[tenants]] "
                 "with their api_key first"
             )
-        configure(log_level)
+        configure_logging(log_level)
 
         async def serve_forever() -> None:
             app = build_app(cfg, base / server.storage)

@@ -29,13 +29,20 @@ from typing import Any, TypeVar
 import attrs
 import structlog
 
-from plait import kinds
-from plait.components import resolve_model
-from plait.errors import PlaitError
-from plait.models import ResolvedModel
-from plait.plugins import build
-from plait.protocols import AdapterEngine, AdapterTrainer, InferenceEngine, TrainerEngine
-from plait.types import AdamParams, LoraConfig
+from plait.api import (
+    INFERENCE_ENGINE,
+    TRAINER_ENGINE,
+    AdamParams,
+    AdapterEngine,
+    AdapterTrainer,
+    InferenceEngine,
+    LoraConfig,
+    PlaitError,
+    ResolvedModel,
+    TrainerEngine,
+    build,
+    resolve_model,
+)
 from plait_tinker import wire
 from plait_tinker.config import Tenant, TinkerServerConfig
 
@@ -62,7 +69,8 @@ def not_found(what: str) -> ServiceError:
 
 
 def training_run_id(session_id: str, body: dict[str, Any]) -> str:
-    """The id the SDK assumes for a session's n-th training client (create-via-load relies on it)."""
+    """The id the SDK assumes for a session's n-th training client (create-via-load relies on
+    it)."""
     return f"{session_id}:train:{int(body.get('model_seq_id', 0))}"
 
 
@@ -463,7 +471,7 @@ class TinkerService:
     def _build_trainer(self, base_model: str) -> TrainerEngine:
         log.info("loading base model for training", base_model=base_model)
         return build(
-            kinds.TRAINER_ENGINE,
+            TRAINER_ENGINE,
             self.config.trainer.engine,
             self._model(base_model),
             options=self.config.trainer.options,
@@ -767,7 +775,8 @@ class TinkerService:
         return sampler.id
 
     def _sampler_of(self, tenant: Tenant, sampler_id: str, body: dict[str, Any]) -> Sampler:
-        """A sampler of the checkpoint `body["model_path"]`, else of the base model `body["base_model"]`."""
+        """A sampler of the checkpoint `body["model_path"]`, else of the base model
+        `body["base_model"]`."""
         if body.get("model_path"):
             record, _, directory = self.resolve_path(tenant, str(body["model_path"]))
             return Sampler(
@@ -839,7 +848,7 @@ class TinkerService:
             "loading a sampling engine", base_model=sampler.base_model, weights=str(sampler.weights)
         )
         return build(
-            kinds.INFERENCE_ENGINE,
+            INFERENCE_ENGINE,
             self.config.inference.engine,
             self._model(sampler.base_model),
             options=options,

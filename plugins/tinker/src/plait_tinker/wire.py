@@ -12,7 +12,7 @@ import attrs
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from plait.types import (
+from plait.api import (
     Datum,
     ForwardBackwardOutput,
     ModelInput,
@@ -74,7 +74,8 @@ def _datum(datum: pb.Datum, index: int) -> Datum:
     for chunk in datum.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
             raise WireError(
-                f"data[{index}]: a {chunk.WhichOneof('chunk')} chunk; this server takes token chunks only"
+                f"data[{index}]: a {chunk.WhichOneof('chunk')} chunk; "
+                "this server takes token chunks only"
             )
         tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
     inputs = {

@@ -12,8 +12,8 @@ How it runs:
   each prompt, followed by one decode step per token. Each step runs in the engine's one worker
   thread (always the same thread: torch's CPU thread pool is per calling thread, and pools of
   several threads spinning at once take each other's cores), so the event loop stays free;
-  between steps the scheduler checks for pause, abort and weight updates. Finished sequences leave the batch at once; a request returns as soon
-  as all of its samples are done.
+  between steps the scheduler checks for pause, abort and weight updates. Finished sequences
+  leave the batch at once; a request returns as soon as all of its samples are done.
 - Randomness: every sample has its own generator, seeded from the request's seed (or from the
   engine's seed when the request has none) and the sample's index, and draws one uniform number
   per token. Same seed + same weights -> same tokens, whatever else shares the batch (up to
@@ -52,6 +52,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import inspect
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -62,16 +63,20 @@ import numpy as np
 import structlog
 import torch
 
-from plait.errors import ConfigError, DataError, EngineError, WeightBaseError
-from plait.models import ResolvedModel
-from plait.types import (
+from plait.api import (
+    ConfigError,
+    DataError,
+    EngineError,
     EngineHealth,
     ModelInput,
     PauseMode,
+    ResolvedModel,
     SampledSequence,
     SampleResponse,
     SamplingParams,
+    StopReason,
     TensorData,
+    WeightBaseError,
     WeightUpdate,
     prompt_token_ids,
 )
@@ -92,6 +97,13 @@ _SEED_MASK = (1 << 63) - 1
 QUEUE_SETTLE_TURNS = 4
 # Shorter common prefixes cost more as a pass of their own than they save.
 MIN_SHARED_PREFIX = 16
+
+
+def cache_keyword(model: Any) -> str:
+    """The name under which `model`'s forward takes its KV cache: transformers renamed it from
+    `past_key_values` to `cache` (5.25 takes both; 5.17, on the lent GPU machines, only the old
+    one, and silently ignores `cache`: every decode step would then run without the prompt)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -133,7 +145,8 @@ class _Request:
         )
 
     def _routing(self, row: _Row) -> TensorData | None:
-        """Rows of every token fed but the last sampled one: prompt + tokens - 1 (see the module doc)."""
+        """Rows of every token fed but the last sampled one: prompt + tokens - 1 (see the module
+        doc)."""
         if not row.routing:  # not recording, or aborted before its prefill ran
             return None
         routing = np.concatenate(row.routing)
@@ -149,11 +162,10 @@ class _Row:
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     versions: list[int] = attrs.field(factory=list)
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     text_checked: int = 0  # characters of decoded text already searched for stop strings
-    routing: list[np.ndarray] = attrs.field(
-        factory=list
-    )  # (fed tokens, layers, top_k) chunks, when recorded
+    # (fed tokens, layers, top_k) chunks, when recorded
+    routing: list[np.ndarray] = attrs.field(factory=list)
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
@@ -210,9 +222,11 @@ class TorchInferenceEngine:
                     fix="turn enable_return_routed_experts off for dense models",
                 )
             self._hooks = RoutingHooks(self.model)
-            # Expert ids travel from the device once per step, in the narrowest dtype that holds them.
+            # Expert ids travel from the device once per step, in the narrowest dtype that holds
+            # them.
             self._routing_dtype = torch.uint8 if shape.experts <= 256 else torch.int32
         self.vocab_rows = loading.embedding_rows(self.model)
+        self._cache_keyword = cache_keyword(self.model)
         self.eos_ids = self._eos_ids()
         self.max_model_len = self.options.max_model_len or int(
             getattr(self.model.config, "max_position_embeddings", 0) or 4096
@@ -346,14 +360,14 @@ class TorchInferenceEngine:
         room = self.max_model_len - len(ids)
         if room < 1:
             raise DataError(
-                f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.max_model_len}",
+                f"prompt of {len(ids)} tokens leaves no room "
+                f"under max_model_len {self.max_model_len}",
                 fix="shorten the prompt or raise inference.options.max_model_len",
             )
         stop_ids, stop_strings = self._stops(params.stop)
         max_tokens = min(params.max_tokens or room, room)
-        request = _Request(
-            ids, params, max_tokens, stop_ids, stop_strings, self._loop.create_future()
-        )
+        loop = asyncio.get_running_loop()  # the engine's: every caller has just bound to it
+        request = _Request(ids, params, max_tokens, stop_ids, stop_strings, loop.create_future())
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request.rows = [
             _Row(request, torch.Generator().manual_seed(derive_seed(base_seed, i)))
@@ -541,13 +555,18 @@ class TorchInferenceEngine:
         if shared:
             self.model(
                 input_ids=torch.tensor([prompts[0][:shared]], device=self.device),
-                cache=cache,
+                **{self._cache_keyword: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
             if self._hooks is not None:
                 routed_prefix.append(self._routed_experts())
-            cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=self.device))
+            prefix_row_for_each_prompt = torch.zeros(
+                len(prompts), dtype=torch.long, device=self.device
+            )
+            # transformers annotates the index as torch.LongTensor, which torch's factories never
+            # return (they return Tensor, whatever the dtype)
+            cache.reorder_cache(prefix_row_for_each_prompt)  # type: ignore[arg-type]
         rests = [prompt[shared:] for prompt in prompts]
         width = max(len(rest) for rest in rests)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -562,13 +581,12 @@ class TorchInferenceEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions[:, shared:],
-            cache=cache,
+            **{self._cache_keyword: cache},
             use_cache=True,
             logits_to_keep=1,
         )
-        if (
-            self._hooks is not None
-        ):  # each prompt's real (right-aligned) positions; samples share them
+        if self._hooks is not None:
+            # each prompt's real (right-aligned) positions; samples share them
             routed = self._routed_experts()
             routed = routed.reshape(len(prompts), width, *routed.shape[1:])
             per_prompt = [
@@ -580,7 +598,7 @@ class TorchInferenceEngine:
         expand = torch.tensor(
             [distinct[tuple(row.request.prompt)] for row in batch.rows], device=self.device
         )
-        cache.reorder_cache(expand)
+        cache.reorder_cache(expand)  # type: ignore[arg-type]  # torch.LongTensor again, as above
         batch.cache = cache
         batch.attention_mask = mask[expand]
         batch.positions = positions[expand, -1] + 1
@@ -608,6 +626,9 @@ class TorchInferenceEngine:
 
     @torch.inference_mode()
     def _decode_step(self, batch: _Batch, version: int) -> None:
+        # _prefill set these
+        assert batch.attention_mask is not None and batch.positions is not None
+        assert batch.last_tokens is not None
         batch.attention_mask = torch.cat(
             [batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1
         )
@@ -615,7 +636,7 @@ class TorchInferenceEngine:
             input_ids=batch.last_tokens.unsqueeze(-1),
             attention_mask=batch.attention_mask,
             position_ids=batch.positions.unsqueeze(-1),
-            cache=batch.cache,
+            **{self._cache_keyword: batch.cache},
             use_cache=True,
         )
         if self._hooks is not None:  # one token per row, in batch order
@@ -632,6 +653,7 @@ class TorchInferenceEngine:
 
     def _emit(self, batch: _Batch, logits: torch.Tensor, version: int) -> None:
         """Choose every row's next token, record it, and drop the rows that finished."""
+        assert batch.params is not None  # _prefill set it
         uniforms = torch.tensor([row.uniform() for row in batch.rows], device=self.device)
         tokens, logprobs = choose_tokens(logits, batch.params, uniforms)
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
@@ -646,6 +668,7 @@ class TorchInferenceEngine:
             index = torch.tensor(keep, dtype=torch.long, device=self.device)
             batch.rows = [batch.rows[i] for i in keep]
             if keep:
+                assert batch.attention_mask is not None and batch.positions is not None
                 batch.cache.reorder_cache(index)
                 batch.attention_mask = batch.attention_mask[index]
                 batch.positions = batch.positions[index]
@@ -657,7 +680,7 @@ class TorchInferenceEngine:
             tokens = tokens[index]
         batch.last_tokens = tokens
 
-    def _stop_reason(self, row: _Row, token: int) -> str | None:
+    def _stop_reason(self, row: _Row, token: int) -> StopReason | None:
         request = row.request
         if token in request.stop_ids:
             return "stop"
@@ -708,7 +731,8 @@ class TorchInferenceEngine:
 
     @torch.no_grad()
     def _patch_weights(self, update: WeightUpdate) -> None:
-        """Write the elements a delta update names (plait_weights.patch), then check the checksum."""
+        """Write the elements a delta update names (plait_weights.patch), then check the
+        checksum."""
         try:
             weight_patch.apply_update(self._aliases, update, held_version=self._version)
         except WeightBaseError as exc:

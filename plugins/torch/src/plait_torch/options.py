@@ -9,7 +9,7 @@ from typing import Literal
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -43,7 +43,8 @@ class TorchTrainerOptions:
     """auto = the first CUDA device when there is one, else the CPU."""
     micro_batch_tokens: int = attrs.field(default=2048, validator=positive)
     """Padded tokens (rows x longest row) per forward/backward chunk. Bounds activation memory:
-    the logits alone take micro_batch_tokens x vocab x 4 bytes (and as much again for their grad)."""
+    the logits alone take micro_batch_tokens x vocab x 4 bytes (and as much again for their
+    grad)."""
     packing: bool = True
     """Pack several sequences into one row (own position ids, no attention across them) instead
     of padding each row to the longest; rows are as wide as the longest sequence of the call."""

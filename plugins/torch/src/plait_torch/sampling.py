@@ -71,7 +71,8 @@ def _top_p(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         return scaled
     values, order = scaled[rows].sort(dim=-1, descending=True)
     probs = torch.softmax(values, dim=-1)
-    # Drop a token when the tokens before it already hold top_p of the mass (the first always stays).
+    # Drop a token when the tokens before it already hold top_p of the mass (the first always
+    # stays).
     drop = (probs.cumsum(-1) - probs) >= top_p[rows].unsqueeze(-1)
     values = values.masked_fill(drop, float("-inf"))
     out = scaled.clone()

@@ -20,10 +20,16 @@ import attrs
 import structlog
 import torch
 
-from plait.errors import ConfigError, ModelError
-from plait.models import ResolvedModel
-from plait.protocols import AdapterEngine
-from plait.types import Datum, ForwardBackwardOutput, LoraConfig, TrainerCapabilities
+from plait.api import (
+    AdapterEngine,
+    ConfigError,
+    Datum,
+    ForwardBackwardOutput,
+    LoraConfig,
+    ModelError,
+    ResolvedModel,
+    TrainerCapabilities,
+)
 from plait_torch.options import TorchTrainerOptions
 from plait_train import loading
 from plait_train.checkpointing import apply_activation_checkpointing

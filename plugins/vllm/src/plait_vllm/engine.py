@@ -43,14 +43,16 @@ from typing import Any
 import numpy as np
 import structlog
 
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.types import (
+from plait.api import (
+    DataError,
+    EngineError,
     ModelInput,
     PauseMode,
+    ResolvedModel,
     SampledSequence,
     SampleResponse,
     SamplingParams,
+    StopReason,
     TensorData,
     prompt_token_ids,
 )
@@ -68,7 +70,12 @@ log = structlog.get_logger("plait_vllm")
 GENERATE = "/inference/v1/generate"
 WORKER_EXTENSION = "plait_vllm_worker.PlaitWorkerExtension"
 WORKER_EXTENSION_DIR = Path(__file__).parent / "vllm_side"
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop"}
+_FINISH: dict[str, StopReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "repetition": "stop",
+}
 
 
 def decode_routed_experts(encoded: str | None) -> TensorData | None:
@@ -338,7 +345,8 @@ class VLLMEngine(ServerEngine):
                 continue  # vLLM >= 0.33 refuses requests while paused; this one waits for resume
             if response.status_code == 403:
                 raise EngineError(
-                    f"the vLLM server at {self.http.base_url} has its token-in-token-out route {GENERATE} disabled",
+                    f"the vLLM server at {self.http.base_url} has its token-in-token-out route "
+                    f"{GENERATE} disabled",
                     fix="start the server with --enable-scale-out (a server plait launches has it)",
                 )
             if response.status_code == 503:
@@ -377,10 +385,10 @@ class VLLMEngine(ServerEngine):
         # model's stay bit-identical; so a trainer's updates would silently sample another policy.
         if self._moe and is_cpu_build(server_python(self.options)):
             raise EngineError(
-                "vLLM's CPU backend (0.32) reloads a mixture-of-experts model's weights wrongly: the same "
-                "weights reloaded change its logprobs, so it cannot follow a trainer",
-                fix="sample mixture-of-experts models with plait-torch on the CPU (inference.engine = 'torch'), "
-                "or vLLM on a GPU",
+                "vLLM's CPU backend (0.32) reloads a mixture-of-experts model's weights wrongly: "
+                "the same weights reloaded change its logprobs, so it cannot follow a trainer",
+                fix="sample mixture-of-experts models with plait-torch on the CPU "
+                "(inference.engine = 'torch'), or vLLM on a GPU",
             )
 
     async def _load_weights_from_disk(self, path: str, version: int) -> None:
@@ -434,9 +442,10 @@ class VLLMEngine(ServerEngine):
         reply = await self.http.json("POST", "/reset_prefix_cache")
         if isinstance(reply, dict) and reply.get("success") is False:
             raise EngineError(
-                "vLLM refused to reset its prefix cache (requests held in a 'keep' pause own blocks), so "
-                "requests could reuse KV computed by the old weights",
-                fix="keep inference.options.salt_cache_by_version = true, or pause with mode 'abort'/'wait' for updates",
+                "vLLM refused to reset its prefix cache (requests held in a 'keep' pause own "
+                "blocks), so requests could reuse KV computed by the old weights",
+                fix="keep inference.options.salt_cache_by_version = true, "
+                "or pause with mode 'abort'/'wait' for updates",
             )
 
     # -- distributed weight transfer (vLLM's native API) ----------------------------------

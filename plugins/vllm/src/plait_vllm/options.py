@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from plait.config import positive
+from plait.api import positive
 from plait_server.engine import ServerOptions
 
 VENV_ENV = "PLAIT_VLLM_VENV"
@@ -18,7 +18,8 @@ class VLLMOptions(ServerOptions):
     $PLAIT_VLLM_VENV/bin/python, else this interpreter."""
 
     dtype: str | None = None
-    """The server's --dtype; None follows model.dtype. Logprobs match a float32 trainer only in float32."""
+    """The server's --dtype; None follows model.dtype. Logprobs match a float32 trainer only in
+    float32."""
     max_model_len: int = attrs.field(default=2048, validator=positive)
     kv_cache_gib: int = attrs.field(default=1, validator=positive)
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""

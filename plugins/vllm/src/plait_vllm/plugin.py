@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from plait.hookspecs import hookimpl
+from plait.api import RegisterInferenceEngine, hookimpl
 
 
 @hookimpl
-def plait_register_inference_engines(register: Any) -> None:
+def plait_register_inference_engines(register: RegisterInferenceEngine) -> None:
     register(
         "vllm",
         "plait_vllm.engine:VLLMEngine",

@@ -27,8 +27,15 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
-from plait.errors import ModelError
-from plait.types import Message, ModelInput, ParseTermination, ToolCall, ToolSpec, TrainOnWhat
+from plait.api import (
+    Message,
+    ModelError,
+    ModelInput,
+    ParseTermination,
+    ToolCall,
+    ToolSpec,
+    TrainOnWhat,
+)
 from plait_hf.chat_template import common_prefix_length, trained_span_end
 from plait_hf.encoding import TokenEncoder
 from plait_hf.formats import (
@@ -120,7 +127,8 @@ class QwenRenderer:
         if missing:
             raise ModelError(
                 f"the tokenizer lacks the Qwen control tokens {missing}",
-                fix="use a Qwen3 / Qwen3.5 tokenizer, or the chat_template renderer for other models",
+                fix="use a Qwen3 / Qwen3.5 tokenizer, or the chat_template renderer for other "
+                "models",
             )
         self._added = {text: int(token_id) for text, token_id in added.items()}
         self._ids = {text: self._added[text] for text in REQUIRED_TOKENS}
@@ -275,7 +283,7 @@ class QwenRenderer:
                 raise ValueError(f"unknown message role {message.role!r}")
         first_system = messages[0] if messages and messages[0].role == "system" else None
         last_query = self._last_query_index(messages)
-        rendered = []
+        rendered: list[list[Piece]] = []
         for index in range(len(messages)):
             if index == 0 and first_system is not None:
                 rendered.append([])  # written by the head

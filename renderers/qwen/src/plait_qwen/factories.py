@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plait.models import ResolvedModel
+from plait.api import ResolvedModel
 from plait_hf.chat_template import load_tokenizer
 from plait_qwen.chatml import QwenOptions, QwenRenderer
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer

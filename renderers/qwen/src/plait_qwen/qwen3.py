@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.types import Message, ToolCall, ToolSpec
+from plait.api import Message, ToolCall, ToolSpec
 from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -99,15 +99,18 @@ class _Qwen3Family(QwenRenderer):
         if message.role == "tool":
             previous = messages[index - 1].role if index > 0 else None
             following = messages[index + 1].role if index + 1 < len(messages) else None
+            user_open: list[Piece] = [self._id(IM_START), "user"] if previous != "tool" else []
+            user_close: list[Piece] = [self._id(IM_END), "\n"] if following != "tool" else []
             return [
-                *([self._id(IM_START), "user"] if previous != "tool" else []),
+                *user_open,
                 "\n",
                 self._id(TOOL_RESPONSE_OPEN),
                 "\n" + message.content + "\n",
                 self._id(TOOL_RESPONSE_CLOSE),
-                *([self._id(IM_END), "\n"] if following != "tool" else []),
+                *user_close,
             ]
         reasoning, content = self._assistant_reasoning(message)
+        body: list[Piece]
         if self._frames_reasoning(reasoning, index, last_query, index == len(messages) - 1):
             body = [
                 self._id(THINK_OPEN),

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from plait.types import Message, ToolCall, ToolSpec
+from plait.api import Message, ToolCall, ToolSpec
 from plait_hf.formats import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -38,15 +38,30 @@ from plait_qwen.qwen3 import template_reasoning
 
 QWEN35_TOOLS_INTRO = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
 QWEN35_TOOLS_OUTRO = (
-    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
-    "\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n"
-    "</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\n"
-    "that can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n"
-    "- Function calls MUST follow the specified format: an inner <function=...></function> block must "
-    "be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n"
+    "\n</tools>\n\n"
+    "If you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+    "<tool_call>\n"
+    "<function=example_function_name>\n"
+    "<parameter=example_parameter_1>\n"
+    "value_1\n"
+    "</parameter>\n"
+    "<parameter=example_parameter_2>\n"
+    "This is the value for the second parameter\n"
+    "that can span\n"
+    "multiple lines\n"
+    "</parameter>\n"
+    "</function>\n"
+    "</tool_call>\n\n"
+    "<IMPORTANT>\n"
+    "Reminder:\n"
+    "- Function calls MUST follow the specified format: an inner <function=...></function> block "
+    "must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n"
     "- You may provide optional reasoning for your function call in natural language BEFORE the "
-    "function call, but NOT after\n- If there is no function call available, answer the question like "
-    "normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>"
+    "function call, but NOT after\n"
+    "- If there is no function call available, answer the question like normal with your current "
+    "knowledge and do not tell the user about function calls\n"
+    "</IMPORTANT>"
 )
 
 
@@ -104,15 +119,20 @@ class Qwen35Renderer(QwenRenderer):
         if message.role == "tool":
             previous = messages[index - 1].role if index > 0 else None
             following = messages[index + 1].role if index + 1 < len(messages) else None
+            user_open: list[Piece] = (
+                [self._id(IM_START), "user"] if previous not in (None, "tool") else []
+            )
+            user_close: list[Piece] = [self._id(IM_END), "\n"] if following != "tool" else []
             return [
-                *([self._id(IM_START), "user"] if previous not in (None, "tool") else []),
+                *user_open,
                 "\n",
                 self._id(TOOL_RESPONSE_OPEN),
                 "\n" + content + "\n",
                 self._id(TOOL_RESPONSE_CLOSE),
-                *([self._id(IM_END), "\n"] if following != "tool" else []),
+                *user_close,
             ]
         reasoning, content = template_reasoning(attrs.evolve(message, content=content))
+        body: list[Piece]
         if self.keep_reasoning or index > last_query:
             body = [
                 self._id(THINK_OPEN),

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plait.schema import positive
+from plait.api import positive
 from plait_sdk import Environment, LocalEnvironment, Split, TextBlock, ToolOutput, terminal, tool
 
 _APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
@@ -62,7 +62,8 @@ def value_of(node: ast.AST, used: list[int]) -> Fraction:
 
 
 class Countdown(Environment):
-    """Reach the target with the given numbers; the reply is judged by the `answer` terminal tool."""
+    """Reach the target with the given numbers; the reply is judged by the `answer` terminal
+    tool."""
 
     options: ClassVar[CountdownOptions] = CountdownOptions()
     reward_range = (0.0, 1.0)
@@ -91,15 +92,17 @@ class Countdown(Environment):
             and type(self.task_spec.get("target")) is int
         ):
             raise ValueError(
-                "a countdown task needs 'numbers' (a list of whole numbers) and 'target' (a whole number)"
+                "a countdown task needs 'numbers' (a list of whole numbers) and 'target' "
+                "(a whole number)"
             )
 
     def get_prompt(self) -> list[TextBlock]:
         numbers, target = ", ".join(map(str, self.task_spec["numbers"])), self.task_spec["target"]
         return [
             TextBlock(
-                f"Using the numbers {numbers}, each at most once, and + - * / with parentheses, write "
-                f"an expression equal to {target}. Reply with the expression alone on the last line."
+                f"Using the numbers {numbers}, each at most once, and + - * / with parentheses, "
+                f"write an expression equal to {target}. Reply with the expression alone on the "
+                "last line."
             )
         ]
 

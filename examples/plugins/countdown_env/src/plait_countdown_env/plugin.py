@@ -1,7 +1,7 @@
-"""The plugin module (entry point `countdown_env`): lazy targets, so discovery imports no SDK code."""
+"""The plugin module (entry point `countdown_env`): lazy targets, so discovery imports no SDK
+code."""
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterEnv
+from plait.api import RegisterEnv, hookimpl
 
 
 @hookimpl

@@ -1,7 +1,6 @@
 """The plugin module (entry point `csv_sink`): registers the sink by a lazy target."""
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterMetricSink
+from plait.api import RegisterMetricSink, hookimpl
 
 
 @hookimpl
@@ -10,5 +9,6 @@ def plait_register_metric_sinks(register: RegisterMetricSink) -> None:
         "csv",
         "plait_csv_sink.sink:CsvSink",
         options="plait_csv_sink.sink:CsvOptions",
-        description="metrics.csv in the run directory, one row per step, columns widening as metrics appear",
+        description="metrics.csv in the run directory, one row per step, columns widening as "
+        "metrics appear",
     )

@@ -22,7 +22,8 @@ class CsvOptions:
     filename: str = "metrics.csv"
     """The file's name inside the run directory."""
     prefixes: list[str] = attrs.field(factory=list)
-    """Keep only metrics whose name starts with one of these (e.g. ["reward/", "time/"]); [] keeps all."""
+    """Keep only metrics whose name starts with one of these (e.g. ["reward/", "time/"]); [] keeps
+    all."""
 
 
 class CsvSink:
@@ -33,7 +34,7 @@ class CsvSink:
         self.columns = ["step", "wall_time"]
         if self.path.exists():  # a resumed run: carry on with the columns already there
             with self.path.open(newline="") as f:
-                self.columns = next(csv.reader(f), None) or self.columns
+                self.columns = next(csv.reader(f), []) or self.columns
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         row = {"step": step, "wall_time": round(time.time(), 3)}

@@ -1,1 +1,2 @@
-"""plait-openai-engine: the "openai" inference engine, for any OpenAI-compatible completions server."""
+"""plait-openai-engine: the "openai" inference engine, for any OpenAI-compatible completions
+server."""

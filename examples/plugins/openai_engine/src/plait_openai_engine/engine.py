@@ -16,10 +16,8 @@ from typing import Any
 import attrs
 import httpx
 
-from plait import types as pt
-from plait.errors import DataError, EngineError
-from plait.models import ResolvedModel
-from plait.schema import non_negative, positive
+from plait import api as pt
+from plait.api import DataError, EngineError, ResolvedModel, non_negative, positive
 
 _URL_FIX = "start the server, or set inference.options.url to where it listens"
 
@@ -41,10 +39,17 @@ class OpenAIOptions:
 class _Seq:
     tokens: list[int] = attrs.Factory(list)
     logprobs: list[float] = attrs.Factory(list)
-    reason: str | None = None
+    reason: pt.StopReason | None = None
+
+    def sampled(self, weight_version: int) -> pt.SampledSequence:
+        if self.reason is None:  # unreachable: `_run` finishes every sequence or raises
+            raise EngineError("a sample ended without a stop reason")
+        return pt.SampledSequence(
+            self.tokens, self.logprobs, self.reason, weight_version=weight_version
+        )
 
 
-def _stop_params(stop: Any) -> dict[str, Any]:
+def _stop_params(stop: pt.StopSpec) -> dict[str, Any]:
     """plait's stop rule: None keeps end-of-sequence; [] disables it; strings or ids replace it."""
     items = (stop,) if isinstance(stop, str) else tuple(stop or ())
     key = "stop" if all(isinstance(s, str) for s in items) else "stop_token_ids"
@@ -94,7 +99,8 @@ class OpenAIEngine:
             self._served = next((m for m in models if self.options.model in (None, m["id"])), {})
             if not self._served:
                 raise EngineError(
-                    f"{self.url}/v1/models lists {[m['id'] for m in models]}, not {self.options.model or 'a model'}",
+                    f"{self.url}/v1/models lists {[m['id'] for m in models]}, "
+                    f"not {self.options.model or 'a model'}",
                     fix="set inference.options.model to a model the server lists",
                 )
         return str(self._served["id"])
@@ -117,9 +123,8 @@ class OpenAIEngine:
                 if ids
                 else "empty prompt: nothing to sample from"
             )
-        await (
-            self._model()
-        )  # max_tokens=None fills the context, whose length vLLM and SGLang list there
+        # max_tokens=None fills the context, whose length vLLM and SGLang list there
+        await self._model()
         room = (self._served.get("max_model_len") or 0) - len(ids)
         body = {
             "n": num_samples,
@@ -132,14 +137,7 @@ class OpenAIEngine:
         }
         seqs = [_Seq() for _ in range(num_samples)]
         await self._run(ids, seqs, body)
-        return pt.SampleResponse(
-            [
-                pt.SampledSequence(
-                    s.tokens, s.logprobs, s.reason, weight_version=self.weight_version
-                )
-                for s in seqs
-            ]
-        )
+        return pt.SampleResponse([s.sampled(self.weight_version) for s in seqs])
 
     async def _run(self, ids: list[int], seqs: list[_Seq], body: dict[str, Any]) -> None:
         """Stream one request into `seqs`; after a "keep" cut, each unfinished one continues."""

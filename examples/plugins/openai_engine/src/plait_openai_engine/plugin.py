@@ -1,7 +1,7 @@
-"""The plugin module (entry point `openai_engine`): lazy targets only, so discovery imports no httpx."""
+"""The plugin module (entry point `openai_engine`): lazy targets only, so discovery imports no
+httpx."""
 
-from plait.hookspecs import hookimpl
-from plait.kinds import RegisterInferenceEngine
+from plait.api import RegisterInferenceEngine, hookimpl
 
 
 @hookimpl
@@ -10,5 +10,6 @@ def plait_register_inference_engines(register: RegisterInferenceEngine) -> None:
         "openai",
         "plait_openai_engine.engine:OpenAIEngine",
         options="plait_openai_engine.engine:OpenAIOptions",
-        description="any OpenAI-compatible /v1/completions server, attached by URL (no weight updates)",
+        description="any OpenAI-compatible /v1/completions server, attached by URL "
+        "(no weight updates)",
     )
