@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,37 @@ def test_smollm2_converts_from_the_gguf_and_answers(
         return engine.tokenizer.decode(list(response.sequences[0].tokens))
 
     assert "5" in asyncio.run(main())
+
+
+def _recipe_a(steps: int) -> int:
+    """A recipe."""
+    return steps * 2  # doubled
+
+
+def _recipe_a_reformatted(steps: int) -> int:
+    """The same recipe, documented and laid out otherwise."""
+
+    return steps * 2
+
+
+def _recipe_a_changed(steps: int) -> int:
+    """A recipe."""
+    return steps * 3  # doubled
+
+
+def test_a_recipe_digest_follows_what_the_code_does_not_its_layout() -> None:
+    """Reformatting a recipe or editing its comments and docstrings keeps the cached models (the
+    digest names the cache directory); changing what it does or its settings builds anew."""
+
+    def digest(function: Callable[[int], int], settings: dict[str, int]) -> str:
+        # the functions' names differ; compare them under one name, as one function edited
+        source = models._code_without_docs(function).replace(function.__name__, "recipe")
+        return source + repr(settings)
+
+    same = digest(_recipe_a, {"steps": 1})
+    assert digest(_recipe_a_reformatted, {"steps": 1}) == same
+    assert digest(_recipe_a_changed, {"steps": 1}) != same
+    assert digest(_recipe_a, {"steps": 2}) != same
+    assert models.recipe_digest(_recipe_a, {"steps": 1}) != models.recipe_digest(
+        _recipe_a_changed, {"steps": 1}
+    )

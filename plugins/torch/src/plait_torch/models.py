@@ -24,6 +24,7 @@ This module imports torch only inside the build functions, since resolving a nam
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import inspect
@@ -31,6 +32,7 @@ import math
 import os
 import random
 import shutil
+import textwrap
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -239,9 +241,26 @@ def build_tiny_qwen3_arith(dest: Path) -> None:
 
 
 def recipe_digest(*parts: Any) -> str:
-    """A short hash of a recipe: its settings and the source of the functions that build it."""
-    text = "".join(inspect.getsource(p) if callable(p) else repr(p) for p in parts)
+    """A short hash of a recipe: its settings and the code of the functions that build it. The
+    code is hashed as its syntax tree without docstrings, so reformatting it, or editing its
+    comments and docstrings, keeps the cached models; a change to what it does builds anew."""
+    text = "".join(_code_without_docs(p) if callable(p) else repr(p) for p in parts)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _code_without_docs(function: Any) -> str:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 TINY_QWEN3_ARITH = ModelSource(
