@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the models the slow tests share into plait's model cache ($PLAIT_CACHE_DIR, default
-# ~/.cache/plait): tiny-qwen3-arith (supervised steps, about 6 CPU-minutes on 2 cores), its MoE
+# ~/.cache/plait): tiny-qwen3-arith (supervised steps on tiny-qwen3-8k, a minute or two), its MoE
 # upcycle, tiny-qwen3-propose (more supervised steps on it) and SmolLM2-135M converted from its GGUF. The tests would build them on first use; built
 # here, that happens while the other set-up steps download. Idempotent (a cached model is kept).
 set -euo pipefail

@@ -135,3 +135,30 @@ def test_a_recipe_digest_follows_what_the_code_does_not_its_layout() -> None:
     assert models.recipe_digest(_recipe_a, {"steps": 1}) != models.recipe_digest(
         _recipe_a_changed, {"steps": 1}
     )
+
+
+def test_tiny_qwen3_8k_tokenizer_is_the_full_one_cut(tmp_path: Path) -> None:
+    """The cut tokenizer keeps the byte tokens, the first merges and every special token (renumbered
+    after the merges): common text encodes to the same tokens as with the full one, rarer words to
+    shorter pieces, every text (the chat template's too) decodes back to itself, and the model's
+    vocabulary is the tokenizer's."""
+    from plait_train.loading import load_tokenizer
+
+    models.build_tiny_qwen3_8k(tmp_path / "8k")
+    full = load_tokenizer(models.qwen3_tokenizer_dir())
+    cut = load_tokenizer(tmp_path / "8k")
+    config = json.loads((tmp_path / "8k" / "config.json").read_text())
+    assert len(cut) == config["vocab_size"] == 8192
+    assert cut.eos_token_id == config["eos_token_id"] == cut.convert_tokens_to_ids("<|im_end|>")
+    common = "11 is the sum of 5 and 6, and the answer is 11."
+    assert cut.convert_ids_to_tokens(cut(common)["input_ids"]) == full.convert_ids_to_tokens(
+        full(common)["input_ids"]
+    )
+    conversation = [{"role": "user", "content": "3 + 4 ="}, {"role": "assistant", "content": "7"}]
+    template = full.apply_chat_template(conversation, tokenize=False, enable_thinking=False)
+    assert cut.apply_chat_template(conversation, tokenize=False, enable_thinking=False) == template
+    rare = "Pneumonoultramicroscopic ünïcödé 🦜"
+    for text in (template, rare):
+        ids = cut(text)["input_ids"]
+        assert max(ids) < 8192 and cut.decode(ids) == text
+    assert len(cut(rare)["input_ids"]) > len(full(rare)["input_ids"])

@@ -58,9 +58,15 @@ def plait_register_models(register: RegisterModel) -> None:
         "for tests",
     )
     register(
+        "tiny-qwen3-8k",
+        "plait_torch.models:TINY_QWEN3_8K",
+        description="tiny-qwen3 with the Qwen3 tokenizer cut to its first 8,192 tokens "
+        "(a 19x smaller output head), the base of the learning runs' models",
+    )
+    register(
         "tiny-qwen3-arith",
         "plait_torch.models:TINY_QWEN3_ARITH",
-        description="tiny-qwen3 taught single-digit sums (answers in a sentence, rarely bare), "
+        description="tiny-qwen3-8k taught single-digit sums (answers in a sentence, rarely bare), "
         "for the test-sized RL example",
     )
     register(
