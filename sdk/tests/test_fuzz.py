@@ -437,7 +437,8 @@ def test_fuzz_malformed_and_out_of_order_requests(served: Any) -> None:
             method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
             path=st.one_of(
                 st.sampled_from(known_paths),
-                st.text(alphabet="abcz/_-.%", max_size=20).map(lambda p: "/" + p),
+                # one leading slash: httpx refuses to send a path that starts with "//"
+                st.text(alphabet="abcz/_-.%", max_size=20).map(lambda p: "/" + p.lstrip("/")),
             ),
             raw=st.none() | garbage_bytes | st.just(b"x" * 5000),
             content_type=st.sampled_from(
