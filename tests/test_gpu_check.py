@@ -1,5 +1,5 @@
 """scripts/gpu/check.sh --dry-run: every part of the GPU check runs end to end on the CPU
-(tiny-qwen3's sizes, gloo for FSDP2, a random tiny-qwen3 for the GRPO run) and writes the JSON
+(tiny-qwen3-8k's sizes, gloo for FSDP2, a random tiny-qwen3-8k for the GRPO run) and writes the JSON
 that the real run writes on a lent GPU machine. A few minutes on 2 cores, hence slow."""
 
 from __future__ import annotations

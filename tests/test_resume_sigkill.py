@@ -1,18 +1,18 @@
 """Lossless resume: a run SIGKILLed at many different moments, restarted each time, trains every
 prompt's every sample exactly once, in the run's task order.
 
-Each attempt is a real `plait run` process (tiny-qwen3-moe with routing replay on: the sampler
-records every token's experts and the trainer forces them; math.arith, plait-torch engines) that
-kills itself with SIGKILL at a fault-injection point (`PLAIT_CRASH_AT=<point>:<step>`, see
-`plait.run.checkpoint.crash_point`): while sampling, after an optimizer step, during the in-flight
-weight update, halfway through writing a checkpoint, and just after one. The run directory's
-trained.jsonl (what the checkpointed weights have seen) is the evidence: after the final,
-uninterrupted attempt it must hold steps 1..N once each, and the samples of positions
-0..N*groups_per_batch-1 once each. In the async schedule, the samples a checkpoint held
-(completed, not yet trained) are trained as sampled, after a resume too, which the ledger's
-attempt numbers show (how many a checkpoint holds depends on timing), routing included: the
-ledger's digest covers each sample's routed experts, and a held sample's digest, recomputed from
-the checkpoint, is the one that was trained.
+Each attempt is a real `plait run` process (a random tiny Qwen3-MoE, tiny-qwen3-moe's shape on
+tiny-qwen3-8k's vocabulary, with routing replay on: the sampler records every token's experts and
+the trainer forces them; math.arith, plait-torch engines) that kills itself with SIGKILL at a
+fault-injection point (`PLAIT_CRASH_AT=<point>:<step>`, see `plait.run.checkpoint.crash_point`):
+while sampling, after an optimizer step, during the in-flight weight update, halfway through writing
+a checkpoint, and just after one. The run directory's trained.jsonl (what the checkpointed weights
+have seen) is the evidence: after the final, uninterrupted attempt it must hold steps 1..N once
+each, and the samples of positions 0..N*groups_per_batch-1 once each. In the async schedule, the
+samples a checkpoint held (completed, not yet trained) are trained as sampled, after a resume too,
+which the ledger's attempt numbers show (how many a checkpoint holds depends on timing), routing
+included: the ledger's digest covers each sample's routed experts, and a held sample's digest,
+recomputed from the checkpoint, is the one that was trained.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from plait.run.checkpoint import CRASH_ENV, LEDGER_FILE
 from plait.run.state import TaskSampler, TrainedSample
 from plait.serde import from_json
 from plait.trajectory import Trajectory
-from plait_testing.models import materialize_model
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +43,16 @@ STEPS, GROUPS, GROUP_SIZE = 8, 2, 2
 
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_model(
-        "tiny-qwen3-moe", tmp_path_factory.mktemp("models") / "tiny-qwen3-moe"
-    ).path
+    """The random MoE with the cut tokenizer: each attempt loads it and each checkpoint saves it
+    with its optimizer state, 13 MB instead of 240 with Qwen3's full vocabulary."""
+    from plait_torch.models import TINY_QWEN3_8K_CONFIG, TINY_QWEN3_MOE_CONFIG, build_random_qwen3
+
+    dest = tmp_path_factory.mktemp("models") / "tiny-qwen3-moe-8k"
+    vocabulary = TINY_QWEN3_8K_CONFIG["vocab_size"]
+    build_random_qwen3(
+        dest, "Qwen3Moe", {**TINY_QWEN3_MOE_CONFIG, "vocab_size": vocabulary}, vocabulary
+    )
+    return dest
 
 
 def write_config(path: Path, model: Path, out_dir: Path, schedule: str) -> Path:

@@ -6,7 +6,7 @@ rewritten after every part so that a run stopped at its time limit still leaves 
 - peak: the device's bf16 matmul FLOP/s, measured (plait_train.perf.measure_matmul_flops), and the
   datasheet figure plait-torch's trainer reports MFU against;
 - model: a random Qwen3 with Qwen3-0.6B's shapes and the real Qwen3 tokenizer
-  (plait_torch.models.build_random_qwen3); tiny-qwen3's shapes with --dry-run;
+  (plait_torch.models.build_random_qwen3); tiny-qwen3-8k's shapes with --dry-run;
 - trainer: plait-torch's trainer engine in bf16 (float32 master weights, bf16 autocast) on an SFT
   batch and a GRPO-shaped batch (groups sharing a prompt): forward_backward + optim_step, tokens/s
   and MFU against the measured peak (plait's FLOP accounting: model_flops of each call);
@@ -47,8 +47,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 RESULT_FILE = "gpu_check.json"
 TEST_DIRS = ("core", "libs", "sdk", "plugins", "envs", "renderers", "examples", "tests")
-# Token ids drawn for prompts and training data: real tokens of the Qwen3 tokenizer (151669 of
-# them; the embedding has 151936 rows).
+# Token ids drawn for prompts and training data: regular tokens of the Qwen3 tokenizer (151643 of
+# them, then its special tokens; the embedding has 151936 rows).
 TOKEN_IDS = 150_000
 
 DRY_RUN_NOTE = (
@@ -98,6 +98,10 @@ class Plan:
     grpo_model: str
     grpo_overrides: tuple[str, ...]
     budget_s: float
+    tokenizer_tokens: int | None = None
+    """The Qwen3 tokenizer cut to this many tokens (the model's vocabulary); None: all of it."""
+    token_ids: int = TOKEN_IDS
+    """Prompts and training data draw token ids below this."""
     """Seconds the parts may take together; a subprocess part gets at most what is left."""
 
 
@@ -131,12 +135,14 @@ def gpu_plan() -> Plan:
 
 
 def dry_run_plan() -> Plan:
-    from plait_torch.models import TINY_QWEN3_CONFIG
+    from plait_torch.models import TINY_QWEN3_8K_CONFIG
 
     return Plan(
         device="cpu",
-        model_label="tiny-qwen3-shaped (random)",
-        model_shapes=dict(TINY_QWEN3_CONFIG),
+        model_label="tiny-qwen3-8k-shaped (random)",
+        model_shapes=dict(TINY_QWEN3_8K_CONFIG),
+        tokenizer_tokens=TINY_QWEN3_8K_CONFIG["vocab_size"],
+        token_ids=8000,
         matmul_size=256,
         matmul_seconds=0.2,
         micro_batch_tokens=256,
@@ -153,9 +159,9 @@ def dry_run_plan() -> Plan:
         sample_shared_len=16,
         sample_new_tokens=8,
         sample_repeats=1,
-        # tiny-qwen3-arith is taught by 480 supervised steps when first built (15 minutes on 2
-        # cores); the random tiny-qwen3 runs the same code paths in seconds.
-        grpo_model="tiny-qwen3",
+        # tiny-qwen3-arith is taught by 480 supervised steps when first built (about a minute on
+        # 2 cores); its random base runs the same code paths in seconds.
+        grpo_model="tiny-qwen3-8k",
         grpo_overrides=(
             "rl.steps=2",
             "rl.groups_per_batch=4",
@@ -273,12 +279,15 @@ class Check:
     def build_model(self) -> dict[str, Any]:
         from plait_torch.models import build_random_qwen3, qwen3_tokenizer_dir
 
-        build_random_qwen3(self.model_dir, "Qwen3", self.plan.model_shapes)
+        build_random_qwen3(
+            self.model_dir, "Qwen3", self.plan.model_shapes, self.plan.tokenizer_tokens
+        )
         weights = sum(f.stat().st_size for f in self.model_dir.glob("*.safetensors"))
         return {
             "architecture": "Qwen3ForCausalLM",
             "shapes": self.plan.model_shapes,
             "tokenizer": str(qwen3_tokenizer_dir()),
+            "tokenizer_tokens": self.plan.tokenizer_tokens or "all",
             "safetensors_gib": round(weights / 2.0**30, 3),
         }
 
@@ -348,7 +357,7 @@ class Check:
         plan = self.plan
         rng = np.random.default_rng(1)
         return {
-            "sft": (sft_batch(rng, plan.sft_rows, plan.sft_len), "cross_entropy"),
+            "sft": (sft_batch(rng, plan.sft_rows, plan.sft_len, plan.token_ids), "cross_entropy"),
             "grpo": (
                 rl_batch(
                     rng,
@@ -356,6 +365,7 @@ class Check:
                     plan.rl_group_size,
                     plan.rl_prompt_len,
                     plan.rl_completion_len,
+                    plan.token_ids,
                 ),
                 "importance_sampling",
             ),
@@ -417,10 +427,11 @@ class Check:
         engine = TorchInferenceEngine(self.resolved_model(), options=options, seed=0)
         load_s = time.perf_counter() - loaded
         rng = np.random.default_rng(2)
-        shared = rng.integers(0, TOKEN_IDS, plan.sample_shared_len).tolist()
+        shared = rng.integers(0, plan.token_ids, plan.sample_shared_len).tolist()
         rest = plan.sample_prompt_len - plan.sample_shared_len
         prompts = [
-            shared + rng.integers(0, TOKEN_IDS, rest).tolist() for _ in range(plan.sample_prompts)
+            shared + rng.integers(0, plan.token_ids, rest).tolist()
+            for _ in range(plan.sample_prompts)
         ]
         params = SamplingParams(max_tokens=plan.sample_new_tokens, stop=[], temperature=1.0)
 
@@ -635,7 +646,7 @@ def tflops(flops: float) -> float:
     return float(f"{flops / 1e12:.4g}")
 
 
-def sft_batch(rng: np.random.Generator, rows: int, length: int) -> list[Any]:
+def sft_batch(rng: np.random.Generator, rows: int, length: int, token_ids: int) -> list[Any]:
     """`rows` random sequences of `length` tokens; cross-entropy on every target, weights summing
     to 1 over the batch (plait losses are token sums)."""
     from plait.types import Datum, ModelInput
@@ -643,7 +654,7 @@ def sft_batch(rng: np.random.Generator, rows: int, length: int) -> list[Any]:
     weight = 1.0 / (rows * (length - 1))
     data = []
     for _ in range(rows):
-        tokens = rng.integers(0, TOKEN_IDS, length).tolist()
+        tokens = rng.integers(0, token_ids, length).tolist()
         data.append(
             Datum(
                 ModelInput.from_ints(tokens[:-1]),
@@ -654,7 +665,12 @@ def sft_batch(rng: np.random.Generator, rows: int, length: int) -> list[Any]:
 
 
 def rl_batch(
-    rng: np.random.Generator, groups: int, group_size: int, prompt_len: int, completion_len: int
+    rng: np.random.Generator,
+    groups: int,
+    group_size: int,
+    prompt_len: int,
+    completion_len: int,
+    token_ids: int,
 ) -> list[Any]:
     """GRPO-shaped data: `groups` prompts with `group_size` completions each, advantages of mean 0
     on the completion tokens (scaled by the batch's completion tokens), the sampler's logprobs
@@ -662,14 +678,14 @@ def rl_batch(
     from plait.types import Datum, ModelInput
 
     scale = 1.0 / (groups * group_size * completion_len)
-    guess = -float(np.log(TOKEN_IDS))
+    guess = -float(np.log(token_ids))
     data = []
     for _ in range(groups):
-        prompt = rng.integers(0, TOKEN_IDS, prompt_len).tolist()
+        prompt = rng.integers(0, token_ids, prompt_len).tolist()
         advantages = rng.standard_normal(group_size)
         advantages -= advantages.mean()
         for advantage in advantages:
-            tokens = prompt + rng.integers(0, TOKEN_IDS, completion_len).tolist()
+            tokens = prompt + rng.integers(0, token_ids, completion_len).tolist()
             on_completion = [0.0] * (prompt_len - 1) + [1.0] * completion_len
             data.append(
                 Datum(

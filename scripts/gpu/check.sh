@@ -19,9 +19,10 @@
 # their entry points.
 #
 # On the CPU:  bash scripts/gpu/check.sh --dry-run [--out DIR]
-#   the same parts and code paths at tiny-qwen3's sizes (gloo instead of NCCL; a random tiny-qwen3
-#   for the GRPO run), with the repository's .venv and no install; the JSON (dry_run: true) goes
-#   to DIR or a new temporary folder, never to benchmarks/results/. tests/test_gpu_check.py runs it.
+#   the same parts and code paths at tiny-qwen3-8k's sizes (gloo instead of NCCL; a random
+#   tiny-qwen3-8k for the GRPO run), with the repository's .venv and no install; the JSON
+#   (dry_run: true) goes to DIR or a new temporary folder, never to benchmarks/results/.
+#   tests/test_gpu_check.py runs it.
 #
 # Options: --out DIR (default $OUT, else a new temporary folder); --python PY (default python3,
 # or .venv/bin/python with --dry-run); --install (install from .whl/ with --dry-run too, e.g. into
