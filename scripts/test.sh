@@ -54,10 +54,10 @@ tests_in() {  # tests_in DIR... -- [pytest args]: exit status 5 ("no tests colle
 
 tests() { tests_in "${UNIT_DIRS[@]}" tests -- "$@"; }
 
-# Two pytest-xdist workers, each taking the next group of tests as it finishes one (conftest.py: a
-# distribution's tests are one group, sharing its session fixtures' servers; each file under tests/
-# is one). The fast suite takes 5.5 min on two, 7.8 min on one (2 cores, measured).
-ON_TWO_WORKERS=(-n 2 --dist loadgroup)
+# Two pytest-xdist workers, each taking the next unit of tests as it finishes one, in collection
+# order (conftest.py: a distribution's tests are one unit, sharing its session fixtures' servers;
+# each file under tests/ is one). The fast suite takes 5.2 min on two, 7.8 min on one (2 cores).
+ON_TWO_WORKERS=(-n 2 --dist loadscope --no-loadscope-reorder)
 
 case "${1:-}" in
     --fast) shift; tests "${ON_TWO_WORKERS[@]}" "$@"; exit $? ;;
@@ -77,12 +77,12 @@ wait "$setup_pid" || setup_rc=$?
 cat "$setup_log"
 rm -f "$setup_log"
 [ "$setup_rc" -eq 0 ] || { echo "service set-up failed (scripts/test.sh --setup-only)" >&2; exit "$setup_rc"; }
-# The rest on two workers, so that both cores stay busy to the end. The groups are handed out in
-# collection order: the longest (measured) first, then tests/'s files, then the rest.
+# The rest on two workers, the longest units (measured) first, then tests/'s files, then the rest,
+# so that both cores stay busy to the end.
 LONGEST_FIRST=(plugins/vllm/tests plugins/fsdp2/tests plugins/remote/tests plugins/proxy/tests
     envs/docker/tests plugins/sglang/tests tests)
 tests_in "${LONGEST_FIRST[@]}" "${UNIT_DIRS[@]}" -- -m "$REST_MARKERS" "${ON_TWO_WORKERS[@]}" \
-    --no-loadscope-reorder --durations=30 "$@"
+    --durations=30 "$@"
 rest_rc=$?
 for rc in "$fast_rc" "$rest_rc"; do
     [ "$rc" -ne 0 ] && exit "$rc"
