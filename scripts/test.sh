@@ -78,7 +78,7 @@ cat "$setup_log"
 rm -f "$setup_log"
 [ "$setup_rc" -eq 0 ] || { echo "service set-up failed (scripts/test.sh --setup-only)" >&2; exit "$setup_rc"; }
 # The rest on two workers, the longest units (measured) first, then tests/'s files, then the rest,
-# so that both cores stay busy to the end.
+# so that both cores stay busy to the end (pytest collects a folder named twice once).
 LONGEST_FIRST=(plugins/vllm/tests plugins/fsdp2/tests plugins/remote/tests plugins/proxy/tests
     envs/docker/tests plugins/sglang/tests tests)
 tests_in "${LONGEST_FIRST[@]}" "${UNIT_DIRS[@]}" -- -m "$REST_MARKERS" "${ON_TWO_WORKERS[@]}" \

@@ -98,11 +98,11 @@ class Plan:
     grpo_model: str
     grpo_overrides: tuple[str, ...]
     budget_s: float
+    """Seconds the parts may take together; a subprocess part gets at most what is left."""
     tokenizer_tokens: int | None = None
     """The Qwen3 tokenizer cut to this many tokens (the model's vocabulary); None: all of it."""
     token_ids: int = TOKEN_IDS
     """Prompts and training data draw token ids below this."""
-    """Seconds the parts may take together; a subprocess part gets at most what is left."""
 
 
 def gpu_plan() -> Plan:
@@ -142,7 +142,7 @@ def dry_run_plan() -> Plan:
         model_label="tiny-qwen3-8k-shaped (random)",
         model_shapes=dict(TINY_QWEN3_8K_CONFIG),
         tokenizer_tokens=TINY_QWEN3_8K_CONFIG["vocab_size"],
-        token_ids=8000,
+        token_ids=8000,  # below the cut tokenizer's 8,166 regular tokens
         matmul_size=256,
         matmul_seconds=0.2,
         micro_batch_tokens=256,
