@@ -17,12 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from plait.api import ConfigError, PlaitError, ToolError, ToolOutput, build
 from plait_sdk import Environment, Server, ServerOptions, Split, TextBlock, tool
 from plait_sdk.client import ORSEnvironment, ORSOptions, ServerError, retry_after_seconds
+from plait_sdk.plugin import plait_register_commands
 from plait_sdk.server import _send_json as send_json
 from plait_sdk.types import INCLUDE_HEADER
 
@@ -258,6 +261,51 @@ def test_reaper_deletes_idle_sessions_and_client_pings_keep_sessions_alive() -> 
         idle_status, prompt = run(go())
     assert idle_status == 404 and prompt.startswith("n=1")
     assert not server.sessions and sorted(TEARDOWNS) == [1, 2]
+
+
+def test_a_session_in_use_outlives_a_short_ttl_and_expires_once_idle() -> None:
+    # Neither side pings during the test (both every 10 s): only the setup wait and the call
+    # itself can keep the session alive. The reaper used to delete it halfway through both.
+    server = Server([Slow], options=ServerOptions(session_ttl_s=1.0, reaper_interval_s=0.05))
+    TEARDOWNS.clear()
+    with server.serve_in_thread() as url:
+
+        async def go() -> tuple[Any, Any, bool, Any]:
+            env = ORSEnvironment(ORSOptions(url=url))
+            session = await env.open({"n": 1, "setup_s": 1.5})  # /create waits for setup
+            try:
+                long_call = await session.call("work", {"seconds": 3.0})
+                next_call = await session.call("work", {})
+                usable = session.sid in server.sessions
+                for _ in range(400):  # until the reaper has taken the now idle session
+                    if session.sid not in server.sessions:
+                        break
+                    await asyncio.sleep(0.05)
+                async with httpx.AsyncClient(base_url=url) as client:
+                    idle = await client.post("/ping", headers={"X-Session-ID": session.sid})
+            finally:
+                await session.close()
+                await env.close()
+            return long_call, next_call, usable, idle
+
+        long_call, next_call, usable, idle = run(go())
+    assert isinstance(long_call, ToolOutput) and long_call.metadata == {"n": 1}
+    assert isinstance(next_call, ToolOutput) and usable
+    assert idle.status_code == 404 and "expired after 1 s" in idle.json()["detail"]
+    assert TEARDOWNS == [1]
+
+
+def test_a_ttl_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="session_ttl_s"):
+        ServerOptions(session_ttl_s=0)
+
+    @click.group()
+    def cli() -> None:
+        pass
+
+    plait_register_commands(cli)
+    refused = CliRunner().invoke(cli, ["env", "serve", "any:Env", "--session-ttl", "0"])
+    assert refused.exit_code == 2 and "'--session-ttl'" in refused.output
 
 
 def test_api_key_is_required_when_set() -> None:

@@ -85,8 +85,10 @@ def plait_register_commands(cli: click.Group) -> None:
         "--session-ttl",
         default=900.0,
         show_default=True,
-        type=float,
-        help="Seconds without a request after which a session is deleted.",
+        type=click.FloatRange(min=0, min_open=True),
+        help="Seconds without a request after which a session is deleted (> 0). A running "
+        "call or a wait for setup keeps it alive however long; between calls clients ping every "
+        "10 s, so a shorter TTL can delete a session while its agent thinks.",
     )
     def serve(
         name: str,

@@ -87,8 +87,10 @@ class ServerOptions:
 
     api_key: str | None = None
     """When set, every request but /health must send it as X-API-Key (or Authorization: Bearer)."""
-    session_ttl_s: float = 900.0
-    """A session without any request (pings included) for this long is deleted."""
+    session_ttl_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    """A session without any request (pings included) for this long is deleted. It counts from
+    the end of the last request or call: a session is never deleted while a request or a tool
+    call on it runs, however long, so any positive TTL is safe however seldom anything pings."""
     reaper_interval_s: float = 5.0
     setup_wait_s: float = 25.0
     """How long /prompt, /messages, /task_tools and /call wait for setup before answering 503 (and
@@ -241,6 +243,20 @@ class _Session:
     last_seen: float
     calls: dict[str, _Call] = attrs.field(factory=dict)
     deleted: bool = False
+    in_use: int = 0
+    """Requests and calls running on the session; it never expires while there are any."""
+
+    def hold(self) -> None:
+        """Keeps the session until `release`: a request or a call may outlast the TTL."""
+        self.in_use += 1
+        self.last_seen = time.monotonic()
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self.last_seen = time.monotonic()  # the TTL counts from the end of the last use
+
+    def expired(self, cutoff: float) -> bool:
+        return not self.in_use and self.last_seen < cutoff
 
 
 @attrs.define(eq=False)
@@ -376,18 +392,22 @@ class Server:
     async def reap(self) -> int:
         """Delete sessions idle for longer than the TTL; returns how many."""
         cutoff = time.monotonic() - self.options.session_ttl_s
-        stale = [s for s in self.sessions.values() if s.last_seen < cutoff]
-        for session in stale:
+        reaped = 0
+        for session in list(self.sessions.values()):
+            # Checked as each is reached: while an earlier one closes, requests may use this one.
+            if session.deleted or not session.expired(cutoff):
+                continue
             log.info(
                 "session expired",
                 sid=session.sid,
                 idle_s=round(time.monotonic() - session.last_seen),
             )
             await self._delete(session)
+            reaped += 1
         for sid, created in list(self.reserved.items()):
             if created < cutoff:
                 self.reserved.pop(sid, None)
-        return len(stale)
+        return reaped
 
     async def _delete(self, session: _Session) -> None:
         """Remove a session; its environment is closed as soon as it has finished opening."""
@@ -451,7 +471,7 @@ class Server:
                 400,
                 f"session {sid!r} belongs to environment {session.env_name!r}, not {env_name!r}",
             )
-        session.last_seen = time.monotonic()
+        request.use(session)
         return session
 
     async def _ready(self, session: _Session) -> EnvSession:
@@ -576,13 +596,12 @@ class Server:
                 )
         return secrets
 
-    def _stream(self, session: _Session, call: _Call) -> _EventStream:
+    def _stream(self, call: _Call) -> _EventStream:
         async def events() -> AsyncIterator[bytes]:
             yield sse.event("task_id", call.task_id)
             while not call.task.done():
                 await asyncio.wait((call.task,), timeout=self.options.ping_interval_s)
                 if not call.task.done():
-                    session.last_seen = time.monotonic()
                     yield sse.ping_comment()
             error = call.error()
             if error is not None:
@@ -598,9 +617,11 @@ class Server:
         async def run() -> str:
             return dumps(await work())
 
+        session.hold()  # until the call ends, which may be long after this request's handler
         call = _Call(task_id, asyncio.ensure_future(run()))
 
         def finish(_task: asyncio.Task[str]) -> None:
+            session.release()
             error = call.error()
             if error is not None and not call.task.cancelled():
                 log.warning("call failed", sid=session.sid, error=error)
@@ -655,7 +676,11 @@ class Server:
             if key and request.path != "/health" and not key_matches(request.headers, key):
                 raise RequestError(401, "missing or wrong API key: send it in the X-API-Key header")
             handler, env_name = self._route(request)
-            result = await handler(request, env_name)
+            try:
+                result = await handler(request, env_name)
+            finally:
+                if request.session is not None:
+                    request.session.release()
             if not isinstance(result, _EventStream):
                 result = _json(result)
         except RequestError as exc:
@@ -798,6 +823,7 @@ class Server:
         session = self.sessions[sid] = _Session(
             sid, served.name, has_spec, opening, time.monotonic()
         )
+        request.use(session)  # while the includes wait for setup
         wanted = [
             name.strip() for name in request.headers.get(INCLUDE_HEADER.lower(), "").split(",")
         ]
@@ -916,19 +942,19 @@ class Server:
         session = self._session(request, env_name)
         body: ToolCallBody = await self._body(request, ToolCallBody)
         if body.task_id is not None:
-            return self._stream(session, self._resume(session, body.task_id))
+            return self._stream(self._resume(session, body.task_id))
         env_session = await self._ready(session)
 
         async def work() -> dict[str, Any]:
             return run_tool_result_to_wire(await env_session.call(body.name, body.input))
 
-        return self._stream(session, self._start_call(session, work))
+        return self._stream(self._start_call(session, work))
 
     async def _score_group(self, request: _Request, env_name: str | None) -> Any:
         session = self._session(request, env_name)
         body: ScoreGroupBody = await self._body(request, ScoreGroupBody)
         if body.task_id is not None:
-            return self._stream(session, self._resume(session, body.task_id))
+            return self._stream(self._resume(session, body.task_id))
         env_session = await self._ready(session)
         if not getattr(env_session, "supports_score_group", lambda: False)():
             raise RequestError(
@@ -944,7 +970,7 @@ class Server:
                 )
             return {"scores": [{"reward": s, "metadata": None} for s in scores]}
 
-        return self._stream(session, self._start_call(session, work))
+        return self._stream(self._start_call(session, work))
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -1013,7 +1039,7 @@ class _Request:
     """What the handlers read of an HTTP request. A trailing slash is dropped from the path, so
     `/env/splits/` is served as `/env/splits` (never redirected)."""
 
-    __slots__ = ("_receive", "headers", "method", "path")
+    __slots__ = ("_receive", "headers", "method", "path", "session")
 
     def __init__(self, scope: Any, receive: Any) -> None:
         self.method: str = scope["method"]
@@ -1023,6 +1049,14 @@ class _Request:
             for name, value in scope["headers"]
         }
         self._receive = receive
+        self.session: _Session | None = None
+        """The session the request names, held while its handler runs."""
+
+    def use(self, session: _Session) -> None:
+        """Holds `session` until the handler ends (`Server._http` releases it)."""
+        if self.session is None:
+            self.session = session
+            session.hold()
 
     async def body(self, limit: int) -> bytes:
         """The whole body; a 413 as soon as it grows past `limit` bytes, without reading the
