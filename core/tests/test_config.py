@@ -53,7 +53,7 @@ def test_unknown_section():
         ({"rl": {"steps": 1.5}}, "rl.steps", "expected an integer"),
         ({"rl": {"steps": True}}, "rl.steps", "expected an integer"),
         ({"trainer": {"learning_rate": "x"}}, "trainer.learning_rate", "expected a number"),
-        ({"rl": {"advantage": "ppo"}}, "rl.advantage", "is not one of"),
+        ({"rl": {"schedule": "both"}}, "rl.schedule", "is not one of"),
         ({"metrics": {"sinks": "jsonl"}}, "metrics.sinks", "expected a list"),
         ({"model": "smollm2"}, "model", "expected a table"),
     ],

@@ -13,6 +13,7 @@ from plait.components import (
     resolve_model as resolve_model,
 )
 from plait.config import (
+    OffPolicySection as OffPolicySection,
     RunConfig as RunConfig,
     apply_overrides as apply_overrides,
     load_config as load_config,
@@ -25,12 +26,14 @@ from plait.errors import (
     ModelError as ModelError,
     PlaitError as PlaitError,
     PluginError as PluginError,
+    RendererError as RendererError,
     UnknownComponentError as UnknownComponentError,
     WeightBaseError as WeightBaseError,
     WeightSyncError as WeightSyncError,
 )
 from plait.hookspecs import hookimpl as hookimpl
 from plait.kinds import (
+    ADVANTAGE as ADVANTAGE,
     ENV as ENV,
     INFERENCE_ENGINE as INFERENCE_ENGINE,
     LOSS as LOSS,
@@ -44,11 +47,13 @@ from plait.kinds import (
     Kind as Kind,
     LossFunction as LossFunction,
     MetricSinkFactory as MetricSinkFactory,
+    RegisterAdvantage as RegisterAdvantage,
     RegisterEnv as RegisterEnv,
     RegisterInferenceEngine as RegisterInferenceEngine,
     RegisterLoss as RegisterLoss,
     RegisterMetricSink as RegisterMetricSink,
     RegisterModel as RegisterModel,
+    RegisterOffPolicyCorrection as RegisterOffPolicyCorrection,
     RegisterRenderer as RegisterRenderer,
     RegisterTrainerEngine as RegisterTrainerEngine,
     RegisterWeightSync as RegisterWeightSync,
@@ -63,6 +68,7 @@ from plait.logs import (
 )
 from plait.metrics import (
     MetricSink as MetricSink,
+    ShowsProgress as ShowsProgress,
     merge_metrics as merge_metrics,
     pass_at_k as pass_at_k,
     read_jsonl as read_jsonl,
@@ -74,7 +80,6 @@ from plait.models import (
     materialized as materialized,
 )
 from plait.plugins import build as build, get_registry as get_registry
-from plait.progress import StepProgress as StepProgress
 from plait.protocols import (
     AdapterEngine as AdapterEngine,
     AdapterTrainer as AdapterTrainer,
@@ -100,8 +105,8 @@ from plait.rollout import (
     terminal_argument as terminal_argument,
 )
 
-# The run loop's building blocks, for services that drive a loop of their own (plait-proxy's
-# online learner): a `Run` holds the components and state that the steps take.
+# The run loop's steps, for services that drive a loop of their own (plait-proxy's online
+# learner): each takes what it uses (the config, the components, a policy).
 from plait.run.checkpoint import fsync_dir as fsync_dir
 from plait.run.loop import (
     close_components as close_components,
@@ -110,7 +115,6 @@ from plait.run.loop import (
 )
 from plait.run.report import policy_metrics as policy_metrics
 from plait.run.schedules import engines_paused as engines_paused
-from plait.run.state import Run as Run, RunState as RunState, TaskSampler as TaskSampler
 from plait.run.steps import (
     evaluate_held_out as evaluate_held_out,
     prepare_groups as prepare_groups,

@@ -91,8 +91,9 @@ class RLSection:
     """Samples per prompt (the GRPO group)."""
     loss: str = "importance_sampling"
     loss_config: dict[str, float] = attrs.field(factory=dict)
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    """grpo: (r - mean) / std; dr_grpo: r - mean; rloo: leave-one-out baseline."""
+    advantage: str = "grpo"
+    """A registered advantage estimator (`plait plugins`); plait-algorithms': grpo, dr_grpo,
+    rloo."""
     remove_constant_reward_groups: bool = True
     max_tokens: int = attrs.field(default=64, validator=positive)
     temperature: float = attrs.field(default=1.0, validator=non_negative)
@@ -106,6 +107,11 @@ class RLSection:
     """How the rewards of an episode's tool calls become its reward."""
     env_timeout_s: float = attrs.field(default=300.0, validator=positive)
     """Longest an environment call may take; past it the episode fails (and only it)."""
+    max_failed_fraction: float = attrs.field(
+        default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    """A step whose episodes fail (their environment's fault) beyond this fraction, or all of
+    them, stops the run: a broken environment must not pass for a task the model cannot do."""
     micro_batch_size: int = attrs.field(default=256, validator=positive)
     """Datums per forward_backward call. The trainer bounds activation memory itself (plait-torch:
     trainer.options.micro_batch_tokens); prefixes are shared only within a call."""
@@ -140,9 +146,9 @@ class OffPolicySection:
     by a new request under the new weights; wait: they finish under the old weights first."""
     update_timeout_s: float = attrs.field(default=600.0, validator=positive)
     """async: the longest wait for an engine to pause or resume around a weight update."""
-    correction: Literal["none", "token", "sequence"] = "none"
-    """none: the loss sees the sampler's logprobs as they are. token / sequence: weight and mask
-    per token, or per sequence (w = product of its tokens' weights)."""
+    correction: str = "none"
+    """none: the loss sees the sampler's logprobs as they are; else a registered correction
+    (plait-algorithms': token / sequence, a weight per token or per sequence)."""
     truncate: float = attrs.field(default=2.0, validator=_at_least_one)
     """Importance weights above this are cut to it (truncated IS); 0 = no truncation."""
     mask_below: float = attrs.field(default=0.0, validator=_at_most_one)

@@ -51,6 +51,10 @@ class EngineError(PlaitError):
     """An engine is unreachable, crashed, or answered something it should not have."""
 
 
+class RendererError(PlaitError):
+    """A renderer raised: a bug in plait's own parts, which stops the run (never one episode's)."""
+
+
 class WeightSyncError(PlaitError):
     """A weight transfer failed, timed out, or arrived corrupted."""
 

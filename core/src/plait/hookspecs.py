@@ -22,11 +22,13 @@ import click
 import pluggy
 
 from plait.kinds import (
+    RegisterAdvantage,
     RegisterEnv,
     RegisterInferenceEngine,
     RegisterLoss,
     RegisterMetricSink,
     RegisterModel,
+    RegisterOffPolicyCorrection,
     RegisterRenderer,
     RegisterTrainerEngine,
     RegisterWeightSync,
@@ -64,6 +66,16 @@ def plait_register_envs(register: RegisterEnv) -> None:
 @hookspec
 def plait_register_losses(register: RegisterLoss) -> None:
     """Register loss functions (the `rl.loss` names)."""
+
+
+@hookspec
+def plait_register_advantages(register: RegisterAdvantage) -> None:
+    """Register advantage estimators (the `rl.advantage` names)."""
+
+
+@hookspec
+def plait_register_off_policy_corrections(register: RegisterOffPolicyCorrection) -> None:
+    """Register off-policy corrections (the `off_policy.correction` names besides "none")."""
 
 
 @hookspec

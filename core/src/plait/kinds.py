@@ -8,15 +8,18 @@ seed and returns a `TrainerEngine`, and so on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
+import numpy as np
 
+from plait.config import OffPolicySection
 from plait.metrics import MetricSink
 from plait.models import ModelSource, ResolvedModel
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
+from plait.types import Datum
 
 F = TypeVar("F")
 F_contra = TypeVar("F_contra", contravariant=True)
@@ -49,6 +52,13 @@ class MetricSinkFactory(Protocol):
 LossFunction = Callable[..., Any]
 """`loss(data, logprobs, config) -> LossOutput` on the trainer's tensors (see
 `plait_train.losses`)."""
+
+AdvantageEstimator = Callable[[np.ndarray], np.ndarray]
+"""One group's rewards (float64, one per sample of a prompt) -> each sample's advantage."""
+OffPolicyCorrection = Callable[
+    [Sequence[Datum], Sequence[np.ndarray], OffPolicySection], tuple[list[Datum], dict[str, float]]
+]
+"""(datums, the trainer's logprobs of each, options) -> the corrected datums and metrics."""
 
 
 class Register(Protocol[F_contra]):
@@ -93,6 +103,10 @@ WEIGHT_SYNC: Kind[WeightSyncFactory] = Kind(
 RENDERER: Kind[RendererFactory] = Kind("renderer", "plait_register_renderers", "renderer.name")
 ENV: Kind[EnvFactory] = Kind("env", "plait_register_envs", "env.name")
 LOSS: Kind[LossFunction] = Kind("loss", "plait_register_losses", "rl.loss")
+ADVANTAGE: Kind[AdvantageEstimator] = Kind("advantage", "plait_register_advantages", "rl.advantage")
+OFF_POLICY_CORRECTION: Kind[OffPolicyCorrection] = Kind(
+    "off_policy_correction", "plait_register_off_policy_corrections", "off_policy.correction"
+)
 METRIC_SINK: Kind[MetricSinkFactory] = Kind(
     "metric_sink", "plait_register_metric_sinks", "metrics.sinks"
 )
@@ -105,6 +119,8 @@ KINDS: tuple[Kind[Any], ...] = (
     RENDERER,
     ENV,
     LOSS,
+    ADVANTAGE,
+    OFF_POLICY_CORRECTION,
     METRIC_SINK,
     MODEL,
 )
@@ -116,5 +132,7 @@ RegisterWeightSync = Register[WeightSyncFactory]
 RegisterRenderer = Register[RendererFactory]
 RegisterEnv = Register[EnvFactory]
 RegisterLoss = Register[LossFunction]
+RegisterAdvantage = Register[AdvantageEstimator]
+RegisterOffPolicyCorrection = Register[OffPolicyCorrection]
 RegisterMetricSink = Register[MetricSinkFactory]
 RegisterModel = Register[ModelSource]

@@ -64,6 +64,14 @@ class MetricSink(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ShowsProgress(Protocol):
+    """Optional metric-sink capability: told, before each part of a step, how many steps are
+    done and what the run does now ("eval", "rollout/train", "checkpoint"); a progress bar."""
+
+    def phase(self, done: int, name: str) -> None: ...
+
+
 class JsonlSink:
     """Appends one JSON object per step to `metrics.jsonl` in the run directory (always on)."""
 

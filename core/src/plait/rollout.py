@@ -12,21 +12,26 @@ The next prompt extends the previous prompt and the sampled ids verbatim through
 training data then starts a new datum. Limits: `max_turns` model calls, `sampling.max_tokens` per
 response and `max_episode_tokens` of context; hitting one sets the trajectory's truncated flag.
 
-An environment that fails costs this one episode: the trajectory comes back with `error` set, and
-the session is always closed.
+Failures are sorted by whose they are (DESIGN.md §9). The environment's (a call raises or times
+out, grading fails) cost this one episode: the trajectory comes back with `error` set. The engine's
+are retried once on the same request, then raise `EngineError` naming it; the renderer's raise
+`RendererError` naming it; plait's own errors (`PlaitError`: data, config) pass through. The
+session is always closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import structlog
 
+from plait.errors import EngineError, EnvironmentError_, PlaitError, RendererError
 from plait.protocols import Environment, EnvSession, InferenceEngine, Renderer
 from plait.trajectory import PromptSource, Trajectory, Turn
 from plait.types import (
@@ -42,6 +47,7 @@ from plait.types import (
 
 log = structlog.get_logger("plait.rollout")
 
+T = TypeVar("T")
 RewardReduce = Literal["sum", "last", "max", "mean"]
 
 ROLE_KEY = "plait.role"
@@ -91,20 +97,6 @@ def is_correct(output: ToolOutput) -> bool:
     return bool(metadata[key]) if key else output.reward is not None and output.reward >= 1.0
 
 
-class _EnvClock:
-    """Wall-clock intervals of environment calls, for the verify timing."""
-
-    def __init__(self) -> None:
-        self.intervals: list[tuple[float, float]] = []
-
-    async def run(self, awaitable: Any, timeout_s: float) -> Any:
-        start = time.perf_counter()
-        try:
-            return await asyncio.wait_for(awaitable, timeout_s)
-        finally:
-            self.intervals.append((start, time.perf_counter()))
-
-
 def terminal_argument(spec: ToolSpec) -> str:
     properties = (spec.input_schema or {}).get("properties") or {}
     return next(iter(properties), "answer")
@@ -137,6 +129,21 @@ Actor = tuple[InferenceEngine, Renderer]
 """Who plays a role: the engine that samples its turns and the renderer of its conversation."""
 
 
+@contextlib.contextmanager
+def _renderer_blamed(renderer: Renderer) -> Iterator[None]:
+    """A renderer that raises is a bug of plait's own parts: it stops the run, named."""
+    try:
+        yield
+    except PlaitError:
+        raise
+    except Exception as exc:
+        raise RendererError(
+            f"renderer {type(renderer).__name__} failed: {type(exc).__name__}: {exc}",
+            fix="fix the renderer (or pick another: renderer.name); `plait run` then resumes "
+            "from the last checkpoint",
+        ) from exc
+
+
 @attrs.define
 class _Conversation:
     """One role's side of an episode: what it was told, and its last prompt and completion."""
@@ -156,16 +163,112 @@ class _Conversation:
         self.pending = []
         self.messages.extend(new_messages)
         renderer = self.actor[1]
-        if self.prompt is None:
-            self.prompt, self.prompt_source = (
-                _render_prompt(renderer, self.messages, tools),
-                "render",
-            )
-        else:
-            self.prompt, self.prompt_source = _next_prompt(
-                renderer, self.prompt, self.completion, self.messages, new_messages, tools
-            )
+        with _renderer_blamed(renderer):
+            if self.prompt is None:
+                self.prompt = _render_prompt(renderer, self.messages, tools)
+                self.prompt_source = "render"
+            else:
+                self.prompt, self.prompt_source = _next_prompt(
+                    renderer, self.prompt, self.completion, self.messages, new_messages, tools
+                )
         return self.prompt
+
+
+@attrs.define
+class Episode:
+    """An episode as it runs: its turns so far, and what the environment said of them."""
+
+    task: Mapping[str, Any]
+    config: EpisodeConfig
+    turns: list[Turn] = attrs.field(factory=list)
+    rewards: list[float] = attrs.field(factory=list)
+    role_rewards: dict[str, list[float]] = attrs.field(factory=dict)
+    correct: bool = False
+    finished: bool = False
+    truncated: bool = False
+    tool_errors: int = 0
+    engine_retries: int = 0
+    env_seconds: list[tuple[float, float]] = attrs.field(factory=list)
+    """(start, end) of every environment call, for the verify timing."""
+
+    async def env(self, call: Awaitable[T]) -> T:
+        """An environment call within `env_timeout_s`; whatever goes wrong in it is the
+        environment's (`EnvironmentError_`)."""
+        start = time.perf_counter()
+        try:
+            return await asyncio.wait_for(call, self.config.env_timeout_s)
+        except Exception as exc:
+            raise EnvironmentError_(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.env_seconds.append((start, time.perf_counter()))
+
+    async def sample(self, engine: InferenceEngine, prompt: ModelInput) -> SampledSequence | None:
+        """One completion within the context budget (None when it is spent). An engine that
+        fails is sent the same request once more; a second failure is the step's."""
+        sampling = sampling_within_budget(self.config, prompt.length)
+        if sampling is None:
+            return None
+        retried = False
+        while True:
+            try:
+                return await sample_through_aborts(engine, prompt, sampling)
+            except Exception as exc:
+                if isinstance(exc, PlaitError) and not isinstance(exc, EngineError):
+                    raise  # bad data or config: no retry helps
+                failure = f"{type(exc).__name__}: {exc}"
+                if retried:
+                    raise EngineError(
+                        f"inference engine {type(engine).__name__} failed twice on the same "
+                        f"request: {failure}",
+                        fix="see the engine's log; `plait run` resumes from the last checkpoint",
+                    ) from exc
+                log.warning(
+                    "inference engine failed; sending the request once more",
+                    engine=type(engine).__name__,
+                    error=failure,
+                )
+                self.engine_retries += 1
+                retried = True
+
+    def record(self, output: ToolOutput | ToolError, caller: str) -> None:
+        """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the
+        caller's output's."""
+        if isinstance(output, ToolError):
+            self.tool_errors += 1
+            return
+        if output.reward is not None:
+            self.rewards.append(float(output.reward))
+        by_role = (output.metadata or {}).get(REWARDS_KEY)
+        if not isinstance(by_role, Mapping):
+            by_role = {} if output.reward is None else {caller: output.reward}
+        for role, reward in by_role.items():
+            self.role_rewards.setdefault(str(role), []).append(float(reward))
+        self.correct = self.correct or is_correct(output)
+        self.finished = self.finished or output.finished
+
+    def trajectory(self, error: str | None = None) -> Trajectory:
+        named = {turn.role for turn in self.turns} | set(self.role_rewards)
+        reduce = self.config.reward_reduce
+        return Trajectory(
+            task=dict(self.task),
+            turns=self.turns,
+            rewards=self.rewards,
+            reward=reduce_rewards(self.rewards, reduce),
+            correct=self.correct,
+            finished=self.finished,
+            truncated=self.truncated,
+            error=error,
+            tool_errors=self.tool_errors,
+            env_seconds=self.env_seconds,
+            role_rewards={}
+            if named <= {""}
+            else {r: reduce_rewards(self.role_rewards.get(r, ()), reduce) for r in sorted(named)},
+            engine_retries=self.engine_retries,
+        )
+
+
+Handover = tuple[str, Message]
+"""The role an environment hands the turn to, and what it tells it."""
 
 
 async def run_episode(
@@ -179,120 +282,15 @@ async def run_episode(
     """One episode of `task`. `engine` and `renderer` play every role `roles` does not name."""
     if isinstance(env, DrivesEpisodes):
         return await env.run_episode(task, engine, renderer, config)
-    clock = _EnvClock()
-    turns: list[Turn] = []
-    rewards: list[float] = []
-    role_rewards: dict[str, list[float]] = {}
-    state: dict[str, Any] = {
-        "correct": False,
-        "finished": False,
-        "truncated": False,
-        "tool_errors": 0,
-    }
+    episode = Episode(task, config)
     session: EnvSession | None = None
-    role = str(task.get(ROLE_KEY, ""))
-    conversations: dict[str, _Conversation] = {}
-
-    def conversation(role: str) -> _Conversation:
-        if role not in conversations:
-            conversations[role] = _Conversation((roles or {}).get(role, (engine, renderer)))
-        return conversations[role]
-
-    def result(error: str | None = None) -> Trajectory:
-        named = {turn.role for turn in turns} | set(role_rewards)
-        by_role = (
-            {}
-            if named <= {""}
-            else {
-                r: reduce_rewards(role_rewards.get(r, ()), config.reward_reduce)
-                for r in sorted(named)
-            }
-        )
-        return Trajectory(
-            task=dict(task),
-            turns=turns,
-            rewards=rewards,
-            reward=reduce_rewards(rewards, config.reward_reduce),
-            correct=state["correct"],
-            finished=state["finished"],
-            truncated=state["truncated"],
-            error=error,
-            tool_errors=state["tool_errors"],
-            env_seconds=clock.intervals,
-            role_rewards=by_role,
-        )
-
     try:
-        session = await clock.run(env.open(task), config.env_timeout_s)
-        messages = list(await clock.run(session.messages(), config.env_timeout_s))
-        terminal = await clock.run(session.terminal_tool(), config.env_timeout_s)
-        tools = list(await clock.run(session.tools(), config.env_timeout_s))
-        current = conversation(role)
-        prompt = current.advance(messages, tools)
-        for turn_index in range(config.max_turns):
-            sampling = sampling_within_budget(config, prompt.length)
-            if sampling is None:
-                state["truncated"] = True  # the context budget is spent
-                break
-            sequence = await sample_through_aborts(current.actor[0], prompt, sampling)
-            message, termination = current.actor[1].parse_response(sequence.tokens)
-            turns.append(
-                Turn(
-                    prompt.to_ints(),
-                    sequence,
-                    termination is not ParseTermination.MALFORMED,
-                    current.prompt_source,
-                    role,
-                )
-            )
-            current.completion = sequence.tokens
-            if sequence.stop_reason == "length":
-                state["truncated"] = True
-            current.messages.append(message)
-
-            new_messages: list[Message] = []
-            handover: tuple[str, Message] | None = None
-            if termination is ParseTermination.MALFORMED:
-                state["tool_errors"] += 1
-                new_messages.append(Message("user", MALFORMED_FEEDBACK))
-            elif message.tool_calls:
-                for call in message.tool_calls:
-                    output = await clock.run(
-                        session.call(call.name, call.arguments), config.env_timeout_s
-                    )
-                    _record(output, rewards, role_rewards, role, state)
-                    new_messages.append(_tool_result_message(call.id, call.name, output))
-                    handover = handover or _handover(output, role)
-                    if state["finished"]:
-                        break
-            elif terminal is not None:
-                output = await clock.run(
-                    session.call(terminal.name, {terminal_argument(terminal): message.content}),
-                    config.env_timeout_s,
-                )
-                if isinstance(output, ToolError) and output.reason == "exception":
-                    # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
-                    return result(error=f"grading the answer failed: {output.error}")
-                _record(output, rewards, role_rewards, role, state)
-                handover = _handover(output, None)
-                # a plain answer ends the episode, unless the environment hands the turn on
-                state["finished"] = state["finished"] or handover is None
-            else:
-                break  # no tool call and nothing to hand the answer to
-            if state["finished"]:
-                break
-            if turn_index + 1 == config.max_turns:
-                state["truncated"] = True
-                break
-            if handover is not None:
-                current.pending.extend(new_messages)
-                role, told = handover
-                current, new_messages = conversation(role), [told]
-            prompt = current.advance(new_messages, tools)
-        return result()
-    except Exception as exc:  # the environment (or its session) failed: this episode only
-        log.warning("episode failed", error=f"{type(exc).__name__}: {exc}", task=_short(task))
-        return result(error=f"{type(exc).__name__}: {exc}")
+        session = await episode.env(env.open(task))
+        await _play(episode, session, {**(roles or {})}, (engine, renderer))
+        return episode.trajectory()
+    except EnvironmentError_ as exc:  # the environment's failure costs this episode only
+        log.warning("episode failed", error=exc.message, task=_short(task))
+        return episode.trajectory(error=exc.message)
     finally:
         if session is not None:
             try:
@@ -301,7 +299,91 @@ async def run_episode(
                 log.warning("session close failed", error=f"{type(exc).__name__}: {exc}")
 
 
-def _handover(output: ToolOutput | ToolError, current: str | None) -> tuple[str, Message] | None:
+async def _play(
+    episode: Episode, session: EnvSession, actors: dict[str, Actor], default: Actor
+) -> None:
+    """Turns until the episode finishes, truncates or the model stops asking for anything."""
+    conversations: dict[str, _Conversation] = {}
+
+    def conversation(role: str) -> _Conversation:
+        if role not in conversations:
+            conversations[role] = _Conversation(actors.get(role, default))
+        return conversations[role]
+
+    messages = list(await episode.env(session.messages()))
+    terminal = await episode.env(session.terminal_tool())
+    tools = list(await episode.env(session.tools()))
+    role = str(episode.task.get(ROLE_KEY, ""))
+    current = conversation(role)
+    prompt = current.advance(messages, tools)
+    for turn_index in range(episode.config.max_turns):
+        sequence = await episode.sample(current.actor[0], prompt)
+        if sequence is None:
+            episode.truncated = True  # the context budget is spent
+            return
+        with _renderer_blamed(current.actor[1]):
+            message, termination = current.actor[1].parse_response(sequence.tokens)
+        malformed = termination is ParseTermination.MALFORMED
+        episode.turns.append(
+            Turn(prompt.to_ints(), sequence, not malformed, current.prompt_source, role)
+        )
+        current.completion = sequence.tokens
+        current.messages.append(message)
+        episode.truncated = episode.truncated or sequence.stop_reason == "length"
+        response = await _respond(episode, session, message, malformed, terminal, role)
+        if response is None or episode.finished:
+            return
+        if turn_index + 1 == episode.config.max_turns:
+            episode.truncated = True
+            return
+        new_messages, handover = response
+        if handover is not None:
+            current.pending.extend(new_messages)
+            role, told = handover
+            current, new_messages = conversation(role), [told]
+        prompt = current.advance(new_messages, tools)
+
+
+async def _respond(
+    episode: Episode,
+    session: EnvSession,
+    message: Message,
+    malformed: bool,
+    terminal: ToolSpec | None,
+    role: str,
+) -> tuple[list[Message], Handover | None] | None:
+    """What the model's role is told next (feedback on a malformed message, the results of its
+    tool calls) and the hand-over an output asks for; None when nothing takes the answer."""
+    if malformed:
+        episode.tool_errors += 1
+        return [Message("user", MALFORMED_FEEDBACK)], None
+    if message.tool_calls:
+        results: list[Message] = []
+        handover: Handover | None = None
+        for call in message.tool_calls:
+            output = await episode.env(session.call(call.name, call.arguments))
+            episode.record(output, role)
+            results.append(_tool_result_message(call.id, call.name, output))
+            handover = handover or _handover(output, role)
+            if episode.finished:
+                break
+        return results, handover
+    if terminal is None:
+        return None
+    output = await episode.env(
+        session.call(terminal.name, {terminal_argument(terminal): message.content})
+    )
+    if isinstance(output, ToolError) and output.reason == "exception":
+        # grading itself failed (e.g. its sandbox): no reward to train on, not a 0
+        raise EnvironmentError_(f"grading the answer failed: {output.error}")
+    episode.record(output, role)
+    handover = _handover(output, None)
+    # a plain answer ends the episode, unless the environment hands the turn on
+    episode.finished = episode.finished or handover is None
+    return [], handover
+
+
+def _handover(output: ToolOutput | ToolError, current: str | None) -> Handover | None:
     """The role `output` hands the turn to and what it tells it; None when it names no role, or
     (after a tool call, whose result the caller already gets) the caller's own."""
     if not isinstance(output, ToolOutput) or ROLE_KEY not in (output.metadata or {}):
@@ -338,31 +420,6 @@ async def sample_through_aborts(
             routed_experts=more.routed_experts,
         )  # the continuation's covers the whole sequence
     return sequence
-
-
-def _record(
-    output: ToolOutput | ToolError,
-    rewards: list[float],
-    role_rewards: dict[str, list[float]],
-    caller: str,
-    state: dict[str, Any],
-) -> None:
-    """The episode's reward is the outputs' own; a role's is REWARDS_KEY's, else the caller's
-    output's."""
-    if isinstance(output, ToolError):
-        state["tool_errors"] += 1
-        return
-    if output.reward is not None:
-        rewards.append(float(output.reward))
-    by_role = (output.metadata or {}).get(REWARDS_KEY)
-    if not isinstance(by_role, Mapping):
-        by_role = {} if output.reward is None else {caller: output.reward}
-    for role, reward in by_role.items():
-        role_rewards.setdefault(str(role), []).append(float(reward))
-    if is_correct(output):
-        state["correct"] = True
-    if output.finished:
-        state["finished"] = True
 
 
 def _render_prompt(

@@ -55,6 +55,8 @@ class Trajectory:
     """(start, end) wall-clock intervals of environment calls."""
     role_rewards: dict[str, float] = attrs.field(factory=dict)
     """Each role's reward (reduced like `reward`) in an episode whose environment names roles."""
+    engine_retries: int = 0
+    """Requests the inference engine failed and was sent again (`engine/retries`)."""
 
     def acting_roles(self) -> list[str]:
         """The roles that made a call, in order of their first call ([""] without roles)."""

@@ -218,6 +218,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    grammar: str | None = None
+    """A GBNF grammar (xgrammar EBNF) the completion must match; stop tokens end it only there."""
 
     def __attrs_post_init__(self) -> None:
         if self.temperature < 0:
@@ -440,26 +442,6 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = attrs.field(factory=tuple, converter=tuple[ToolCall, ...])
     tool_call_id: str | None = None
     name: str | None = None
-
-    def to_hf(self) -> dict[str, Any]:
-        """The dict shape Hugging Face chat templates expect."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "type": "function",
-                    "id": c.id,
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in self.tool_calls
-            ]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            out["name"] = self.name
-        return out
 
 
 class ParseTermination(enum.Enum):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import structlog
 
-from plait.advantages import group_advantages
 from plait.api import AdamParams, ModelInput, ResolvedModel, SamplingParams, WeightUpdate
+from plait_algorithms.advantages import grpo
 from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
 from plait_weights.capabilities import BroadcastGroup
@@ -166,7 +166,7 @@ def test_grpo_engine_logprobs_track_the_trainer_after_every_sync(engine, trainer
                         float(np.mean([t % 2 == 0 for t in s.tokens])) for s in response.sequences
                     ]
                     for seq, advantage in zip(
-                        response.sequences, group_advantages(rewards, "grpo"), strict=True
+                        response.sequences, grpo(np.asarray(rewards)), strict=True
                     ):
                         assert seq.versions() == (trainer.weight_version,) * max_tokens
                         datums.append(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plait.api import ConfigError, Message, ToolCall, ToolSpec, get_registry
-from plait_hf.formats import openai_tool
+from plait_hf.formats import hf_message, openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35Renderer
@@ -42,7 +42,7 @@ def hf_ids(
     template: str | None = None,
 ) -> list[int]:
     return tokenizer.apply_chat_template(
-        [m.to_hf() for m in messages],
+        [hf_message(m) for m in messages],
         tools=[openai_tool(t) for t in tools] or None,
         add_generation_prompt=generation,
         enable_thinking=thinking,

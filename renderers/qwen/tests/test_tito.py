@@ -19,7 +19,7 @@ from plait.api import (
     get_registry,
     merge_turns,
 )
-from plait_hf.formats import openai_tool
+from plait_hf.formats import hf_message, openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer
 from plait_qwen.qwen3_5 import Qwen35KeepReasoningRenderer, Qwen35Renderer
@@ -193,7 +193,7 @@ def test_reasoning_that_mentions_think_is_parsed_whole_and_the_tool_cycle_bridge
     bridged = official.bridge_to_next_turn(prompt, completion, observation)
     assert bridged is not None and bridged[: len(prompt) + len(completion)] == prompt + completion
     official_text = qwen3_tokenizer.apply_chat_template(
-        [m.to_hf() for m in [*history, message, *observation]],
+        [hf_message(m) for m in [*history, message, *observation]],
         tools=[openai_tool(t) for t in tools],
         add_generation_prompt=True,
         tokenize=False,

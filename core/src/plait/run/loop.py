@@ -13,6 +13,7 @@ import gc
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ import tomli_w
 
 from plait.components import Components, Policy, build_components
 from plait.config import RunConfig
+from plait.metrics import MetricSink, ShowsProgress
 from plait.plugins import get_registry
-from plait.progress import StepProgress
 from plait.protocols import ClosableWeightSync
 from plait.run.checkpoint import (
     checkpoint_state,
@@ -35,6 +36,7 @@ from plait.run.report import StepTimes, policy_metrics, step_metrics
 from plait.run.schedules import Schedule, make_schedule
 from plait.run.state import Run, RunState, TaskSampler
 from plait.run.steps import (
+    check_failures,
     evaluate_held_out,
     policy_groups,
     prepare_groups,
@@ -56,6 +58,7 @@ async def train_step(run: Run, schedule: Schedule) -> dict[str, float]:
     batch, rollout_seconds = await schedule.batch(step)
     stall = time.perf_counter() - t0
     groups = [[s.trajectory for s in group] for group in batch]
+    check_failures(groups, run.config.rl.max_failed_fraction, step, run.config.env.name)
     write_samples(run, groups)
 
     trained_version = policies[0].trainer.weight_version
@@ -92,12 +95,14 @@ async def train_policy(
     run: Run, schedule: Schedule, policy: Policy, groups: list[list[Trajectory]]
 ) -> dict[str, float]:
     """Prepare and train one policy on what it played of the batch; its metrics."""
-    views = policy_groups(run, policy, groups)
+    views = policy_groups(run.components, policy, groups)
     version = policy.trainer.weight_version
     start = time.perf_counter()
-    prepared = await schedule.compute(lambda: prepare_groups(run, policy, views))
+    prepared = await schedule.compute(lambda: prepare_groups(run.config, policy, views))
     trained = await schedule.compute(
-        lambda: train_prepared(run, policy, prepared.datums, always_step=schedule.always_step)
+        lambda: train_prepared(
+            run.config.rl, policy, prepared.datums, always_step=schedule.always_step
+        )
     )
     return run.components.suffixed(
         policy,
@@ -112,9 +117,15 @@ async def train_policy(
     )
 
 
-def log_metrics(run: Run, step: int, metrics: dict[str, float]) -> None:
-    for sink in run.components.sinks:
+def log_metrics(sinks: Sequence[MetricSink], step: int, metrics: dict[str, float]) -> None:
+    for sink in sinks:
         sink.log(step, metrics)
+
+
+def show_phase(run: Run, name: str) -> None:
+    for sink in run.components.sinks:
+        if isinstance(sink, ShowsProgress):
+            sink.phase(run.state.step, name)
 
 
 async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, Any]:
@@ -128,33 +139,31 @@ async def run_loop(run: Run, schedule: Schedule, *, resume: bool) -> dict[str, A
                     "this run is already complete; pass --no-resume to start it over",
                     steps=state.step,
                 )
-    await publish(run)  # engines start from exactly the trainer's weights
+    await publish(run.components)  # engines start from exactly the trainer's weights
     run_start = time.perf_counter()
-    with StepProgress(total=rl.steps, completed=state.step, title=run.config.run.name) as progress:
-        if state.step == 0:
-            progress.phase("eval")
-            metrics = await evaluate_held_out(run)
-            state.eval_history.append((0, metrics["eval/accuracy"]))
-            log_metrics(run, 0, metrics)
-        async with schedule.running():
-            while state.step < rl.steps:
-                progress.phase("rollout/train")
-                metrics = await train_step(run, schedule)
-                state.step += 1
-                if (ec.every and state.step % ec.every == 0) or state.step == rl.steps:
-                    progress.phase("eval")
-                    t_eval = time.perf_counter()
-                    metrics.update(await evaluate_held_out(run))
-                    metrics["time/eval"] = time.perf_counter() - t_eval
-                    state.eval_history.append((state.step, metrics["eval/accuracy"]))
-                log_metrics(run, state.step, metrics)
-                progress.advance(metrics)
-                every = run.config.checkpoint.every
-                if (every and state.step % every == 0) or state.step == rl.steps:
-                    progress.phase("checkpoint")
-                    await asyncio.to_thread(
-                        save_checkpoint, run, checkpoint_state(run, schedule.held())
-                    )
+    if state.step == 0:
+        show_phase(run, "eval")
+        metrics = await evaluate_held_out(run.config, run.components)
+        state.eval_history.append((0, metrics["eval/accuracy"]))
+        log_metrics(run.components.sinks, 0, metrics)
+    async with schedule.running():
+        while state.step < rl.steps:
+            show_phase(run, "rollout/train")
+            metrics = await train_step(run, schedule)
+            state.step += 1
+            if (ec.every and state.step % ec.every == 0) or state.step == rl.steps:
+                show_phase(run, "eval")
+                t_eval = time.perf_counter()
+                metrics.update(await evaluate_held_out(run.config, run.components))
+                metrics["time/eval"] = time.perf_counter() - t_eval
+                state.eval_history.append((state.step, metrics["eval/accuracy"]))
+            log_metrics(run.components.sinks, state.step, metrics)
+            every = run.config.checkpoint.every
+            if (every and state.step % every == 0) or state.step == rl.steps:
+                show_phase(run, "checkpoint")
+                await asyncio.to_thread(
+                    save_checkpoint, run, checkpoint_state(run, schedule.held())
+                )
     return summarize(run, time.perf_counter() - run_start)
 
 

@@ -63,6 +63,7 @@ def rollout_metrics(
         metrics[f"{prefix}/k"] = float(k)
     metrics["env/turns_per_episode"] = mean([t.num_turns for t in valid])
     metrics["env/errors"] = float(len(trajectories) - len(valid))
+    metrics["engine/retries"] = float(sum(t.engine_retries for t in trajectories))
     metrics["env/tool_errors"] = float(sum(t.tool_errors for t in trajectories))
     metrics["env/parse_errors"] = float(sum(t.parse_errors for t in trajectories))
     metrics["env/bridged_turns"] = float(sum(t.bridged_turns for t in trajectories))

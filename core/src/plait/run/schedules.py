@@ -93,7 +93,7 @@ class SyncSchedule:
         return work()
 
     async def publish(self, step: int) -> dict[str, float]:
-        return await publish(self.run)
+        return await publish(self.run.components)
 
     def done(self, step: int) -> dict[str, float]:
         return {}
@@ -192,6 +192,8 @@ class AsyncSchedule:
 
         async with self.changed:
             await self.changed.wait_for(ready)
+        if isinstance(self.failure, PlaitError):
+            raise self.failure  # it names the part that failed (engine, renderer, config)
         if self.failure is not None:
             raise PlaitError(
                 f"sampling failed: {type(self.failure).__name__}: {self.failure}",
@@ -214,7 +216,7 @@ class AsyncSchedule:
         async with engines_paused(
             [e for p in self.run.components.policies for e in p.engines], self.run.config.off_policy
         ):
-            metrics = await publish(self.run)
+            metrics = await publish(self.run.components)
             crash_point("sync", step)
         async with self.changed:
             self.engine_step = step + 1

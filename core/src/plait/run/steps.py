@@ -1,4 +1,5 @@
-"""The steps of the RL loop, as free functions over a `Run`:
+"""The steps of the RL loop, as free functions of what each uses (a config section, the
+components, a policy); only collecting a step's batch takes the `Run`, whose task order it walks:
 
     collect -> prepare -> train -> publish        (every step)
     evaluate                                      (every `eval.every` steps)
@@ -11,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import attrs
 import numpy as np
 import structlog
 
-from plait.advantages import group_advantages, is_constant
-from plait.components import Policy
-from plait.errors import WeightSyncError
+from plait import kinds
+from plait.components import Components, Policy
+from plait.config import RLSection, RunConfig
+from plait.errors import EnvironmentError_, WeightSyncError
 from plait.metrics import mean, merge_metrics
-from plait.off_policy import importance_correction
+from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
@@ -29,10 +32,10 @@ from plait.trajectory import Trajectory, trajectory_to_datums
 from plait.types import AdamParams, Datum, SamplingParams
 
 log = structlog.get_logger("plait.run")
+T = TypeVar("T")
 
 
-def episode_config(run: Run, temperature: float, seed: int) -> EpisodeConfig:
-    rl = run.config.rl
+def episode_config(rl: RLSection, temperature: float, seed: int) -> EpisodeConfig:
     sampling = SamplingParams(
         max_tokens=rl.max_tokens, temperature=temperature, top_p=rl.top_p, top_k=rl.top_k, seed=seed
     )
@@ -51,12 +54,31 @@ async def sample_episode(
     c = run.components
     task = await c.env.get_task(split, task_index)
     return await run_episode(
-        c.env, task, *c.policies[0].actor, episode_config(run, temperature, seed), c.roles()
+        c.env,
+        task,
+        *c.policies[0].actor,
+        episode_config(run.config.rl, temperature, seed),
+        c.roles(),
     )
 
 
+async def all_or_none(episodes: Sequence[Awaitable[T]]) -> list[T]:
+    """Every result, or the first failure with the others cancelled: an episode raises only for
+    a failure of the run's own (engine, renderer), which stops the run, so the rest must not go
+    on sampling from an engine about to close."""
+    tasks = [asyncio.ensure_future(e) for e in episodes]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def sample_groups(
-    run: Run,
+    config: RunConfig,
+    c: Components,
     split: str,
     task_indices: Sequence[int],
     group_size: int,
@@ -65,20 +87,19 @@ async def sample_groups(
 ) -> list[list[Trajectory]]:
     """`group_size` episodes on each task, all running concurrently (the engine batches them);
     `seed(group, index)` seeds each."""
-    c = run.components
     tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
-    flat = await asyncio.gather(
-        *(
+    flat = await all_or_none(
+        [
             run_episode(
                 c.env,
                 task,
                 *c.policies[0].actor,
-                episode_config(run, temperature, seed(g, j)),
+                episode_config(config.rl, temperature, seed(g, j)),
                 c.roles(),
             )
             for g, task in enumerate(tasks)
             for j in range(group_size)
-        )
+        ]
     )
     return [list(flat[g * group_size : (g + 1) * group_size]) for g in range(len(tasks))]
 
@@ -89,7 +110,8 @@ async def collect(run: Run, step: int) -> Batch:
     positions = run.positions(step)
     indices = [run.sampler.index(p) for p in positions]
     groups = await sample_groups(
-        run,
+        run.config,
+        run.components,
         run.config.env.train_split,
         indices,
         rl.group_size,
@@ -105,6 +127,22 @@ async def collect(run: Run, step: int) -> Batch:
     ]
 
 
+def check_failures(
+    groups: Sequence[Sequence[Trajectory]], max_fraction: float, step: int, env: str
+) -> None:
+    """Stop the run when the environment failed all the step's episodes, or over `max_fraction`."""
+    episodes = [t for g in groups for t in g]
+    failed = [t for t in episodes if t.error is not None]
+    if failed and (len(failed) == len(episodes) or len(failed) > max_fraction * len(episodes)):
+        raise EnvironmentError_(
+            f"environment {env!r} failed {len(failed)} of the {len(episodes)} episodes of step "
+            f"{step}, more than rl.max_failed_fraction = {max_fraction:g}; the first: "
+            f"{failed[0].error}",
+            fix="fix the environment (its errors are logged above) and run again: `plait run` "
+            "resumes from the last checkpoint",
+        )
+
+
 @attrs.frozen
 class Prepared:
     """A batch as training data: datums with advantages, corrected for off-policy sampling."""
@@ -114,7 +152,7 @@ class Prepared:
 
 
 def policy_groups(
-    run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]
+    c: Components, policy: Policy, groups: Sequence[Sequence[Trajectory]]
 ) -> list[list[Trajectory]]:
     """What `policy` learns from: per group and role it plays, the episodes in which that role
     acted, each as that role saw it (`Trajectory.for_role`); the groups as they are in an
@@ -122,27 +160,29 @@ def policy_groups(
     views = []
     for group in groups:
         for role in dict.fromkeys(r for t in group for r in t.acting_roles()):
-            if run.components.plays(policy, role):
+            if c.plays(policy, role):
                 views.append([t.for_role(role) for t in group if role in t.acting_roles()])
     return views
 
 
-def prepare_groups(run: Run, policy: Policy, groups: Sequence[Sequence[Trajectory]]) -> Prepared:
+def prepare_groups(
+    config: RunConfig, policy: Policy, groups: Sequence[Sequence[Trajectory]]
+) -> Prepared:
     """Group advantages (constant-reward groups left out), token-level mean scaling, and the
-    off-policy correction (`plait.off_policy`) when configured."""
-    rl = run.config.rl
+    off-policy correction (`off_policy.correction`) when configured."""
+    rl = config.rl
+    estimate = get_registry().get(kinds.ADVANTAGE, rl.advantage).load()
     datums: list[Datum] = []
     kept = constant = 0
     for group in groups:
         valid = [t for t in group if t.error is None]
-        rewards = [t.reward for t in valid]
-        if rl.remove_constant_reward_groups and is_constant(rewards):
+        rewards = np.asarray([t.reward for t in valid], dtype=np.float64)
+        if rl.remove_constant_reward_groups and (rewards.size == 0 or np.ptp(rewards) == 0):
             constant += 1
             continue
         kept += 1
-        for trajectory, advantage in zip(
-            valid, group_advantages(rewards, rl.advantage), strict=True
-        ):
+        advantages = estimate(rewards) if rewards.size else rewards
+        for trajectory, advantage in zip(valid, advantages, strict=True):
             datums.extend(trajectory_to_datums(trajectory, float(advantage)))
     action_tokens = sum(float(d.loss_fn_inputs["mask"].data.sum()) for d in datums)
     if datums and action_tokens:
@@ -154,37 +194,38 @@ def prepare_groups(run: Run, policy: Policy, groups: Sequence[Sequence[Trajector
         "data/groups_kept": float(kept),
         "data/groups_constant": float(constant),
     }
-    datums, correction = correct_off_policy(run, policy, datums)
+    datums, correction = correct_off_policy(config, policy, datums)
     return Prepared(datums, {**metrics, **correction})
 
 
 def correct_off_policy(
-    run: Run, policy: Policy, datums: Sequence[Datum]
+    config: RunConfig, policy: Policy, datums: Sequence[Datum]
 ) -> tuple[list[Datum], dict[str, float]]:
-    """`importance_correction` with the trainer's logprobs from one forward pass at the weights
+    """The configured correction with the trainer's logprobs from one forward pass at the weights
     about to be updated; the data as they are when `off_policy.correction` is "none"."""
-    if run.config.off_policy.correction == "none" or not datums:
+    if config.off_policy.correction == "none" or not datums:
         return list(datums), {}
-    rl = run.config.rl
+    rl = config.rl
     train_logprobs: list[np.ndarray] = []
     for start in range(0, len(datums), rl.micro_batch_size):
         out = policy.trainer.forward(
             datums[start : start + rl.micro_batch_size], rl.loss, rl.loss_config
         )
         train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
-    return importance_correction(datums, train_logprobs, run.config.off_policy)
+    correct = get_registry().get(kinds.OFF_POLICY_CORRECTION, config.off_policy.correction)
+    return correct.load()(datums, train_logprobs, config.off_policy)
 
 
 def train_prepared(
-    run: Run, policy: Policy, datums: Sequence[Datum], *, always_step: bool
+    rl: RLSection, policy: Policy, datums: Sequence[Datum], *, always_step: bool
 ) -> dict[str, float]:
     """forward_backward over micro-batches, then one optimizer step. Without data the step is
     skipped unless `always_step` (the async schedule counts on one version per step)."""
-    rl, tc, trainer = run.config.rl, policy.config.trainer, policy.trainer
+    tc, trainer = policy.config.trainer, policy.trainer
     if not datums and not always_step:
         log.info(
             "no learning signal this step (every group had equal rewards); skipping the update",
-            step=run.state.step,
+            weight_version=trainer.weight_version,
             policy=policy.name,
         )
         return {}
@@ -206,14 +247,14 @@ def train_prepared(
     return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
 
-async def publish(run: Run) -> dict[str, float]:
+async def publish(c: Components) -> dict[str, float]:
     """Push each policy's trainer weights to its inference engines, and check that each took
     them."""
-    parts = await asyncio.gather(*(publish_policy(run, p) for p in run.components.policies))
+    parts = await asyncio.gather(*(publish_policy(c, p) for p in c.policies))
     return {k: v for part in parts for k, v in part.items()}
 
 
-async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
+async def publish_policy(c: Components, policy: Policy) -> dict[str, float]:
     version = policy.trainer.weight_version
     stats = await policy.sync.push(policy.trainer, policy.engines, version)
     for index, engine in enumerate(policy.engines):
@@ -225,7 +266,7 @@ async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
                 fix="pick a sync.method that reaches this engine "
                 "(in_process or disk for engines in this process)",
             )
-    return run.components.suffixed(
+    return c.suffixed(
         policy,
         {
             "sync/bytes": float(stats.bytes),
@@ -236,13 +277,13 @@ async def publish_policy(run: Run, policy: Policy) -> dict[str, float]:
     )
 
 
-async def evaluate_held_out(run: Run) -> dict[str, float]:
+async def evaluate_held_out(config: RunConfig, c: Components) -> dict[str, float]:
     """Greedy accuracy on the first `eval.tasks` held-out tasks; pass@k from sampled answers
     when `eval.samples_per_task` > 1."""
-    ec, split, seed = run.config.eval, run.config.env.eval_split, run.config.run.seed
-    indices = list(range(min(ec.tasks, await run.components.env.num_tasks(split))))
+    ec, split, seed = config.eval, config.env.eval_split, config.run.seed
+    indices = list(range(min(ec.tasks, await c.env.num_tasks(split))))
     greedy = await sample_groups(
-        run, split, indices, 1, 0.0, lambda g, _j: sample_seed(seed, EVAL_GREEDY, g)
+        config, c, split, indices, 1, 0.0, lambda g, _j: sample_seed(seed, EVAL_GREEDY, g)
     )
     metrics = {
         "eval/accuracy": mean([float(g[0].correct) for g in greedy]),
@@ -250,11 +291,11 @@ async def evaluate_held_out(run: Run) -> dict[str, float]:
         "eval/errors": float(sum(g[0].error is not None for g in greedy)),
         "eval/tasks": float(len(indices)),
     }
-    if len(run.components.policies) > 1:  # and each policy's, over the roles it plays
-        for policy in run.components.policies:
-            views = [t for g in policy_groups(run, policy, greedy) for t in g if t.error is None]
+    if len(c.policies) > 1:  # and each policy's, over the roles it plays
+        for policy in c.policies:
+            views = [t for g in policy_groups(c, policy, greedy) for t in g if t.error is None]
             metrics.update(
-                run.components.suffixed(
+                c.suffixed(
                     policy,
                     {
                         "eval/accuracy": mean([float(t.correct) for t in views]),
@@ -265,7 +306,8 @@ async def evaluate_held_out(run: Run) -> dict[str, float]:
     if ec.samples_per_task > 1:
         k = ec.samples_per_task
         sampled = await sample_groups(
-            run,
+            config,
+            c,
             split,
             indices,
             k,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from plait.api import ToolCall, ToolSpec
+from plait.api import Message, ToolCall, ToolSpec
 
 ToolCallFormat = Literal["json", "xml"]
 
@@ -217,3 +217,24 @@ def detect_tool_call_format(chat_template: str) -> ToolCallFormat | None:
     if TOOL_CALL_OPEN in chat_template and '"arguments"' in chat_template:
         return "json"
     return None
+
+
+def hf_message(message: Message) -> dict[str, Any]:
+    """`message` in the dict shape Hugging Face chat templates expect."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "id": c.id,
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out

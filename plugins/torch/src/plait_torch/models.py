@@ -268,7 +268,15 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
     """Train the checkpoint in `dest` for `settings["steps"]` batches of `example(renderer, rng)`
     ((tokens, prompt length) pairs, prompts rendered like the RL runs': thinking off), at a
     constant learning rate and then a cosine decay over the last `decay_steps`; save it there."""
-    from plait.api import AdamParams, Datum, ModelInput, ResolvedModel, StepProgress
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from plait.api import AdamParams, Datum, ModelInput, ResolvedModel, console
     from plait_hf.chat_template import ChatTemplateOptions, ChatTemplateRenderer
     from plait_torch.trainer import TorchTrainer
 
@@ -280,7 +288,17 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
     rng = random.Random(settings["seed"])
     steps, high, low = settings["steps"], settings["learning_rate"], settings["final_learning_rate"]
     decay_start = steps - settings["decay_steps"]
-    with StepProgress(total=steps, title=f"build {title}") as progress:
+    bar = Progress(
+        TextColumn(f"[bold]build {title}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    with bar:
+        task = bar.add_task(title, total=steps, loss="")
         for step in range(steps):
             examples = [example(renderer, rng) for _ in range(settings["batch"])]
             trained_tokens = sum(len(tokens) - prompt_len for tokens, prompt_len in examples)
@@ -302,7 +320,7 @@ def supervised_steps(dest: Path, settings: dict[str, Any], example: Any, title: 
             trainer.optim_step(
                 AdamParams(learning_rate=learning_rate, eps=1e-12, grad_clip_norm=1.0)
             )
-            progress.advance({"loss": output.metrics["loss:sum"]})
+            bar.update(task, advance=1, loss=f"loss {output.metrics['loss:sum']:.3f}")
     trainer.model.save_pretrained(str(dest), safe_serialization=True)
     trainer.close()
 

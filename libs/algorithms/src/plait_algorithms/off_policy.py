@@ -1,10 +1,11 @@
-"""Off-policy correction: importance weights of sampled tokens, truncated and masked.
+"""Off-policy corrections, registered as the `off_policy_correction` components
+(`off_policy.correction`): importance weights of sampled tokens, truncated and masked.
 
 w = pi_train / pi_rollout per sampled token (or per sequence: the product over its tokens), with
 pi_train the trainer's probability at the weights about to be updated and pi_rollout the
 sampler's. Advantages are multiplied by min(w, truncate) (truncated IS); tokens (sequences) whose
 w falls outside [mask_below, mask_above] are left out of the loss; and the loss's own ratio is
-taken against pi_train from then on (decoupled PPO / TIS). Options: `plait.config.OffPolicySection`.
+taken against pi_train from then on (decoupled PPO / TIS). Options: `plait.api.OffPolicySection`.
 """
 
 from __future__ import annotations
@@ -13,14 +14,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from plait.config import OffPolicySection
-from plait.types import Datum
+from plait.api import Datum, OffPolicySection
 
 _MAX_LOG_WEIGHT = 80.0  # far above any useful bound, below float64 overflow of exp()
 
 
-def importance_correction(
+def token(
     datums: Sequence[Datum], train_logprobs: Sequence[np.ndarray], options: OffPolicySection
+) -> tuple[list[Datum], dict[str, float]]:
+    """A weight per sampled token."""
+    return importance_correction(datums, train_logprobs, options, per_sequence=False)
+
+
+def sequence(
+    datums: Sequence[Datum], train_logprobs: Sequence[np.ndarray], options: OffPolicySection
+) -> tuple[list[Datum], dict[str, float]]:
+    """One weight per sequence: the product of its tokens' weights."""
+    return importance_correction(datums, train_logprobs, options, per_sequence=True)
+
+
+def importance_correction(
+    datums: Sequence[Datum],
+    train_logprobs: Sequence[np.ndarray],
+    options: OffPolicySection,
+    *,
+    per_sequence: bool,
 ) -> tuple[list[Datum], dict[str, float]]:
     """`datums` corrected with the trainer's logprobs (one array per datum, aligned with its
     loss_fn_inputs), and the `policy/importance_weight_*`, `policy/mismatch_kl` and
@@ -32,7 +50,7 @@ def importance_correction(
         lp = np.asarray(lp, dtype=np.float64)
         sampled = inputs["mask"] > 0
         log_w = np.where(sampled, lp - inputs["logprobs"], 0.0)
-        if options.correction == "sequence":
+        if per_sequence:
             log_w = np.where(sampled, log_w[sampled].sum(), 0.0)
         w = np.exp(np.minimum(log_w, _MAX_LOG_WEIGHT))
         drop = np.zeros_like(sampled)

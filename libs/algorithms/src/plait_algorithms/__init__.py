@@ -1,0 +1,1 @@
+"""plait-algorithms: advantage estimators and off-policy corrections, as registered components."""

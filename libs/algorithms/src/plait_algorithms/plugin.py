@@ -1,0 +1,27 @@
+"""plait-algorithms' plugin module: its advantage estimators and off-policy corrections, by lazy
+targets."""
+
+from __future__ import annotations
+
+from plait.api import RegisterAdvantage, RegisterOffPolicyCorrection, hookimpl
+
+
+@hookimpl
+def plait_register_advantages(register: RegisterAdvantage) -> None:
+    register("grpo", "plait_algorithms.advantages:grpo", description="(r - mean) / std")
+    register("dr_grpo", "plait_algorithms.advantages:dr_grpo", description="r - mean")
+    register("rloo", "plait_algorithms.advantages:rloo", description="leave-one-out baseline")
+
+
+@hookimpl
+def plait_register_off_policy_corrections(register: RegisterOffPolicyCorrection) -> None:
+    register(
+        "token",
+        "plait_algorithms.off_policy:token",
+        description="truncated importance weight per sampled token",
+    )
+    register(
+        "sequence",
+        "plait_algorithms.off_policy:sequence",
+        description="truncated importance weight per sequence (product of its tokens')",
+    )

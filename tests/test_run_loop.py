@@ -1,0 +1,184 @@
+"""The run loop end to end in seconds, on the in-memory components of `plait_testing.fakes`: both
+schedules learn, a resumed run trains what an uninterrupted one does, and every kind of failure
+ends where DESIGN.md §9 says it does (one episode, a retry, or the run, named)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from plait.api import (
+    ConfigError,
+    EngineError,
+    EnvironmentError_,
+    RendererError,
+    load_config,
+    read_jsonl,
+)
+from plait.components import validate_components
+from plait.plugins import get_plugin_manager
+from plait.run.loop import run_training
+from plait.run.steps import all_or_none
+from plait_testing.fakes import fake_model_dir
+
+FAKES = {"PLAIT_PLUGIN_MODULES": "plait_testing.fakes"}
+
+
+@pytest.fixture(autouse=True)
+def fake_plugins(monkeypatch):
+    """The fakes registered for this test only (the registry is process-wide)."""
+    for name, value in FAKES.items():
+        monkeypatch.setenv(name, value)
+    get_plugin_manager.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_plugin_manager.cache_clear()
+
+
+def config_file(tmp_path: Path, name: str = "fake", **sections: dict) -> Path:
+    data = {
+        "run": {"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0},
+        "model": {"name": str(fake_model_dir(tmp_path / "model"))},
+        "trainer": {"engine": "fake", "learning_rate": 10.0},
+        "inference": {"engine": "fake"},
+        "renderer": {"name": "fake"},
+        "sync": {"method": "fake"},
+        "env": {"name": "fake.letters"},
+        "rl": {"steps": 8, "groups_per_batch": 4, "group_size": 8, "max_tokens": 3},
+        "eval": {"every": 4, "tasks": 8, "samples_per_task": 1},
+        "checkpoint": {"every": 2},
+        "metrics": {"sinks": ["jsonl"]},
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    path = tmp_path / f"{name}.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def train(path: Path, *overrides: str, resume: bool = True) -> list[dict]:
+    config = load_config(path, overrides)
+    run_training(config, resume=resume)
+    return read_jsonl(Path(config.run.out_dir) / config.run.name / "metrics.jsonl")
+
+
+def steps_of(metrics: list[dict]) -> list[dict]:
+    return [m for m in metrics if "reward/mean" in m]
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_both_schedules_learn_and_keep_every_batch_whole(tmp_path, schedule):
+    metrics = steps_of(train(config_file(tmp_path), f"rl.schedule={schedule}", "rl.steps=12"))
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert all(m["progress/samples"] == 32 * m["step"] for m in metrics)
+    first, last = metrics[0]["reward/mean"], metrics[-1]["reward/mean"]
+    assert first < 0.2 and last > 0.8, (first, last)
+    assert all(m["env/errors"] == 0 and m["engine/retries"] == 0 for m in metrics)
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path, schedule):
+    whole = config_file(tmp_path, "whole", rl={"schedule": schedule})
+    halves = config_file(tmp_path, "halves", rl={"schedule": schedule})
+    expected = steps_of(train(whole))
+    train(halves, "rl.steps=4")
+    resumed = steps_of(train(halves))  # steps 5..8 from the checkpoint of step 4
+    assert [m["step"] for m in resumed] == list(range(1, 9))
+    assert [m["progress/samples"] for m in resumed] == [m["progress/samples"] for m in expected]
+    # async: what was in flight at the checkpoint is sampled again, by newer weights
+    same = ("reward/mean", "optim/grad_norm", "eval/accuracy") if schedule == "sync" else ()
+    for key in same:
+        assert [m.get(key) for m in resumed] == [m.get(key) for m in expected], key
+
+
+def test_an_engine_error_is_retried_once_and_counted(tmp_path):
+    metrics = steps_of(train(config_file(tmp_path), "inference.options.flaky_every=7"))
+    assert len(metrics) == 8
+    assert sum(m["engine/retries"] for m in metrics) > 0
+    assert all(m["env/errors"] == 0 for m in metrics)
+
+
+def test_an_engine_that_dies_stops_the_run_and_it_resumes_from_its_checkpoint(tmp_path):
+    path = config_file(tmp_path)
+    # evaluations of 8 episodes before steps 1 and 5, 32 episodes a step: it dies in step 5
+    with pytest.raises(EngineError, match=r"FakeInferenceEngine failed twice.*exit code -9"):
+        train(path, "inference.options.crash_after=150")
+    run_dir = tmp_path / "runs" / "fake"
+    assert [m["step"] for m in steps_of(read_jsonl(run_dir / "metrics.jsonl"))] == [1, 2, 3, 4]
+    resumed = steps_of(train(path))  # the engine is back
+    assert [m["step"] for m in resumed][-4:] == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_a_renderer_that_raises_stops_the_run_named(tmp_path, schedule):
+    with pytest.raises(RendererError, match="renderer FakeRenderer failed: KeyError"):
+        train(config_file(tmp_path), "renderer.options.fail_parse=true", f"rl.schedule={schedule}")
+
+
+def test_environment_failures_cost_their_episodes_until_they_pass_the_bound(tmp_path):
+    path = config_file(tmp_path)
+    metrics = steps_of(train(path, "env.options.fail_fraction=0.25"))  # 2 of 8 tasks fail
+    assert len(metrics) == 8
+    assert sum(m["env/errors"] for m in metrics) > 0
+    assert all(m["engine/retries"] == 0 for m in metrics)
+    with pytest.raises(
+        EnvironmentError_, match=r"'fake\.letters' failed .* rl\.max_failed_fraction"
+    ):
+        train(path, "env.options.fail_fraction=0.75", resume=False)
+
+
+def test_the_cli_exits_non_zero_naming_the_dead_engine(tmp_path):
+    path = config_file(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "run",
+            str(path),
+            "-s",
+            "inference.options.crash_after=40",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **FAKES},
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "FakeInferenceEngine failed twice" in done.stderr
+    summary = tmp_path / "runs" / "fake" / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text())["steps"] < 8
+
+
+@pytest.mark.parametrize(
+    "override, key, hint",
+    [
+        ("rl.advantage=grpoo", "rl.advantage", 'did you mean "grpo"'),
+        ("off_policy.correction=tokens", "off_policy.correction", 'did you mean "token"'),
+    ],
+)
+def test_algorithm_names_are_checked_against_the_registry(tmp_path, override, key, hint):
+    with pytest.raises(ConfigError, match=hint) as info:
+        validate_components(load_config(config_file(tmp_path), [override]))
+    assert info.value.path == key
+
+
+def test_a_failing_episode_cancels_the_others_of_its_batch():
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise EngineError("inference server crashed")
+
+    async def main() -> list[bool]:
+        others = [asyncio.ensure_future(asyncio.sleep(30)) for _ in range(3)]
+        with pytest.raises(EngineError):
+            await all_or_none([fails(), *others])
+        return [task.cancelled() for task in others]
+
+    assert asyncio.run(main()) == [True] * 3  # no episode samples on from a closing engine
