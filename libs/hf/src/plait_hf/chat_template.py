@@ -40,10 +40,12 @@ from plait_hf.formats import (
     THINK_OPEN,
     ToolCallFormat,
     detect_tool_call_format,
+    hf_message,
     openai_tool,
     parse_tool_calls,
     split_reasoning,
 )
+from plait_hf.grammar import tool_call_grammar
 
 
 @attrs.frozen
@@ -152,7 +154,7 @@ class ChatTemplateRenderer:
         add_generation_prompt: bool,
         tools: Sequence[ToolSpec] | None = None,
     ) -> str:
-        return self._apply_template([m.to_hf() for m in messages], add_generation_prompt, tools)
+        return self._apply_template([hf_message(m) for m in messages], add_generation_prompt, tools)
 
     def _apply_template(
         self,
@@ -189,7 +191,7 @@ class ChatTemplateRenderer:
         kept as text. The template gets that text with a marker character before each such
         stop token, so that its place is known in the rendered string (templates transform
         content: strip it, split reasoning off, drop it)."""
-        hf = [m.to_hf() for m in messages]
+        hf = [hf_message(m) for m in messages]
         stops = [self.tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
         if not any(
             stop in text
@@ -303,6 +305,21 @@ class ChatTemplateRenderer:
 
     def stop_sequences(self) -> list[int]:
         return list(self._stop_ids)
+
+    def tool_call_grammar(self, tools: Sequence[ToolSpec], *, parallel: bool = True) -> str:
+        """GBNF of a response that only calls `tools`, in the template's tool-call format (for
+        tool_choice "required" or a named tool; see `plait_hf.grammar`)."""
+        if self.tool_call_format is None:
+            raise ValueError(
+                "the chat template writes tool calls in no format plait knows (json or xml), so "
+                "it has no grammar for them; set the renderer option tool_call_format"
+            )
+        return tool_call_grammar(
+            tools,
+            self.tool_call_format,
+            parallel=parallel,
+            after_open_reasoning=self._prompt_opens_reasoning,
+        )
 
     def bridge_to_next_turn(
         self,

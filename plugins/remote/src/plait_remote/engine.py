@@ -139,14 +139,7 @@ class RemoteEngine(ServerEngine):
             raise DataError(f"num_samples must be >= 1, got {num_samples}")
         params = sampling_params
         if params.seed is None:  # a seed per request, so that a request sent again samples the same
-            params = SamplingParams(
-                max_tokens=params.max_tokens,
-                seed=self._seed(None),
-                stop=params.stop,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-            )
+            params = attrs.evolve(params, seed=self._seed(None))
         body = {
             "prompt": to_json(prompt),
             "num_samples": num_samples,

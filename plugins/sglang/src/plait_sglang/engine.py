@@ -11,6 +11,8 @@ Wire (SGLang 0.5.15 - 0.5.23; the README lists the drift the plugin copes with):
   `weight_versions` spans (0.5.23), and `routed_experts` (base64 of raw int32) when asked.
   The server is launched with SGLANG_RETURN_ORIGINAL_LOGPROB=1, so logprobs are the raw
   distribution's, as the trainer computes them.
+- grammars: `SamplingParams.grammar` goes as the `ebnf` sampling param (SGLang compiles it with
+  its grammar backend, xgrammar by default; a grammar that does not compile is an HTTP 400).
 - prompt logprobs: `/generate` with `max_new_tokens: 0`, `logprob_start_len: 0`.
 - stops: None keeps SGLang's EOS stop; [] sends `ignore_eos`; strings go as `stop` (with
   `ignore_eos`); token ids go as `stop_token_ids` without `ignore_eos`, because SGLang's
@@ -194,6 +196,7 @@ class SGLangEngine(ServerEngine):
             "top_p": params.top_p,
             "top_k": params.top_k,
             **stop_params(params.stop),
+            **({"ebnf": params.grammar} if params.grammar is not None else {}),
         }
         rid = uuid.uuid4().hex
         body: dict[str, Any] = {

@@ -14,7 +14,11 @@ What it computes is real: a Hugging Face causal LM (the model directory's weight
 and logprobs are a deterministic function of (weights, prompt, seed) and match a trainer on the
 same weights, and a test sees a weight sync land. Like SGLang, it returns the temperature-scaled
 logprobs unless `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (plait sets it: the trainer's logprobs are the
-raw ones). Requests run one at a time per decode step (no batching) and the prefix cache is keyed
+raw ones). An `ebnf` sampling param constrains decoding as SGLang's grammar backend does: the
+model's EOS tokens only where the grammar accepts, and the request ends when one is sampled there
+(llguidance here, xgrammar in SGLang; both read the same GBNF); a grammar that does not compile is
+a 400 "Failed to compile ebnf grammar: ...", two constraints at once a 400 as SGLang's `verify`
+answers. Requests run one at a time per decode step (no batching) and the prefix cache is keyed
 by the exact prompt; `retract` frees a request's KV and re-prefills it on continue, `in_place`
 keeps it.
 
@@ -48,6 +52,8 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+from plait_hf.grammar_mask import GrammarError, GrammarMatcher, GrammarVocabulary
 
 VERSIONS = ("0.5.6", "0.5.9", "0.5.15", "0.5.23")
 BATCH_WINDOW_S = 0.02
@@ -198,6 +204,7 @@ class Sequence_:
         self.cached_tokens = 0
         self.retractions = 0
         self.finish: dict[str, Any] | None = None
+        self.grammar: GrammarMatcher | None = None  # the `ebnf` param's matcher
         self.started = time.monotonic()
         self.done = asyncio.get_running_loop().create_future()
 
@@ -248,6 +255,12 @@ class FakeSGLang:
         self.groups: dict[str, Any] = {}
         self.record = open(args.record, "a") if args.record else None  # noqa: SIM115
         self.rng = torch.Generator().manual_seed(args.random_seed)
+        self.grammar_vocabulary: GrammarVocabulary | None = None  # built on the first `ebnf`
+
+    def grammar_matcher(self, ebnf: str) -> GrammarMatcher:
+        if self.grammar_vocabulary is None:
+            self.grammar_vocabulary = GrammarVocabulary(self.tokenizer, self.config.vocab_size)
+        return self.grammar_vocabulary.matcher(ebnf)
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -363,6 +376,9 @@ class FakeSGLang:
             params.get("temperature", 1.0) if params.get("temperature") is not None else 1.0
         )
         raw = torch.log_softmax(logits, -1)
+        if seq.grammar is not None:  # the grammar's stop tokens are the model's EOS ids
+            allowed = torch.from_numpy(seq.grammar.allowed(self.eos_ids))
+            logits = logits.masked_fill(~allowed[: logits.shape[-1]], float("-inf"))
         if temperature <= 1e-5:
             token = int(logits.argmax())
             scaled = raw
@@ -373,6 +389,10 @@ class FakeSGLang:
             )
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
         logprob = float((raw if self.original_logprob else scaled)[token])
+        if seq.grammar is not None:
+            if token in self.eos_ids:  # SGLang: a terminated grammar finishes the request
+                return token, logprob, {"type": "stop", "matched": token}
+            seq.grammar.advance(token)
         # SGLang's token-based stop: ignore_eos turns off stop_token_ids as well as the EOS ids
         if not params.get("ignore_eos") and token in self.eos_ids | set(
             params.get("stop_token_ids") or ()
@@ -704,10 +724,21 @@ def build_app(server: FakeSGLang) -> FastAPI:
                 seed = params.get("sampling_seed")
                 if seed is None:
                     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=server.rng))
+                constraints = ("json_schema", "regex", "ebnf", "structural_tag")
+                if sum(bool(params.get(k)) for k in constraints) > 1:
+                    return bad(
+                        "/generate",
+                        body,
+                        "Only one of json_schema, regex, ebnf, or structural_tag can be set.",
+                    )
                 rid = _pick(body.get("rid"), i) or uuid.uuid4().hex
-                seqs.append(
-                    Sequence_(str(rid), [int(t) for t in prompt], params, body, i, int(seed))
-                )
+                seq = Sequence_(str(rid), [int(t) for t in prompt], params, body, i, int(seed))
+                if params.get("ebnf"):  # SGLang reads an empty grammar as none
+                    try:
+                        seq.grammar = server.grammar_matcher(params["ebnf"])
+                    except GrammarError as exc:
+                        return bad("/generate", body, f"Failed to compile ebnf grammar: {exc}")
+                seqs.append(seq)
             server.waiting.extend(seqs)
             server.cond.notify_all()
         await asyncio.gather(*(s.done for s in seqs))

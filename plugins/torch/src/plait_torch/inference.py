@@ -25,6 +25,10 @@ How it runs:
 - Stops: `SamplingParams.stop` None = the model's end-of-sequence token(s); [] = none; token ids
   or strings otherwise (they replace the end-of-sequence default). Returned tokens include the
   stop token; a stop string stops after the token that completes it.
+- Grammars (`SamplingParams.grammar`, GBNF): every step masks each constrained row's logits to the
+  tokens its grammar allows (llguidance, `plait_hf.grammar_mask`); stop tokens are allowed only
+  where the grammar accepts, and are all that is left once it can take nothing more (with no stop
+  tokens, the sequence then ends with stop reason "stop"). Logprobs stay the raw model's.
 - Weight versions: every token is tagged with the version of the weights that produced it.
   `apply_weights` takes effect between two decode steps, also for sequences in flight. It takes
   full updates and delta updates (sparse patches, `plait_weights.patch`; a delta must be made in
@@ -80,6 +84,7 @@ from plait.api import (
     WeightUpdate,
     prompt_token_ids,
 )
+from plait_hf.grammar_mask import GrammarError, GrammarMatcher, GrammarVocabulary
 from plait_torch.options import TorchInferenceOptions
 from plait_torch.sampling import RowParams, choose_tokens
 from plait_train import loading
@@ -164,6 +169,7 @@ class _Row:
     versions: list[int] = attrs.field(factory=list)
     stop_reason: StopReason | None = None
     text_checked: int = 0  # characters of decoded text already searched for stop strings
+    grammar: GrammarMatcher | None = None  # where the row stands in SamplingParams.grammar
     # (fed tokens, layers, top_k) chunks, when recorded
     routing: list[np.ndarray] = attrs.field(factory=list)
 
@@ -228,6 +234,7 @@ class TorchInferenceEngine:
         self.vocab_rows = loading.embedding_rows(self.model)
         self._cache_keyword = cache_keyword(self.model)
         self.eos_ids = self._eos_ids()
+        self._grammar_vocabulary: GrammarVocabulary | None = None  # built on the first grammar
         self.max_model_len = self.options.max_model_len or int(
             getattr(self.model.config, "max_position_embeddings", 0) or 4096
         )
@@ -370,10 +377,25 @@ class TorchInferenceEngine:
         request = _Request(ids, params, max_tokens, stop_ids, stop_strings, loop.create_future())
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request.rows = [
-            _Row(request, torch.Generator().manual_seed(derive_seed(base_seed, i)))
+            _Row(
+                request,
+                torch.Generator().manual_seed(derive_seed(base_seed, i)),
+                grammar=None if params.grammar is None else self._grammar_matcher(params.grammar),
+            )
             for i in range(num_samples)
         ]
         return request
+
+    def _grammar_matcher(self, grammar: str) -> GrammarMatcher:
+        if self._grammar_vocabulary is None:
+            self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, self.vocab_rows)
+        try:
+            return self._grammar_vocabulary.matcher(grammar)
+        except GrammarError as exc:
+            raise DataError(
+                f"SamplingParams.grammar: {exc}",
+                fix="give a GBNF grammar (xgrammar's EBNF dialect) with a `root` rule",
+            ) from None
 
     def _stops(self, stop: Any) -> tuple[frozenset[int], tuple[str, ...]]:
         if stop is None:
@@ -655,13 +677,15 @@ class TorchInferenceEngine:
         """Choose every row's next token, record it, and drop the rows that finished."""
         assert batch.params is not None  # _prefill set it
         uniforms = torch.tensor([row.uniform() for row in batch.rows], device=self.device)
-        tokens, logprobs = choose_tokens(logits, batch.params, uniforms)
+        tokens, logprobs = choose_tokens(logits, batch.params, uniforms, self._allowed(batch))
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             if row.stop_reason is not None:  # cancelled by its caller between steps
                 continue
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(version)
+            if row.grammar is not None and token not in row.request.stop_ids:
+                row.grammar.advance(token)
             row.stop_reason = self._stop_reason(row, token)
         keep = [i for i, row in enumerate(batch.rows) if row.stop_reason is None]
         if len(keep) < len(batch.rows):
@@ -680,10 +704,22 @@ class TorchInferenceEngine:
             tokens = tokens[index]
         batch.last_tokens = tokens
 
+    def _allowed(self, batch: _Batch) -> torch.Tensor | None:
+        """(B, V) the tokens each row may choose, None when no row has a grammar."""
+        if all(row.grammar is None for row in batch.rows):
+            return None
+        allowed = np.ones((len(batch.rows), self.vocab_rows), dtype=bool)
+        for i, row in enumerate(batch.rows):
+            if row.grammar is not None:
+                allowed[i] = row.grammar.allowed(row.request.stop_ids)
+        return torch.from_numpy(allowed).to(self.device)
+
     def _stop_reason(self, row: _Row, token: int) -> StopReason | None:
         request = row.request
         if token in request.stop_ids:
             return "stop"
+        if row.grammar is not None and row.grammar.complete and not request.stop_ids:
+            return "stop"  # the grammar is done and no stop token would end the text
         if request.stop_strings and self._hit_stop_string(row):
             return "stop"
         if len(row.tokens) >= request.max_tokens:

@@ -25,10 +25,16 @@ class RowParams:
 
 
 def choose_tokens(
-    logits: torch.Tensor, params: RowParams, uniforms: torch.Tensor
+    logits: torch.Tensor,
+    params: RowParams,
+    uniforms: torch.Tensor,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of every row and its raw logprob. `logits` (B, V); `uniforms` (B,) in [0, 1)."""
-    logits = logits.float()
+    """Next token of every row and its raw logprob. `logits` (B, V); `uniforms` (B,) in [0, 1);
+    `allowed` (B, V) bool, when set, the only tokens each row may choose (a grammar's mask: the
+    logprob stays the raw model's, as vLLM reports it under structured outputs)."""
+    raw_logits = logits.float()
+    logits = raw_logits if allowed is None else raw_logits.masked_fill(~allowed, float("-inf"))
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     greedy = params.temperature == 0
     if bool(greedy.any()):
@@ -49,7 +55,7 @@ def choose_tokens(
         tokens[sampled] = (
             torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
         )
-    raw = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    raw = torch.log_softmax(raw_logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, raw
 
 

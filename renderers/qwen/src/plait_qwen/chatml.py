@@ -46,6 +46,7 @@ from plait_hf.formats import (
     ToolCallFormat,
     parse_tool_calls,
 )
+from plait_hf.grammar import tool_call_grammar
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
@@ -408,6 +409,15 @@ class QwenRenderer:
 
     def stop_sequences(self) -> list[int]:
         return [self._id(IM_END), self._id(END_OF_TEXT)]
+
+    def tool_call_grammar(self, tools: Sequence[ToolSpec], *, parallel: bool = True) -> str:
+        """GBNF of a response that only calls `tools`, in the family's format (for tool_choice
+        "required" or a named tool; see `plait_hf.grammar`). Where the generation prompt opens a
+        reasoning block, the response closes it first, empty."""
+        opens_reasoning = self._generation_pieces()[-2] == self._id(THINK_OPEN)
+        return tool_call_grammar(
+            tools, self.tool_call_format, parallel=parallel, after_open_reasoning=opens_reasoning
+        )
 
     def bridge_to_next_turn(
         self,
