@@ -1,5 +1,6 @@
 """The dashboard: rendered from metrics.jsonl by `plait plot` and by the sink when a run ends."""
 
+import io
 import json
 import subprocess
 import sys
@@ -110,3 +111,23 @@ def test_tensorboard_sink_writes_event_files_without_torch(tmp_path):
     assert out.returncode == 0, out.stderr
     events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_the_console_draws_the_runs_progress_on_a_terminal(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import plait_sinks.console as console_sink
+
+    screen = Console(file=io.StringIO(), force_terminal=True, color_system=None, width=120)
+    monkeypatch.setattr(console_sink, "console", screen)
+    (tmp_path / "config.toml").write_text('[run]\nname = "demo"\n[rl]\nsteps = 3\n')
+    sink = console_sink.ConsoleSink(tmp_path)
+    sink.phase(0, "eval")
+    sink.log(0, {"eval/accuracy": 0.25})
+    for step in (1, 2, 3):
+        sink.phase(step - 1, "rollout/train")
+        sink.log(step, {"reward/mean": step / 4})
+    sink.close()
+    shown = screen.file.getvalue()
+    assert "step    3  mean=0.75" in shown  # the step's line, above the bar
+    assert "demo" in shown and "3/3" in shown and "eval 0.250, reward 0.750" in shown

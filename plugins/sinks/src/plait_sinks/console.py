@@ -55,6 +55,8 @@ class ConsoleSink:
         self.total = config.get("rl", {}).get("steps")
         self.progress: Progress | None = None
         self.task: TaskID | None = None
+        self.latest: dict[str, float] = {}
+        """The last value of each STATUS metric (evaluations come every few steps)."""
         self.status = ""
 
     def phase(self, done: int, name: str) -> None:
@@ -82,8 +84,8 @@ class ConsoleSink:
             f"{key.split('/')[-1]}={_fmt(metrics[key])}" for key in self.keys if key in metrics
         ]
         self.console.print("  ".join([f"step {step:>4}", *parts]))
-        shown = [f"{label} {metrics[key]:.3f}" for key, label in self.STATUS if key in metrics]
-        self.status = ", ".join(shown) or self.status
+        self.latest.update({label: metrics[key] for key, label in self.STATUS if key in metrics})
+        self.status = ", ".join(f"{label} {value:.3f}" for label, value in self.latest.items())
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=step, phase="", status=self.status)
 
