@@ -7,12 +7,21 @@ whose choices among the allowed tokens are noise, finishes a call within a few d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jsonschema
 
-from plait.api import Message, ModelInput, SampledSequence, ToolCall, ToolSpec
+from plait.api import (
+    InferenceEngine,
+    Message,
+    ModelInput,
+    SampledSequence,
+    SamplingParams,
+    ToolCall,
+    ToolSpec,
+)
+from plait_testing.inference import run_with
 
 TOOLS = (
     ToolSpec(
@@ -66,3 +75,21 @@ def assert_valid_calls(
             jsonschema.validate(call.arguments, by_name[call.name].input_schema)
             calls.append(call)
     return calls
+
+
+def assert_one_valid_call_per_sample(
+    make_engine: Callable[[], InferenceEngine], renderer: Any, seeds: int = 3
+) -> None:
+    """Two samples on each of `seeds` seeds under the one-call grammar of TOOLS (tool_choice
+    "required"): each is exactly one valid call."""
+    grammar = renderer.tool_call_grammar(TOOLS, parallel=False)
+
+    async def body(engine: InferenceEngine) -> list[SampledSequence]:
+        sequences: list[SampledSequence] = []
+        for seed in range(seeds):
+            params = SamplingParams(max_tokens=400, seed=seed, grammar=grammar)
+            sequences += (await engine.sample(tool_prompt(renderer), 2, params)).sequences
+        return sequences
+
+    sequences = run_with(make_engine, body)
+    assert len(assert_valid_calls(renderer, sequences)) == len(sequences)
