@@ -109,6 +109,21 @@ def test_tool_calls_parse_in_each_format() -> None:
     assert termination is ParseTermination.MALFORMED and message.content == broken
 
 
+def test_a_close_tag_inside_a_json_argument_does_not_end_the_call() -> None:
+    # the tool-call grammar lets a string hold "</tool_call>"; the parser must read past it
+    tokenizer = qwen3_tokenizer()
+    text = (
+        '<tool_call>\n{"name": "search", "arguments": {"query": "a</tool_call>b"}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "search", "arguments": {"query": "c"}}\n</tool_call>'
+    )
+    message, termination = qwen3().parse_response([*tokenizer.encode(text), tokenizer.eos_token_id])
+    assert termination.is_clean
+    assert message.tool_calls == (
+        ToolCall("search", {"query": "a</tool_call>b"}),
+        ToolCall("search", {"query": "c"}),
+    )
+
+
 def test_the_bridge_follows_what_the_template_keeps() -> None:
     renderer = qwen3()
     conversation = FIXTURES["tool_cycle_then_new_query"]

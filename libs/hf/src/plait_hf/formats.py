@@ -197,7 +197,7 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat, *, complete: bool = True) -
     calls: list[ToolCall] = []
     position = first
     while (start := text.find(TOOL_CALL_OPEN, position)) >= 0:
-        end = text.find(TOOL_CALL_CLOSE, start)
+        end = _json_call_end(text, start) if fmt == "json" else text.find(TOOL_CALL_CLOSE, start)
         if end < 0:
             if complete:
                 return ParsedToolCalls(content, tuple(calls), "a <tool_call> block is never closed")
@@ -208,6 +208,19 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat, *, complete: bool = True) -
             return ParsedToolCalls(content, tuple(calls), str(exc))
         position = end + len(TOOL_CALL_CLOSE)
     return ParsedToolCalls(content, tuple(calls))
+
+
+def _json_call_end(text: str, start: int) -> int:
+    """Where the close tag of the call opened at `start` begins: after its JSON object, so that a
+    `</tool_call>` inside one of its strings (which the tool-call grammar allows) does not end it.
+    A body that is not JSON ends at the first close tag, and `_json_call` reports it."""
+    body = start + len(TOOL_CALL_OPEN)
+    body += len(text[body:]) - len(text[body:].lstrip())
+    try:
+        _, after = json.JSONDecoder().raw_decode(text, body)
+    except ValueError:
+        after = start
+    return text.find(TOOL_CALL_CLOSE, after)
 
 
 def detect_tool_call_format(chat_template: str) -> ToolCallFormat | None:
