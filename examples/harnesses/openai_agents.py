@@ -11,6 +11,10 @@ api.openai.com) is the caller's to switch off with OPENAI_AGENTS_DISABLE_TRACING
 The agent uses `tool_use_behavior="stop_on_first_tool"`, the SDK's setting for "compute it with
 a tool" tasks: the first tool call's result is the final output, so a run is one model call
 that calls the calculator (a model that answers in text instead ends the run with that text).
+PLAIT_TOOL_CHOICE (e.g. "required") makes it a tool round trip instead: the first call is sent
+with that `tool_choice` (`ModelSettings`; the SDK resets it to auto once a tool ran), and the
+model answers from the tool's result (`run_llm_again`), in two model calls or more.
+PLAIT_PARALLEL_TOOL_CALLS=0 sends `parallel_tool_calls: false` (one call per turn).
 The prompt is PLAIT_PROMPT (else argv[1]); PLAIT_STREAM=1 runs it with `Runner.run_streamed`
 (the requests then carry `stream: true`). The final answer is the last line of stdout; an agent
 that runs out of turns prints an empty line and still exits 0.
@@ -20,7 +24,7 @@ import asyncio
 import os
 import sys
 
-from agents import Agent, MaxTurnsExceeded, Runner, function_tool
+from agents import Agent, MaxTurnsExceeded, ModelSettings, Runner, function_tool
 from calculator import calculator
 
 MAX_TURNS = 4
@@ -40,6 +44,8 @@ async def run(agent: Agent, prompt: str, stream: bool) -> str:
 
 def main() -> None:
     prompt = os.environ.get("PLAIT_PROMPT") or sys.argv[1]
+    tool_choice = os.environ.get("PLAIT_TOOL_CHOICE")
+    one_call = os.environ.get("PLAIT_PARALLEL_TOOL_CALLS") == "0"
     agent = Agent(
         name="calculator",
         instructions="Answer the question. Use the calculator tool for arithmetic.",
@@ -47,7 +53,11 @@ def main() -> None:
         # request, and without it a namespaced id such as Qwen/Qwen3-0.6B fails ("Unknown prefix")
         model=f"openai/{os.environ['PLAIT_MODEL']}",
         tools=[function_tool(calculator)],
-        tool_use_behavior="stop_on_first_tool",
+        model_settings=ModelSettings(
+            tool_choice=tool_choice,
+            parallel_tool_calls=False if one_call else None,
+        ),
+        tool_use_behavior="run_llm_again" if tool_choice else "stop_on_first_tool",
     )
     answer = asyncio.run(run(agent, prompt, os.environ.get("PLAIT_STREAM") == "1"))
     print(answer.strip())

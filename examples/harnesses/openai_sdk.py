@@ -6,7 +6,9 @@ The client is configured only by the SDK's own variables, OPENAI_BASE_URL and OP
         .venvs/harness/bin/python examples/harnesses/openai_sdk.py "What is 17*23?"
 
 The prompt is PLAIT_PROMPT (else argv[1]); PLAIT_STREAM=1 streams each turn through the SDK's
-`chat.completions.stream` helper. The final answer is the last line of stdout.
+`chat.completions.stream` helper. The final answer is the last line of stdout. A turn cut at the
+token limit is taken as far as it got: the plain call returns it so, and the stream helper raises
+LengthFinishReasonError holding it.
 """
 
 import json
@@ -14,7 +16,7 @@ import os
 import sys
 
 from calculator import DESCRIPTION, NAME, PARAMETERS, calculator
-from openai import OpenAI
+from openai import LengthFinishReasonError, OpenAI
 
 MAX_TURNS = 4
 TOOLS = [
@@ -34,10 +36,13 @@ def main() -> None:
     answer = ""
     for _ in range(MAX_TURNS):
         if stream:
-            with client.chat.completions.stream(
-                model=model, messages=messages, tools=TOOLS
-            ) as events:
-                message = events.get_final_completion().choices[0].message
+            try:
+                with client.chat.completions.stream(
+                    model=model, messages=messages, tools=TOOLS
+                ) as events:
+                    message = events.get_final_completion().choices[0].message
+            except LengthFinishReasonError as cut:
+                message = cut.completion.choices[0].message
         else:
             message = (
                 client.chat.completions.create(model=model, messages=messages, tools=TOOLS)

@@ -10,8 +10,11 @@ smolagents refuses a `final_answer` that comes with other tool calls in the same
         .venvs/harness/bin/python examples/harnesses/smolagents_agent.py "What is 17*23?"
 
 The prompt is PLAIT_PROMPT (else argv[1]); PLAIT_STREAM=1 sets `stream_outputs=True` (the
-requests then carry `stream: true`). smolagents logs its steps to stdout; the final answer is
-the last line.
+requests then carry `stream: true`). Every call is sent with `tool_choice: "required"` (the SDK's
+default), or with PLAIT_TOOL_CHOICE when it is set; PLAIT_PARALLEL_TOOL_CALLS=0 adds
+`parallel_tool_calls: false`, so that a model never sends `final_answer` beside another call
+(which smolagents refuses). smolagents logs its steps to stdout; the final answer is the last
+line.
 """
 
 import os
@@ -25,7 +28,13 @@ MAX_STEPS = 4
 
 def main() -> None:
     prompt = os.environ.get("PLAIT_PROMPT") or sys.argv[1]
-    model = OpenAIServerModel(model_id=os.environ["PLAIT_MODEL"])
+    # the model's keyword arguments go into every request's body, over smolagents' own fields
+    extra: dict[str, object] = {}
+    if os.environ.get("PLAIT_TOOL_CHOICE"):
+        extra["tool_choice"] = os.environ["PLAIT_TOOL_CHOICE"]
+    if os.environ.get("PLAIT_PARALLEL_TOOL_CALLS") == "0":
+        extra["parallel_tool_calls"] = False
+    model = OpenAIServerModel(model_id=os.environ["PLAIT_MODEL"], **extra)
     agent = ToolCallingAgent(
         tools=[tool(calculator)],
         model=model,

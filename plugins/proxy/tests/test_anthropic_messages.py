@@ -334,7 +334,6 @@ def test_a_user_turn_of_tool_results_becomes_tool_messages_before_its_text() -> 
                                 {"type": "text", "text": "no such city"},
                             ],
                         },
-                        {"type": "tool_result", "tool_use_id": "toolu_unknown"},
                     ],
                 },
             ]
@@ -353,7 +352,6 @@ def test_a_user_turn_of_tool_results_becomes_tool_messages_before_its_text() -> 
         ),
         Message("tool", "12:00", tool_call_id="toolu_1", name="clock"),
         Message("tool", "error:\nno such city", tool_call_id="toolu_2", name="weather"),
-        Message("tool", "", tool_call_id="toolu_unknown"),
         Message("user", "Also, be quick."),
     )
 
@@ -523,6 +521,12 @@ MALFORMED: list[tuple[str, Any, str | None, str]] = [
         "list of text blocks",
     ),
     (
+        "tool_result answering no tool_use",
+        _user({"type": "tool_result", "tool_use_id": "a", "content": "12:00"}),
+        "messages.0.content.0.tool_use_id",
+        "must answer a `tool_use` block",
+    ),
+    (
         "tool_result is_error a string",
         _user({"type": "tool_result", "tool_use_id": "a", "is_error": "yes"}),
         "messages.0.content.0.is_error",
@@ -604,6 +608,12 @@ MALFORMED: list[tuple[str, Any, str | None, str]] = [
         '"bash_20250124" (named "bash")',
     ),
     ("tool without schema", _body(tools=[{"name": "f"}]), "tools.0.input_schema", "object"),
+    (
+        "tool schema not a schema",
+        _body(tools=[{"name": "f", "input_schema": {"type": "object", "required": "x"}}]),
+        "tools.0.input_schema",
+        "not a valid JSON Schema",
+    ),
     ("tool without name", _body(tools=[{"input_schema": SCHEMA}]), "tools.0.name", "string"),
     (
         "tool description a number",

@@ -34,7 +34,7 @@ from plait.api import ModelInput, ResolvedModel, SamplingParams, get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy
-from plait_proxy.testing import ROUND_TRIPS, Expected
+from plait_proxy.testing import MODEL as ROUND_TRIP_MODEL, ROUND_TRIPS, Expected
 from plait_testing.venvs import venv_python
 
 pytestmark = pytest.mark.slow
@@ -80,13 +80,24 @@ class Harness:
     api: str
     """The API the program calls, as the store names it."""
     streams: bool
+    env: dict[str, str] = attrs.field(factory=dict)
 
 
 HARNESSES = {
     "openai_sdk": Harness("openai_sdk.py", "answer", "chat_completions", streams=True),
     "anthropic_sdk": Harness("anthropic_sdk.py", "answer", "messages", streams=True),
     "openai_agents": Harness("openai_agents.py", "calculator", "responses", streams=True),
-    "smolagents": Harness("smolagents_agent.py", "final_answer", "chat_completions", streams=True),
+    # smolagents' default tool_choice "required" would constrain decoding to the renderer's
+    # tool-call grammar, which the script (a reasoning block, compact JSON) does not match, and
+    # no script can: the grammar's "\n" after <tool_call> is token 198, the scripted model's
+    # trigger. test_agent_round_trips.py runs smolagents' "required" on SmolLM2.
+    "smolagents": Harness(
+        "smolagents_agent.py",
+        "final_answer",
+        "chat_completions",
+        streams=True,
+        env={"PLAIT_TOOL_CHOICE": "auto"},
+    ),
     "mini_swe": Harness(
         "mini_swe.py", "bash", "chat_completions", streams=False
     ),  # no streaming mode
@@ -170,7 +181,7 @@ class Served:
         self.app = ProxyApp(
             Proxy(engine, renderer, MODEL, Limits(max_context_tokens=max_context_tokens)),
             self.store,
-            ServeOptions(port=0),
+            ServeOptions(port=0, served_model_names=[ROUND_TRIP_MODEL]),
         )
         self.log = RequestLog(self.app.asgi)
         self.app.asgi = self.log  # what `serving` hands uvicorn
@@ -199,6 +210,7 @@ async def run_harness(
             "OPENAI_AGENTS_DISABLE_TRACING": "1",
             "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
             "MSWEA_GLOBAL_CONFIG_DIR": str(workdir / "mini-swe-agent"),  # not the user's ~/.config
+            **harness.env,
         }
     )
     loop = asyncio.get_running_loop()

@@ -98,7 +98,8 @@ def test_a_restart_gets_back_every_answer_and_reward_not_trained_on(tmp_path: Pa
 
     async def go() -> None:
         feedback = Feedback(OnlineOptions(), OnlineLog(tmp_path))
-        assert feedback.restore(tmp_path) == 4
+        assert feedback.restore(tmp_path).updates == 4
+        assert (feedback.answers, feedback.feedback) == (4, 3)  # the status counts go on
         assert [a.id for a in feedback.ready] == ["b", "c"] and list(feedback.waiting) == ["d"]
         for done in ("a", "b"):
             with pytest.raises(RequestError):
@@ -125,6 +126,7 @@ def test_online_options_are_checked_with_the_key_named() -> None:
     assert online_options(load_config(None, ["serve.online.batch_size=4"])).batch_size == 4
 
 
+@pytest.mark.slow  # 19 s of training through the gate and a restart: kept out of make check
 @pytest.mark.timeout(600)
 def test_the_server_answers_records_and_updates_through_the_gate(
     tiny_qwen3: Any, tmp_path: Path
@@ -151,7 +153,7 @@ def test_the_server_answers_records_and_updates_through_the_gate(
         ],
     )
     chat = {
-        "model": "m",
+        "model": str(tiny_qwen3.path),
         "messages": [{"role": "user", "content": "What is 2+3?"}],
         "max_tokens": 4,
     }
@@ -265,8 +267,23 @@ def test_the_server_answers_records_and_updates_through_the_gate(
             assert [
                 len(waiting[r["plait"]["response_id"]].turns) for r in (first, second, other)
             ] == [1, 2, 1]
+            statuses.append((await client.get("/v1/online/status")).json())
 
+    async def restarted() -> None:
+        async with (
+            online_server(config, ServeOptions(port=0, api_key="k")) as (url, _),
+            httpx.AsyncClient(base_url=url, headers={"authorization": "Bearer k"}) as client,
+        ):
+            statuses.append((await client.get("/v1/online/status")).json())
+
+    statuses: list[dict[str, Any]] = []
     asyncio.run(asyncio.wait_for(go(), 580))
+    asyncio.run(asyncio.wait_for(restarted(), 300))
+    counts = ["answers", "feedback", "updates", "promotions", "rejections", "rollbacks"]
+    counts += ["failed_updates", "dropped_stale"]
+    before, after = ({key: status[key] for key in counts} for status in statuses)
+    assert before == after and before["answers"] == 14 and before["promotions"] == 3
+    assert [e["update"] for e in statuses[1]["events"]] == [1, 2, 3, 5]
     metrics = [
         json.loads(line)
         for line in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()

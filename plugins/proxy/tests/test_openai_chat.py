@@ -394,6 +394,7 @@ def test_a_request_from_the_sdk_parses() -> None:
                 )
             ],
             tool_choice="search",
+            parallel_tool_calls=False,
             temperature=0.5,
             top_p=0.9,
             top_k=20,
@@ -547,6 +548,13 @@ SEARCH = {"type": "function", "function": {"name": "search"}}
         (
             {
                 "model": "m",
+                "messages": [USER, {"role": "tool", "tool_call_id": "nowhere", "content": "r"}],
+            },
+            "messages[1].tool_call_id",
+        ),
+        (
+            {
+                "model": "m",
                 "messages": [
                     USER,
                     {
@@ -670,6 +678,29 @@ SEARCH = {"type": "function", "function": {"name": "search"}}
                 "model": "m",
                 "messages": [USER],
                 "tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}],
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [USER],
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 42}}}
+                ],
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [USER],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"properties": {"x": 1}}},
+                    }
+                ],
             },
             "tools[0].function.parameters",
         ),

@@ -576,6 +576,13 @@ SEARCH = {"type": "function", "name": "search"}
         (
             {
                 "model": "m",
+                "input": [{"type": "function_call_output", "call_id": "nowhere", "output": "r"}],
+            },
+            "input[0].call_id",
+        ),
+        (
+            {
+                "model": "m",
                 "input": [
                     {
                         "type": "function_call_output",
@@ -612,6 +619,10 @@ SEARCH = {"type": "function", "name": "search"}
         ({"model": "m", "input": "Hi", "tools": [SEARCH, SEARCH]}, "tools[1].name"),
         (
             {"model": "m", "input": "Hi", "tools": [{**SEARCH, "parameters": []}]},
+            "tools[0].parameters",
+        ),
+        (
+            {"model": "m", "input": "Hi", "tools": [{**SEARCH, "parameters": {"type": "array"}}]},
             "tools[0].parameters",
         ),
         (

@@ -12,7 +12,8 @@ How Anthropic's blocks map onto plait's messages:
   `messages` (the SDK's mid-conversation instructions) becomes one where it is, and the
   renderer decides whether the model's chat template can show it there.
 - A user message's `tool_result` blocks become tool messages (named after the `tool_use` they
-  answer), placed before a user message holding the rest of its text.
+  answer, which an earlier assistant message must hold), placed before a user message holding
+  the rest of its text.
 - An assistant message's `text`, `thinking` and `tool_use` blocks become one assistant message:
   its content, reasoning and tool calls. `redacted_thinking` is accepted and dropped: its data is
   encrypted, nothing a model could be shown.
@@ -31,7 +32,7 @@ from typing import Any, NoReturn
 import attrs
 
 from plait.api import Message, ToolCall, ToolSpec
-from plait_proxy.chat import ChatRequest, Choice, Completion, RequestError
+from plait_proxy.chat import ChatRequest, Choice, Completion, RequestError, tool_schema_problem
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 """Anthropic's `tool_choice.type` → ChatRequest.tool_choice (`tool` forces the tool it names)."""
@@ -80,6 +81,7 @@ def parse_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         tools=tools,
         tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use"),
         temperature=_number(body.get("temperature"), "temperature", default=1.0, zero_allowed=True),
         top_p=_number(body.get("top_p"), "top_p", default=1.0, zero_allowed=False),
         top_k=_integer(body.get("top_k"), "top_k", minimum=1) or -1,
@@ -238,7 +240,13 @@ def _tool_result(block: dict[str, Any], param: str, tool_names: dict[str, str]) 
         _boolean(block["is_error"], f"{param}.is_error")
     content = block.get("content")
     text = "" if content is None else _text_content(content, f"{param}.content", "a tool result")
-    return Message("tool", text, tool_call_id=call_id, name=tool_names.get(call_id))
+    if call_id not in tool_names:
+        _fail(
+            f"{param}.tool_use_id",
+            f"unexpected `tool_use_id` found in `tool_result` blocks: {_shown(call_id)}: each "
+            "`tool_result` block must answer a `tool_use` block of an earlier assistant message",
+        )
+    return Message("tool", text, tool_call_id=call_id, name=tool_names[call_id])
 
 
 def _text_content(value: Any, param: str, holder: str) -> str:
@@ -303,16 +311,27 @@ def _tools(value: Any) -> list[ToolSpec]:
                 description=""
                 if description is None
                 else _string(description, f"{param}.description", "what the tool does"),
-                input_schema=_object(tool.get("input_schema"), f"{param}.input_schema"),
+                input_schema=_input_schema(tool.get("input_schema"), f"{param}.input_schema"),
             )
         )
     return specs
 
 
+def _input_schema(value: Any, param: str) -> dict[str, Any]:
+    schema = _object(value, param)
+    problem = tool_schema_problem(schema)
+    if problem is not None:
+        _fail(
+            param,
+            f"not a valid JSON Schema of an object ({problem}): send the schema of the tool's "
+            'input, e.g. {"type": "object", "properties": {...}}',
+        )
+    return schema
+
+
 def _tool_choice(value: Any, tools: Sequence[ToolSpec]) -> str:
-    """`auto`, `any` ("required"), `none`, or the name of the tool `tool` forces.
-    `disable_parallel_tool_use` is accepted and not enforced, like the choice itself (the proxy
-    does not constrain decoding)."""
+    """`auto`, `any` ("required"), `none`, or the name of the tool `tool` forces (the proxy then
+    constrains decoding to calls; `disable_parallel_tool_use`: to one call)."""
     if value is None:
         return "auto"
     choice = _object(value, "tool_choice")

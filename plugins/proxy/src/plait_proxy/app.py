@@ -4,7 +4,8 @@ sessions, as one ASGI app (Starlette), served by uvicorn in the engine's own eve
 A request belongs to the session named, in this order, by the path (`/s/<id>/v1/...`), the
 `X-Plait-Session` header, or the API key (`Authorization: Bearer <id>` or `x-api-key`), so that a
 harness that only lets you set a base URL and a key can still be told which episode it is in.
-With `api_key` set the key authenticates instead, and sessions come from the path or header.
+With `api_key` set the key authenticates instead (every route), and sessions come from the path
+or header. A request for a model not served (its name or `served_model_names`) is a 404.
 
 Streaming answers are written once the engine has sampled the whole completion: the engine
 contract returns whole sequences. A client that disconnects before then cancels its sampling,
@@ -58,6 +59,14 @@ APIS: dict[str, WireFormat] = {
 NO_RETRY = {"x-should-retry": "false"}  # honoured by the openai and anthropic SDKs
 
 
+@attrs.frozen(kw_only=True)
+class ProxyOptions:
+    """`[serve.proxy]` of the run config (`plait serve proxy`)."""
+
+    served_model_names: tuple[str, ...] = ()
+    """More names clients may call the served model by (`--served-model-name` replaces them)."""
+
+
 @attrs.frozen
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -69,6 +78,11 @@ class ServeOptions:
     session_per_request: bool = False
     """A request that names no session gets one of its own, gone once it is answered (live
     traffic: every response its own trajectory)."""
+    served_model_names: tuple[str, ...] = attrs.field(default=(), converter=tuple[str, ...])
+    """More names clients may call the served model by; any other model is a 404."""
+    any_model: bool = False
+    """Answer whatever model a request names (agent programs run as written, whatever model
+    they were written for)."""
 
 
 class CompletionObserver(Protocol):
@@ -134,17 +148,14 @@ class ProxyApp:
                         request, self.options.max_body_bytes, self.options.max_json_depth
                     )
                 )
+                self._served_model(chat.model)
                 if self.observer is not None:
                     self.observer.admit(request.headers)
-                session = self.store.open() if session_id is None else self.store.get(session_id)
-                try:
+                with self.store.answering(session_id) as session:
                     completion = await _unless_disconnected(
                         request, self.proxy.complete(session, chat, api)
                     )
                     meta = await self._observe(session, completion, request.headers)
-                finally:
-                    if session_id is None:
-                        self.store.discard(session.id)
             except (
                 RequestError
             ) as error:  # the client's to fix: the SDKs' automatic retries would not help
@@ -209,41 +220,77 @@ class ProxyApp:
     def _session_id(self, request: Request) -> str | None:
         """The session the request names; None for one of its own (`session_per_request`)."""
         session = request.path_params.get("session") or request.headers.get("x-plait-session")
-        if not session and self.options.api_key is None and not self.options.session_per_request:
+        key_names_session = self.options.api_key is None and not self.options.session_per_request
+        if not session and key_names_session:
             session = _api_key(request)
         if not session and self.options.session_per_request:
             return None
         if not session:
-            raise RequestError(
-                "no session: put its id in the path (/s/<id>/v1/...), the X-Plait-Session "
-                "header, or the API key",
-                param="session",
-            )
+            # with --api-key the key authenticates, so it cannot name the session as well
+            where = "the path (/s/<id>/v1/...) or the X-Plait-Session header"
+            if key_names_session:
+                where = "the path (/s/<id>/v1/...), the X-Plait-Session header, or the API key"
+            raise RequestError(f"no session: put its id in {where}", param="session")
         if len(session) > 256:
             raise RequestError("the session id is over 256 characters", param="session")
         return session
 
     # -- models and sessions -------------------------------------------------------------------
 
+    def _model_names(self) -> tuple[str, ...]:
+        return (self.proxy.model_name, *self.options.served_model_names)
+
+    def _served_model(self, name: str) -> None:
+        if self.options.any_model or name in self._model_names():
+            return
+        served = ", ".join(repr(served) for served in self._model_names())
+        raise RequestError(
+            f"The model `{name[:200]}` does not exist: this server serves {served} "
+            "(--served-model-name adds names)",
+            status=404,
+            param="model",
+            kind="model_not_found",
+        )
+
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "sessions": len(self.store)})
+        return await self._session_call(
+            request, lambda: {"status": "ok", "sessions": len(self.store)}
+        )
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        def listing() -> dict[str, Any]:
+            names = self._model_names()
+            cards = [_model_card(name) for name in names]
+            # OpenAI's list and Anthropic's page in one body: each SDK reads its own keys
+            return {
+                "object": "list",
+                "data": cards,
+                "has_more": False,
+                "first_id": names[0],
+                "last_id": names[-1],
+            }
+
+        return await self._model_call(request, listing)
 
     async def model(self, request: Request) -> Response:
-        return JSONResponse(self._model_card())
+        def card() -> dict[str, Any]:
+            name = request.path_params["model"]
+            self._served_model(name)
+            return _model_card(name)
 
-    def _model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.proxy.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "plait",
-            "type": "model",
-            "display_name": self.proxy.model_name,
-            "created_at": "1970-01-01T00:00:00Z",
-        }
+        return await self._model_call(request, card)
+
+    async def _model_call(self, request: Request, action: Any) -> Response:
+        """A models endpoint, shared by both APIs: its errors in the shape of the API whose SDK
+        asks (the Anthropic SDK sends `anthropic-version`)."""
+        wire: WireFormat = (
+            anthropic_messages if "anthropic-version" in request.headers else openai_chat
+        )
+        try:
+            self._authenticate(request)
+            return JSONResponse(action())
+        except RequestError as error:
+            return JSONResponse(wire.error_body(error), status_code=error.status)
 
     async def open_session(self, request: Request) -> Response:
         return await self._session_call(request, lambda: {"session": self.store.open().id})
@@ -322,6 +369,19 @@ async def read_json(request: Request, max_bytes: int, max_depth: int) -> Any:
         return parse_json(bytes(body), max_depth)
     except ValueError as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from None
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    """A model as both APIs describe one."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "plait",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
 
 
 def _engine_refusal(error: DataError) -> RequestError:

@@ -8,9 +8,13 @@ body into a `ChatRequest` and writes a `Completion` back in its own shape; the p
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
+import jsonschema
 
 from plait.api import Message, ParseTermination, SampledSequence, ToolSpec
 
@@ -36,6 +40,16 @@ class RequestError(Exception):
         self.kind = kind
 
 
+@runtime_checkable
+class ToolCallGrammarRenderer(Protocol):
+    """An optional renderer capability (beside `plait.protocols.Renderer`): the grammar (GBNF,
+    `SamplingParams.grammar`) of a response that only calls `tools`, written in the renderer's
+    tool-call format. The proxy needs it for tool_choice "required" and a named tool; plait-qwen's
+    renderers and plait-hf's chat_template renderer have it. ValueError: no grammar here."""
+
+    def tool_call_grammar(self, tools: Sequence[ToolSpec], *, parallel: bool = True) -> str: ...
+
+
 @attrs.frozen
 class ChatRequest:
     """A chat completion request, whatever API it came in through."""
@@ -47,8 +61,10 @@ class ChatRequest:
     tools: tuple[ToolSpec, ...] = attrs.field(converter=tuple[ToolSpec, ...], factory=tuple)
     tool_choice: str = "auto"
     """"auto", "none" (tools hidden from the model), "required", or the name of a tool (only
-    that tool is shown). The proxy does not constrain decoding: a model that answers without a
-    tool call under "required" gets its answer returned as it is."""
+    that tool is shown). Under "required" and a named tool, decoding is constrained to calls of
+    the shown tools by the renderer's grammar (`ToolCallGrammarRenderer`)."""
+    parallel_tool_calls: bool = True
+    """Under a constrained tool_choice: one or more calls (True), or exactly one."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -105,3 +121,34 @@ class Completion:
     @property
     def completion_tokens(self) -> int:
         return sum(len(c.sequence.tokens) for c in self.choices)
+
+
+def tool_schema_problem(schema: dict[str, Any]) -> str | None:
+    """What makes a tool's parameters no JSON Schema of an object (as both APIs require them),
+    or None. Checked against the metaschema its `$schema` names (2020-12 without one)."""
+    if "type" in schema and schema["type"] != "object":
+        return f'its `type` must be "object", got {json.dumps(schema["type"])[:40]}'
+    text = json.dumps(schema, sort_keys=True)
+    # agents send the same tools on every call: a schema of a usual size is checked once
+    return _known_schema_problem(text) if len(text) <= 16384 else _metaschema_problem(schema)
+
+
+@functools.lru_cache(maxsize=1024)
+def _known_schema_problem(schema_json: str) -> str | None:
+    return _metaschema_problem(json.loads(schema_json))
+
+
+def _metaschema_problem(schema: dict[str, Any]) -> str | None:
+    named = schema.get("$schema")
+    validator = jsonschema.validators.validator_for(
+        schema if isinstance(named, str) else {}, default=jsonschema.Draft202012Validator
+    )
+    error = jsonschema.exceptions.best_match(_metaschema_validator(validator).iter_errors(schema))
+    return None if error is None else f"at {error.json_path}: {error.message}"[:300]
+
+
+@functools.cache
+def _metaschema_validator(validator: Any) -> Any:
+    """A validator of schemas of `validator`'s draft (built once: building one costs more than
+    checking a schema)."""
+    return validator(validator.META_SCHEMA)

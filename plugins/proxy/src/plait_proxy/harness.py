@@ -149,7 +149,7 @@ class HarnessEnvironment:
                     self.options.model_name,
                     Limits(max_context_tokens=self.options.max_context_tokens),
                 )
-                app = ProxyApp(proxy, self.store, ServeOptions(port=0))
+                app = ProxyApp(proxy, self.store, ServeOptions(port=0, any_model=True))
                 self._served[key] = await self._servers.enter_async_context(app.serving())
         return self._served[key]
 
@@ -215,7 +215,7 @@ class HarnessEnvironment:
         return AgentEpisode(
             prompt="\n\n".join(m.content for m in messages if m.role == "user"),
             system="\n\n".join(m.content for m in messages if m.role == "system"),
-            messages=[m.to_hf() for m in messages],
+            messages=[{"role": m.role, "content": m.content} for m in messages],
             openai_base_url=f"{url}/s/{session_id}/v1",
             anthropic_base_url=f"{url}/s/{session_id}",
             api_key=session_id,

@@ -49,13 +49,11 @@ from plait.api import (
     INFERENCE_ENGINE,
     WEIGHT_SYNC,
     ClosableWeightSync,
+    Components,
     ConfigError,
     Environment,
     Policy,
-    Run,
     RunConfig,
-    RunState,
-    TaskSampler,
     ToolError,
     Trajectory,
     build,
@@ -74,7 +72,7 @@ from plait.api import (
 )
 from plait_proxy.app import ProxyApp, ServeOptions, read_json
 from plait_proxy.chat import Completion, RequestError
-from plait_proxy.online_log import Answer, OnlineLog, replay
+from plait_proxy.online_log import Answer, OnlineLog, Replayed, replay
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import ProxySession, RolloutStore
 
@@ -110,7 +108,10 @@ class OnlineOptions:
     fsync: bool = False
     """fsync every record (survives a machine crash, not only a killed server)."""
     max_tokens: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
-    """Completion tokens of a request that asks for no limit (or more)."""
+    """Completion tokens of a request that sets no limit (one that sets more than its context
+    allows is refused)."""
+    served_model_names: tuple[str, ...] = ()
+    """More names clients may call the served model by (`--served-model-name` replaces them)."""
 
 
 class Feedback:
@@ -125,9 +126,10 @@ class Feedback:
         self.expired = self.answers = self.feedback = 0
         self.arrived = asyncio.Condition()
 
-    def restore(self, directory: Path) -> int:
-        """Take back what a killed server left; the number of its last update."""
+    def restore(self, directory: Path) -> Replayed:
+        """Take back what a killed server left, its counts too; all it left."""
         earlier = replay(directory, since=time.time() - self.options.feedback_timeout_s)
+        self.answers, self.feedback = earlier.answered, len(earlier.rewarded)
         self.rewarded = earlier.rewarded | earlier.trained
         for answer in earlier.answers:
             if answer.reward is not None:
@@ -142,7 +144,7 @@ class Feedback:
             trained=len(earlier.trained),
             updates=earlier.updates,
         )
-        return earlier.updates
+        return earlier
 
     def answered(self, answer: Answer) -> None:
         self.log.answered(answer)
@@ -208,15 +210,22 @@ class Feedback:
 class OnlineServer:
     """The learner, the gate and the HTTP routes beside the proxy's."""
 
-    def __init__(self, run: Run, options: OnlineOptions, candidate: Policy) -> None:
-        self.run = run
+    def __init__(
+        self,
+        config: RunConfig,
+        components: Components,
+        run_dir: Path,
+        options: OnlineOptions,
+        candidate: Policy,
+    ) -> None:
+        self.config = config
+        self.components = components
         self.options = options
-        self.policy = run.components.policies[0]
+        self.policy = components.policies[0]
         self.candidate = candidate
-        self.gate_run = attrs.evolve(
-            run, components=attrs.evolve(run.components, policies=[candidate], sinks=[])
-        )
-        self.directory = run.run_dir / "online"
+        self.gate = attrs.evolve(components, policies=[candidate], sinks=[])
+        """The candidate's components: the gate evaluates it as the run evaluates its policy."""
+        self.directory = run_dir / "online"
         self.log = OnlineLog(self.directory, fsync=options.fsync)
         self.feedback = Feedback(options, self.log)
         self.learning_rate = self.policy.config.trainer.learning_rate
@@ -244,7 +253,7 @@ class OnlineServer:
     async def start(self) -> None:
         """Restore what a killed server left (the promoted trainer state, answers and rewards),
         give the serving engines the promoted weights and measure them for the gate."""
-        self.updates = self.feedback.restore(self.directory)
+        self._restore_counts(self.feedback.restore(self.directory))
         for answer in list(self.feedback.waiting.values()):
             if answer.task is not None:  # killed before the environment judged it
                 self._judge_later(answer)
@@ -254,10 +263,25 @@ class OnlineServer:
             await self._in_thread(trainer.load_state, promoted)
         else:
             await self._in_thread(trainer.save_state, promoted)
-        await publish_policy(self.run, self.policy)
+        await publish_policy(self.components, self.policy)
         self.serving_version = trainer.weight_version
-        self.serving_score = self.best_score = gate_score(await evaluate_held_out(self.run))
+        self.serving_score = self.best_score = gate_score(
+            await evaluate_held_out(self.config, self.components)
+        )
         log.info("serving", version=self.serving_version, held_out_score=self.serving_score)
+
+    def _restore_counts(self, earlier: Replayed) -> None:
+        """The status goes on counting (and showing its last events) from where the killed
+        server's record ends."""
+        self.updates, self.dropped_stale = earlier.updates, earlier.dropped_stale
+        for verdict in earlier.verdicts:
+            if "error" in verdict:  # a failed update: logged, never an event
+                self.failures += 1
+                continue
+            self.events.append(verdict)
+            self.promotions += verdict["promoted"] is True
+            self.rejections += verdict["promoted"] is False and "score" in verdict
+            self.rollbacks += verdict.get("rolled_back") is True
 
     # -- answers and feedback ------------------------------------------------------------------
 
@@ -301,8 +325,8 @@ class OnlineServer:
         try:
             async with self.judges:
                 reward = await asyncio.wait_for(
-                    judge_answer(self.run.components.env, answer.task, answer.text),
-                    self.run.config.rl.env_timeout_s,
+                    judge_answer(self.components.env, answer.task, answer.text),
+                    self.config.rl.env_timeout_s,
                 )
             await self.feedback.reward(answer.id, reward)
         except RequestError:
@@ -419,7 +443,7 @@ class OnlineServer:
 
     def _fresh(self, answer: Answer) -> bool:
         """Sampled within `off_policy.max_staleness` versions of the trainer's."""
-        oldest = self.policy.trainer.weight_version - self.run.config.off_policy.max_staleness
+        oldest = self.policy.trainer.weight_version - self.config.off_policy.max_staleness
         return all(v >= oldest for t in answer.turns for v in t.completion.versions())
 
     async def update(self, batch: list[Answer]) -> None:
@@ -442,10 +466,10 @@ class OnlineServer:
             self.policy.config,
             trainer=attrs.evolve(self.policy.config.trainer, learning_rate=learning_rate),
         )
-        prepared = await self._in_thread(prepare_groups, self.run, self.policy, [trajectories])
+        prepared = await self._in_thread(prepare_groups, self.config, self.policy, [trajectories])
         trained = await self._in_thread(
             functools.partial(train_prepared, always_step=False),
-            self.run,
+            self.config.rl,
             self.policy,
             prepared.datums,
         )
@@ -496,7 +520,7 @@ class OnlineServer:
         )
         self.events.append(event)
         self.log.updated(event)
-        log_metrics(self.run, self.updates, metrics)
+        log_metrics(self.components.sinks, self.updates, metrics)
 
     async def _gate(self, event: dict[str, Any]) -> dict[str, float]:
         """Evaluate the trainer's new version on the candidate engine. It serves if it is within
@@ -505,15 +529,14 @@ class OnlineServer:
         `off_policy.max_staleness` versions ahead of the serving one (its data would go stale):
         then the trainer rolls back to the promoted state."""
         trainer, start = self.policy.trainer, time.perf_counter()
-        await publish_policy(self.gate_run, self.candidate)
-        score = gate_score(await evaluate_held_out(self.gate_run))
+        await publish_policy(self.gate, self.candidate)
+        score = gate_score(await evaluate_held_out(self.config, self.gate))
         gate_seconds = time.perf_counter() - start
         promoted = score >= self.best_score - self.options.gate_tolerance
         regression = score < self.best_score - self.options.regression_margin
         rolled_back = not promoted and (
             regression
-            or trainer.weight_version - self.serving_version
-            >= self.run.config.off_policy.max_staleness
+            or trainer.weight_version - self.serving_version >= self.config.off_policy.max_staleness
         )
         event.update(
             promoted=promoted,
@@ -558,8 +581,8 @@ class OnlineServer:
         """Push the trainer's weights (the promoted version) to the serving engines in flight:
         requests keep going, and the engines resume whatever happens."""
         start = time.perf_counter()
-        async with engines_paused(self.policy.engines, self.run.config.off_policy):
-            metrics = await publish_policy(self.run, self.policy)
+        async with engines_paused(self.policy.engines, self.config.off_policy):
+            metrics = await publish_policy(self.components, self.policy)
         return {**metrics, "time/sync": time.perf_counter() - start}
 
     async def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
@@ -693,8 +716,7 @@ async def online_server(
                 options_path="sync.options",
             ),
         )
-        run = Run(config, components, run_dir, RunState(), TaskSampler(1, config.run.seed))
-        server = OnlineServer(run, options, candidate)
+        server = OnlineServer(config, components, run_dir, options, candidate)
         await server.start()
         proxy = Proxy(
             policy.engines[0],

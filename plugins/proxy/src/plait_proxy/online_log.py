@@ -50,12 +50,18 @@ class Answer:
 
 @attrs.define
 class Replayed:
-    """What an earlier server left: answers with or without a reward, not yet trained on."""
+    """What an earlier server left: answers with or without a reward, not yet trained on, and
+    the counts its status showed."""
 
     answers: list[Answer]
     rewarded: set[str]
     trained: set[str]
     updates: int
+    answered: int = 0
+    """Answers sent, all told."""
+    dropped_stale: int = 0
+    verdicts: list[dict[str, Any]] = attrs.field(factory=list)
+    """Every update's outcome ({"update", "promoted", ...}; with "error" if it failed), in order."""
 
 
 class OnlineLog:
@@ -128,10 +134,15 @@ def replay(directory: Path, *, since: float = 0.0) -> Replayed:
     `since` (seconds since the epoch) come back only if they were rewarded."""
     rewards = {r["id"]: float(r["reward"]) for r in _records(directory / FEEDBACK)}
     trained: set[str] = set()
-    updates = 0
+    updates = dropped_stale = 0
+    verdicts = []
     for record in _records(directory / UPDATES):
         trained.update(record.get("ids", ()), record.get("stale", ()))
         updates = max(updates, int(record["update"]))
+        dropped_stale += len(record.get("stale", ()))
+        if "promoted" in record:
+            verdicts.append(record)
+    sent = _records(directory / ANSWERS)
     answers = [
         Answer(
             r["id"],
@@ -142,10 +153,10 @@ def replay(directory: Path, *, since: float = 0.0) -> Replayed:
             r.get("task"),
             r.get("text", ""),
         )
-        for r in _records(directory / ANSWERS)
+        for r in sent
         if r["id"] not in trained and (r["id"] in rewards or float(r["time"]) >= since)
     ]
-    return Replayed(answers, set(rewards), trained, updates)
+    return Replayed(answers, set(rewards), trained, updates, len(sent), dropped_stale, verdicts)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ from plait_proxy.openai_common import (
     text_parts,
     to_json,
     token_logprobs,
+    unknown_call,
 )
 
 __all__ = ["error_body", "parse_request", "response_body", "stream_events"]
@@ -125,8 +126,10 @@ def _message(fields: Fields, call_names: dict[str, str]) -> Message:
     )
     if role == "tool":
         tool_call_id = fields.required_text("tool_call_id")
+        if tool_call_id not in call_names:
+            raise unknown_call(tool_call_id, fields.param("tool_call_id"), "tool_calls")
         return Message(
-            "tool", content, tool_call_id=tool_call_id, name=name or call_names.get(tool_call_id)
+            "tool", content, tool_call_id=tool_call_id, name=name or call_names[tool_call_id]
         )
     return Message(_ROLES[role], content, name=name)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from plait.api import ToolCall, ToolSpec
-from plait_proxy.chat import Choice, RequestError
+from plait_proxy.chat import Choice, RequestError, tool_schema_problem
 from plait_sdk.server import parse_json
 
 MAX_JSON_DEPTH = 64
@@ -211,13 +211,13 @@ def common_options(fields: Fields, max_tokens_keys: Sequence[str]) -> dict[str, 
         "temperature": fields.number("temperature", 0, 2),
         "top_p": fields.number("top_p", 0, 1),
         "stream": fields.flag("stream"),
+        "parallel_tool_calls": fields.flag("parallel_tool_calls"),
     }
     if options["top_p"] == 0:
         raise RequestError(
             "`top_p` must be above 0: send temperature 0 for greedy sampling", param="top_p"
         )
-    for key in ("parallel_tool_calls", "store"):
-        fields.flag(key)
+    fields.flag("store")
     fields.text("user")
     fields.string_map("metadata")
     fields.refuse_unless(
@@ -275,9 +275,22 @@ def read_tools(fields: Fields, function_of: Callable[[Fields], Fields]) -> tuple
                 param=function.param("name"),
             )
         parameters = function.obj("parameters")
-        schema = None if parameters is None else checked_json(parameters.value, parameters.path)
+        schema = None if parameters is None else checked_tool_schema(parameters)
         specs.append(ToolSpec(name, function.text("description") or "", schema))
     return tuple(specs)
+
+
+def checked_tool_schema(parameters: Fields) -> dict[str, Any]:
+    """A tool's `parameters`, if they are a JSON Schema of an object."""
+    schema = checked_json(parameters.value, parameters.path)
+    problem = tool_schema_problem(schema)
+    if problem is not None:
+        raise RequestError(
+            f"`{parameters.path}` is not a valid JSON Schema of an object ({problem}): send the "
+            'schema of the arguments, e.g. {"type": "object", "properties": {...}}',
+            param=parameters.path,
+        )
+    return schema
 
 
 def pick_tool(name: str, tools: Sequence[ToolSpec], param: str) -> str:
@@ -316,6 +329,16 @@ def read_tool_choice(
         return value
     raise RequestError(
         f'`tool_choice` must be "auto", "none", "required" or {named_form}', param="tool_choice"
+    )
+
+
+def unknown_call(identifier: str, param: str, calls: str) -> RequestError:
+    """A tool result whose call id no earlier call of the conversation (`calls`: where the API
+    puts them) has: there is no call for the model to see it answer."""
+    return RequestError(
+        f"`{param}` is {identifier[:80]!r}, which no earlier {calls} of the conversation has: "
+        "send the result with the id of the tool call it answers",
+        param=param,
     )
 
 

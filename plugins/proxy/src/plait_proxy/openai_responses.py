@@ -31,6 +31,7 @@ from plait_proxy.openai_common import (
     text_parts,
     to_json,
     token_logprobs,
+    unknown_call,
 )
 
 __all__ = ["error_body", "parse_request", "response_body", "stream_events"]
@@ -151,12 +152,14 @@ class _Transcript:
                 item.param("output"),
                 _TEXT_PARTS,
             )
+            if tool_call_id not in self.call_names:
+                raise unknown_call(tool_call_id, item.param("call_id"), "function_call")
             self.messages.append(
                 Message(
                     "tool",
                     output,
                     tool_call_id=tool_call_id,
-                    name=self.call_names.get(tool_call_id),
+                    name=self.call_names[tool_call_id],
                 )
             )
         else:

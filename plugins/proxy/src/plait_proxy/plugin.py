@@ -45,6 +45,7 @@ def plait_register_commands(cli: click.Group) -> None:
         host: str,
         port: int,
         api_key: str | None,
+        served_model_names: tuple[str, ...],
         store_dir: Path | None,
     ) -> None:
         """OpenAI- and Anthropic-compatible endpoints for the model, engine and renderer of the run
@@ -52,8 +53,8 @@ def plait_register_commands(cli: click.Group) -> None:
         import asyncio
         import contextlib
 
-        from plait.api import configure_logging, load_config
-        from plait_proxy.app import ProxyApp, ServeOptions
+        from plait.api import configure_logging, load_config, structure
+        from plait_proxy.app import ProxyApp, ProxyOptions, ServeOptions
         from plait_proxy.proxy import build_proxy
         from plait_proxy.store import RolloutStore
         from plait_sdk.server import is_loopback
@@ -62,11 +63,15 @@ def plait_register_commands(cli: click.Group) -> None:
             raise click.UsageError(f"--host {host} serves beyond this machine: give --api-key too")
         cfg = load_config(config, overrides)
         configure_logging(cfg.run.log_level)
+        options = structure(ProxyOptions, cfg.serve.get("proxy", {}), "serve.proxy")
+        names = served_model_names or options.served_model_names
 
         async def serve_forever() -> None:
             proxy = build_proxy(cfg)
             app = ProxyApp(
-                proxy, RolloutStore(directory=store_dir), ServeOptions(host, port, api_key)
+                proxy,
+                RolloutStore(directory=store_dir),
+                ServeOptions(host, port, api_key, served_model_names=names),
             )
             async with app.serving() as url:
                 click.echo(
@@ -93,6 +98,7 @@ def plait_register_commands(cli: click.Group) -> None:
         host: str,
         port: int,
         api_key: str | None,
+        served_model_names: tuple[str, ...],
         fresh: bool,
     ) -> None:
         """Online RL: serve the policy of the run config CONFIG to live clients (OpenAI and
@@ -103,19 +109,18 @@ def plait_register_commands(cli: click.Group) -> None:
 
         from plait.api import configure_logging, load_config
         from plait_proxy.app import ServeOptions
-        from plait_proxy.online import online_server
+        from plait_proxy.online import online_options, online_server
         from plait_sdk.server import is_loopback
 
         if not is_loopback(host) and not api_key:
             raise click.UsageError(f"--host {host} serves beyond this machine: give --api-key too")
         cfg = load_config(config, overrides)
         configure_logging(cfg.run.log_level)
+        names = served_model_names or online_options(cfg).served_model_names
+        serve = ServeOptions(host, port, api_key, served_model_names=names)
 
         async def serve_forever() -> None:
-            async with online_server(cfg, ServeOptions(host, port, api_key), fresh=fresh) as (
-                url,
-                server,
-            ):
+            async with online_server(cfg, serve, fresh=fresh) as (url, server):
                 click.echo(
                     f"plait online for {cfg.model.name} on {url}  "
                     f"(OpenAI: {url}/v1, Anthropic: {url}); "
@@ -157,6 +162,15 @@ def _serving(
                     envvar="PLAIT_PROXY_API_KEY",
                     default=None,
                     help=f"Require this key (Bearer or x-api-key); {with_key}.",
+                ),
+                click.option(
+                    "--served-model-name",
+                    "served_model_names",
+                    multiple=True,
+                    metavar="NAME",
+                    help="Another name clients may call the model by (repeatable; replaces "
+                    "served_model_names of the config's [serve.<command>]); any other model "
+                    "is a 404.",
                 ),
             ]
         ):

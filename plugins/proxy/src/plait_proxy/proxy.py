@@ -30,18 +30,27 @@ from plait.api import (
     SamplingParams,
     TensorData,
     ToolCall,
+    ToolSpec,
     sample_through_aborts,
 )
-from plait_proxy.chat import ChatRequest, Choice, Completion, FinishReason, RequestError
+from plait_proxy.chat import (
+    ChatRequest,
+    Choice,
+    Completion,
+    FinishReason,
+    RequestError,
+    ToolCallGrammarRenderer,
+)
 from plait_proxy.store import ProxySession, RecordedCall
 
 
 @attrs.frozen
 class Limits:
     max_tokens: int = 1024
-    """Completion tokens when a request asks for no limit (or more than this)."""
+    """Completion tokens of a request that sets no limit (fewer if the context leaves fewer)."""
     max_context_tokens: int = 32768
-    """Prompt plus completion; a request whose prompt leaves no room is refused (400)."""
+    """Prompt plus completion: a request whose prompt leaves no room, or whose own max_tokens
+    does not fit beside its prompt, is refused (400)."""
 
 
 class Proxy:
@@ -63,9 +72,12 @@ class Proxy:
         """Sample `request` and record it in `session`. A cancelled call (the client went away)
         records nothing."""
         tools = request.shown_tools()
+        grammar = self._tool_call_grammar(request, tools)
         parent, new_messages = _continuation(session, request.messages, tools)
         prompt, source = self._prompt(session, request.messages, tools, parent, new_messages)
         sampling = self._sampling(session, request, prompt.length)
+        if grammar is not None:
+            sampling = attrs.evolve(sampling, grammar=grammar)
         session.in_flight += 1
         try:
             sequences = await asyncio.gather(
@@ -123,13 +135,36 @@ class Proxy:
                 f"the conversation cannot be rendered for this model: {exc}", param="messages"
             ) from None
 
+    def _tool_call_grammar(self, request: ChatRequest, tools: Sequence[ToolSpec]) -> str | None:
+        """Under tool_choice "required" or a named tool, the grammar decoding must follow: calls
+        to the shown tools (the named one alone), as the renderer writes them."""
+        if request.tool_choice in ("auto", "none"):
+            return None
+        name = type(self.renderer).__name__
+        if not isinstance(self.renderer, ToolCallGrammarRenderer):
+            raise RequestError(
+                f"tool_choice {request.tool_choice!r} needs decoding constrained to tool calls, "
+                f"and the renderer {name} has no tool-call grammar (tool_call_grammar); send "
+                'tool_choice "auto", or serve a renderer that has one (plait-qwen\'s, '
+                "chat_template)",
+                param="tool_choice",
+            )
+        try:
+            return self.renderer.tool_call_grammar(tools, parallel=request.parallel_tool_calls)
+        except ValueError as exc:
+            raise RequestError(
+                f"tool_choice {request.tool_choice!r}: the renderer {name} cannot constrain "
+                f"decoding to these tools: {exc}",
+                param="tool_choice",
+            ) from None
+
     def _sampling(
         self, session: ProxySession, request: ChatRequest, prompt_tokens: int
     ) -> SamplingParams:
         policy = session.policy
         if policy is None:
             return SamplingParams(
-                max_tokens=self._completion_budget(prompt_tokens, request.max_tokens),
+                max_tokens=self._completion_budget(prompt_tokens, request.max_tokens, exact=True),
                 seed=request.seed,
                 temperature=request.temperature,
                 top_p=request.top_p,
@@ -146,21 +181,37 @@ class Proxy:
         requested = min(filter(None, (request.max_tokens, run.max_tokens)), default=None)
         seed = None if run.seed is None else run.seed + 7919 * len(session.calls)
         return attrs.evolve(
-            run, max_tokens=self._completion_budget(prompt_tokens, requested), seed=seed
+            run,
+            max_tokens=self._completion_budget(prompt_tokens, requested, exact=False),
+            seed=seed,
         )
 
-    def _completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
-        room = self.limits.max_context_tokens - prompt_tokens
+    def _completion_budget(self, prompt_tokens: int, requested: int | None, *, exact: bool) -> int:
+        """`requested` completion tokens (`Limits.max_tokens` if None) within the room the
+        prompt leaves in the context. A client's own limit (`exact`) that does not fit is
+        refused, not cut: OpenAI, vLLM and Anthropic (since Claude 3.7) all answer 400 when the
+        prompt plus max_tokens exceeds the context window. A run's limit (a session's policy) is
+        cut to the room, as the episode's prompt grows."""
+        context = self.limits.max_context_tokens
+        room = context - prompt_tokens
+        # litellm (and so mini-swe-agent) recognises this wording and stops instead of retrying
         if room < 1:
-            # litellm (and so mini-swe-agent) recognises this wording and stops instead of retrying
             raise RequestError(
-                "This model's maximum context length is "
-                f"{self.limits.max_context_tokens} tokens; the prompt is {prompt_tokens}: "
-                "shorten the conversation",
+                f"This model's maximum context length is {context} tokens; the prompt is "
+                f"{prompt_tokens}: shorten the conversation",
                 param="messages",
                 kind="context_length_exceeded",
             )
-        return min(room, requested or self.limits.max_tokens, self.limits.max_tokens)
+        if exact and requested is not None and requested > room:
+            raise RequestError(
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {prompt_tokens + requested} tokens ({prompt_tokens} in the messages, "
+                f"{requested} in the completion). Please reduce the length of the messages or "
+                "completion.",
+                param="messages",
+                kind="context_length_exceeded",
+            )
+        return min(room, requested or self.limits.max_tokens)
 
     def _choice(
         self, index: int, sequence: SampledSequence, stops: Sequence[str], completion_id: str

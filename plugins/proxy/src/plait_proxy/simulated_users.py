@@ -104,6 +104,8 @@ async def simulate_users(
         limits=limits,
         headers={"authorization": f"Bearer {api_key}"},
     ) as client:
+        # users ask for the model the server serves, as a client that lists the models does
+        model = (await client.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
 
         async def feedback(request: Request, delay: float) -> None:
             await asyncio.sleep(delay)
@@ -128,7 +130,7 @@ async def simulate_users(
                     reply = await client.post(
                         "/v1/chat/completions",
                         json={
-                            "model": "policy",
+                            "model": model,
                             "messages": list(task.messages),
                             "temperature": load.temperature,
                             "max_tokens": load.max_tokens,

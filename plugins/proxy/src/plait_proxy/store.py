@@ -14,11 +14,13 @@ bytes (`from_json(TensorData, ...)` reads it back), or null.
 
 Finished sessions leave the store (and, with a directory, are appended to `sessions.jsonl`
 there), so a long-running proxy holds only what is in flight. Sessions nobody finishes expire
-after `idle_timeout_s`.
+after `idle_timeout_s`; one that requests opened and left with nothing recorded (refused,
+cancelled) leaves at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -77,6 +79,11 @@ class ProxySession:
     last_active: float = attrs.field(factory=time.monotonic)
     calls: list[RecordedCall] = attrs.field(factory=list)
     in_flight: int = 0
+    opened_by_request: bool = False
+    """Opened because a request named it (not by `open`): it leaves the store again if its
+    requests record nothing."""
+    requests: int = 0
+    """Requests being answered in it (from before they sample until they are answered)."""
 
     def taken_choices(self) -> list[Choice]:
         """The choice of every call the episode went on with: the one a later call continued,
@@ -181,8 +188,25 @@ class RolloutStore:
                     kind="not_found_error",
                 )
             session = self.open(session_id)
+            session.opened_by_request = True
         session.last_active = time.monotonic()
         return session
+
+    @contextlib.contextmanager
+    def answering(self, session_id: str | None) -> Iterator[ProxySession]:
+        """The session a request is answered in: the one it names (see `get`), or one of its own
+        for None, gone once it is answered. A session that requests opened and that they leave
+        without a recorded call (refused, cancelled) goes too, with the last of them, instead of
+        holding a place until the idle timeout."""
+        session = self.open() if session_id is None else self.get(session_id)
+        session.requests += 1
+        try:
+            yield session
+        finally:
+            session.requests -= 1
+            unused = session.opened_by_request and not session.requests and not session.calls
+            if (session_id is None or unused) and self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
 
     def finish(self, session_id: str) -> ProxySession:
         """Take the session out of the store: its calls are final (requests still in flight are
@@ -213,7 +237,8 @@ class RolloutStore:
     def _make_room(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            if session.in_flight == 0 and now - session.last_active > self.idle_timeout_s:
+            idle = session.in_flight == 0 and not session.requests
+            if idle and now - session.last_active > self.idle_timeout_s:
                 self.finish(session.id)
         if len(self.sessions) >= self.max_sessions:
             raise RequestError(

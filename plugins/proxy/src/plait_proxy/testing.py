@@ -8,15 +8,21 @@ Needs the `openai` and `anthropic` SDKs (plait-proxy's test extra)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 
-from plait.api import merge_turns
+from plait.api import INFERENCE_ENGINE, RENDERER, get_registry, merge_turns
+from plait_proxy.app import ProxyApp, ServeOptions
+from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import ProxySession, RolloutStore
 
+MODEL = "tool-model"
+"""The model the round trips ask for: serve it under this name (or add it to
+`ServeOptions.served_model_names`)."""
 SYSTEM = "You are terse."
 PARAMETERS = {
     "type": "object",
@@ -25,6 +31,35 @@ PARAMETERS = {
 }
 GREEDY = {"temperature": 0}  # anthropic's SDK has no temperature argument (its API does)
 CALLS = 2
+
+
+def serve_on_torch(
+    model: Any,
+    scenario: Callable[[str, RolloutStore], Awaitable[Any]],
+    *,
+    renderer: str = "qwen3_keep_reasoning",
+    renderer_options: Any = None,
+    limits: Limits | None = None,
+    store_options: Mapping[str, Any] | None = None,
+    serve_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Run `scenario(base_url, store)` against a proxy serving `model` as MODEL on a free port, in
+    front of plait-torch's engine and the registered `renderer`."""
+    registry = get_registry()
+
+    async def go() -> Any:
+        engine = registry.get(INFERENCE_ENGINE, "torch").load()(model, options=None, seed=0)
+        render = registry.get(RENDERER, renderer).load()(model, options=renderer_options)
+        store = RolloutStore(**(store_options or {}))
+        proxy = Proxy(engine, render, MODEL, limits)
+        app = ProxyApp(proxy, store, ServeOptions(port=0, **(serve_options or {})))
+        try:
+            async with app.serving() as url:
+                return await scenario(url, store)
+        finally:
+            await engine.close()
+
+    return asyncio.run(asyncio.wait_for(go(), 300))
 
 
 @attrs.frozen
@@ -66,7 +101,7 @@ async def chat(
                 chunks = [
                     c
                     async for c in await client.chat.completions.create(
-                        model="tool-model",
+                        model=MODEL,
                         messages=messages,
                         tools=tools,
                         temperature=0,
@@ -98,7 +133,7 @@ async def chat(
                 )
             else:
                 response = await client.chat.completions.create(
-                    model="tool-model", messages=messages, tools=tools, temperature=0, logprobs=True
+                    model=MODEL, messages=messages, tools=tools, temperature=0, logprobs=True
                 )
                 choice = response.choices[0]
                 assert (
@@ -134,12 +169,12 @@ async def responses(
         for _ in range(CALLS):
             if stream:
                 async with client.responses.stream(
-                    model="tool-model", instructions=SYSTEM, input=items, tools=tools, temperature=0
+                    model=MODEL, instructions=SYSTEM, input=items, tools=tools, temperature=0
                 ) as events:
                     response = await events.get_final_response()
             else:
                 response = await client.responses.create(
-                    model="tool-model", instructions=SYSTEM, input=items, tools=tools, temperature=0
+                    model=MODEL, instructions=SYSTEM, input=items, tools=tools, temperature=0
                 )
             calls = [item for item in response.output if item.type == "function_call"]
             assert [(c.name, json.loads(c.arguments)) for c in calls] == [expected.call]
@@ -168,7 +203,7 @@ async def messages(
         for _ in range(CALLS):
             if stream:
                 async with client.messages.stream(
-                    model="tool-model",
+                    model=MODEL,
                     max_tokens=64,
                     system=SYSTEM,
                     messages=conversation,
@@ -178,7 +213,7 @@ async def messages(
                     message = await events.get_final_message()
             else:
                 message = await client.messages.create(
-                    model="tool-model",
+                    model=MODEL,
                     max_tokens=64,
                     system=SYSTEM,
                     messages=conversation,
