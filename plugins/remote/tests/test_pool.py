@@ -132,6 +132,7 @@ def test_the_pool_scales_to_what_its_scale_file_says(tiny_model: ResolvedModel, 
     asyncio.run(asyncio.wait_for(body(), 300))
 
 
+@pytest.mark.slow  # 14 s, killing and recovering: with the slow tests (make check < 5 min)
 def test_a_dead_replicas_requests_go_to_another(tiny_model: ResolvedModel) -> None:
     """Two launched services that are never restarted (max_restarts 0): one is SIGKILLed while
     requests are held on it; they complete on the other, with the same (seeded) tokens, and the

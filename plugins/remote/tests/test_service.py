@@ -154,6 +154,7 @@ def test_the_service_refuses_to_serve_itself_and_to_go_public_without_a_key(
     assert done.returncode == 2 and "give an --api-key" in done.stderr
 
 
+@pytest.mark.slow  # 21 s, killing and recovering: with the slow tests (make check < 5 min)
 def test_a_service_killed_under_running_requests_is_launched_again_with_its_weights(
     tiny_model: ResolvedModel, remote_options
 ) -> None:

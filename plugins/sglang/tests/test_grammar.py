@@ -12,6 +12,7 @@ from plait_testing.inference import run_with
 from plait_testing.tool_calls import assert_one_valid_call_per_sample
 
 
+@pytest.mark.slow  # 14 s of sampling on the fake server: with the slow tests
 def test_required_tool_choice_yields_valid_calls_on_every_seed(
     make_attached, tiny_model: ResolvedModel
 ) -> None:

@@ -300,6 +300,7 @@ with tinker.ServiceClient(base_url=url, api_key=key) as client:
 """
 
 
+@pytest.mark.slow  # 25 s, killing and recovering: with the slow tests (make check < 5 min)
 def test_a_tenant_killed_mid_run_leaves_the_others_training(
     tinker_server, base_model: str, api_keys: dict[str, str], service_client
 ) -> None:

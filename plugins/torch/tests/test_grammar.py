@@ -17,7 +17,10 @@ def renderer(tiny_model: ResolvedModel) -> ChatTemplateRenderer:
     return ChatTemplateRenderer.from_model(tiny_model)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize(
+    "parallel",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # 14 s: with the slow tests
+)
 def test_required_tool_choice_yields_valid_calls_on_every_seed(
     tiny_model: ResolvedModel, renderer: ChatTemplateRenderer, parallel: bool
 ) -> None:
