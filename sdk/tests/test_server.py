@@ -266,15 +266,15 @@ def test_reaper_deletes_idle_sessions_and_client_pings_keep_sessions_alive() -> 
 def test_a_session_in_use_outlives_a_short_ttl_and_expires_once_idle() -> None:
     # Neither side pings during the test (both every 10 s): only the setup wait and the call
     # itself can keep the session alive. The reaper used to delete it halfway through both.
-    server = Server([Slow], options=ServerOptions(session_ttl_s=1.0, reaper_interval_s=0.05))
+    server = Server([Slow], options=ServerOptions(session_ttl_s=0.5, reaper_interval_s=0.05))
     TEARDOWNS.clear()
     with server.serve_in_thread() as url:
 
         async def go() -> tuple[Any, Any, bool, Any]:
             env = ORSEnvironment(ORSOptions(url=url))
-            session = await env.open({"n": 1, "setup_s": 1.5})  # /create waits for setup
+            session = await env.open({"n": 1, "setup_s": 0.8})  # /create waits for setup
             try:
-                long_call = await session.call("work", {"seconds": 3.0})
+                long_call = await session.call("work", {"seconds": 1.5})
                 next_call = await session.call("work", {})
                 usable = session.sid in server.sessions
                 for _ in range(400):  # until the reaper has taken the now idle session
@@ -291,7 +291,7 @@ def test_a_session_in_use_outlives_a_short_ttl_and_expires_once_idle() -> None:
         long_call, next_call, usable, idle = run(go())
     assert isinstance(long_call, ToolOutput) and long_call.metadata == {"n": 1}
     assert isinstance(next_call, ToolOutput) and usable
-    assert idle.status_code == 404 and "expired after 1 s" in idle.json()["detail"]
+    assert idle.status_code == 404 and "expired after 0.5 s" in idle.json()["detail"]
     assert TEARDOWNS == [1]
 
 

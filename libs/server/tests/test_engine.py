@@ -305,6 +305,7 @@ def test_a_server_killed_mid_request_is_restarted_with_its_weights(
     asyncio.run(asyncio.wait_for(body(), 120))
 
 
+@pytest.mark.slow  # a server killed and launched again: with the slow tests (make check < 5 min)
 def test_a_server_alive_but_failing_is_replaced(stub_model: ResolvedModel, tmp_path: Path) -> None:
     """vLLM's API server outlives its dead EngineCore for a while, answering 500 (health too):
     a failed request on a server that no longer answers /health restarts it as well."""

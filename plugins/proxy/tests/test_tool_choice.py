@@ -35,7 +35,9 @@ def check_recorded(store: RolloutStore, session: str, received: list[tuple[str, 
         assert choice.sequence.tokens and choice.termination.is_clean
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["one", "parallel"])
+@pytest.mark.parametrize(
+    "parallel", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["one", "parallel"]
+)
 def test_required_yields_valid_calls_through_the_openai_sdk(
     tiny_qwen3: Any, parallel: bool
 ) -> None:
@@ -65,6 +67,7 @@ def test_required_yields_valid_calls_through_the_openai_sdk(
     serve_on_torch(tiny_qwen3, scenario)
 
 
+@pytest.mark.slow  # 7 s; plait-torch's test_grammar covers a named tool in make check
 def test_a_named_tool_is_the_one_called_through_the_openai_sdk(tiny_qwen3: Any) -> None:
     async def scenario(url: str, store: RolloutStore) -> None:
         async with openai.AsyncOpenAI(base_url=f"{url}/s/named/v1", api_key="k") as client:
@@ -126,6 +129,7 @@ def test_anthropic_any_and_tool_choices_yield_tool_use_blocks(tiny_qwen3: Any) -
     serve_on_torch(tiny_qwen3, scenario)
 
 
+@pytest.mark.slow  # with the slow tests (make check < 5 min)
 def test_thinking_qwen3_5_closes_its_open_reasoning_block_first(tiny_qwen3: Any) -> None:
     async def scenario(url: str, store: RolloutStore) -> None:
         async with openai.AsyncOpenAI(base_url=f"{url}/s/think/v1", api_key="k") as client:

@@ -56,6 +56,7 @@ def trained_update(model: ResolvedModel, prompt: list[int], target: int) -> Weig
 GREEDY = SamplingParams(max_tokens=1, stop=[], temperature=0)
 
 
+@pytest.mark.slow  # several service processes: with the slow tests (make check < 5 min)
 def test_requests_spread_and_joining_replicas_get_the_newest_weights(
     tiny_model: ResolvedModel,
 ) -> None:

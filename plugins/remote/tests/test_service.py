@@ -25,6 +25,7 @@ from plait.api import (
 from plait_testing.trainer import random_tokens, sft_datum, vocab_size
 
 
+@pytest.mark.slow  # 6 s, a service process of its own: with the slow tests (make check < 5 min)
 def test_a_connection_to_a_service_is_reused_after_a_training_steps_pause() -> None:
     """A step's sampling requests reuse the last step's connections: the service keeps them
     longer than uvicorn's 5 s, the remote engine's client longer than its default 1 s."""
@@ -107,6 +108,7 @@ def test_bad_requests_are_refused_with_what_was_wrong(
         assert client.get("/health").json()["ok"] is True
 
 
+@pytest.mark.slow  # 8 s, a service process of its own: with the slow tests (make check < 5 min)
 def test_an_api_key_guards_everything_but_health(tiny_model: ResolvedModel, remote_options) -> None:
     from plait_remote.engine import RemoteEngine
 

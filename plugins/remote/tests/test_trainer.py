@@ -69,6 +69,7 @@ def test_the_trainer_service_refuses_what_it_cannot_do(
         trainer.forward([sft_datum([1, 2, 3])])
 
 
+@pytest.mark.slow  # 8 s, killing a service: with the slow tests (make check < 5 min)
 def test_a_trainer_service_that_dies_is_named_with_its_log(
     tiny_model: ResolvedModel, remote_trainer_options
 ) -> None:

@@ -237,6 +237,7 @@ def test_a_call_split_into_chunks_comes_back_whole_and_in_order(
     )
 
 
+@pytest.mark.slow  # 7 s of training four runs: with the slow tests (make check < 5 min)
 def test_concurrent_runs_share_passes_and_learn_as_if_alone(tinker_server, base_model: str) -> None:
     """Three clients training at once: their forward_backward calls share passes (all three in
     most), their optim_step calls share calls on the trainer's thread, and each run's losses are
