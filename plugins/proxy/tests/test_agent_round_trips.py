@@ -35,7 +35,6 @@ import asyncio
 import importlib.util
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from plait.api import ModelError, ResolvedModel, SamplingParams, get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy
+from plait_proxy.testing import run_program
 from plait_testing.venvs import venv_python
 
 pytestmark = pytest.mark.slow
@@ -276,44 +276,24 @@ async def run_round_trip(
     exchanges = Exchanges(app.asgi)
     app.asgi = exchanges  # what `serving` hands uvicorn
     store.open(name).policy = POLICY
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     try:
         async with app.serving() as url:
-            env.update(
-                {
-                    "OPENAI_BASE_URL": f"{url}/s/{name}/v1",
-                    "OPENAI_API_KEY": name,
-                    "PLAIT_MODEL": MODEL,
-                    "PLAIT_PROMPT": PROMPT,
-                    "PLAIT_PARALLEL_TOOL_CALLS": "0",
-                    "PLAIT_STREAM": "1" if stream else "0",
-                    "OPENAI_AGENTS_DISABLE_TRACING": "1",
-                    **harness.env,
-                }
-            )
-            started = time.monotonic()
-            process = await asyncio.create_subprocess_exec(
-                python,
-                str(PROGRAMS / harness.program),
-                env=env,
-                cwd=workdir,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            try:
-                out, err = await asyncio.wait_for(process.communicate(), PROGRAM_TIMEOUT_S)
-            except TimeoutError:
-                process.kill()
-                out, err = await process.communicate()
-            seconds = time.monotonic() - started
+            env = {
+                "OPENAI_BASE_URL": f"{url}/s/{name}/v1",
+                "OPENAI_API_KEY": name,
+                "PLAIT_MODEL": MODEL,
+                "PLAIT_PROMPT": PROMPT,
+                "PLAIT_PARALLEL_TOOL_CALLS": "0",
+                "PLAIT_STREAM": "1" if stream else "0",
+                "OPENAI_AGENTS_DISABLE_TRACING": "1",
+                **harness.env,
+            }
+            program = PROGRAMS / harness.program
+            run = await run_program(python, program, env, workdir, PROGRAM_TIMEOUT_S)
     finally:
         await engine.close()
-    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    report = (
-        f"exit {process.returncode}\n--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}"
-    )
-    assert process.returncode == 0, report
+    report = run.report(4000)
+    assert run.returncode == 0, report
 
     sent = exchanges.log
     session = store.sessions[name]
@@ -353,7 +333,7 @@ async def run_round_trip(
         ((_, tool, arguments),) = last_calls
         assert tool == "final_answer"
         answer = str(json.loads(arguments)["answer"])
-    assert answer.strip() and stdout.rstrip().endswith(answer.strip()), report
+    assert answer.strip() and run.stdout.rstrip().endswith(answer.strip()), report
     return {
         "harness": name,
         "stream": stream,
@@ -361,7 +341,7 @@ async def run_round_trip(
         "prompt_sources": [c.prompt_source for c in session.calls],
         "completion_tokens": [len(c.choices[0].sequence.tokens) for c in session.calls],
         "call_seconds": [e["seconds"] for e in sent],
-        "program_seconds": round(seconds, 1),
+        "program_seconds": round(run.seconds, 1),
     }
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from plait.api import ModelInput, ResolvedModel, SamplingParams, get_registry
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy
-from plait_proxy.testing import MODEL as ROUND_TRIP_MODEL, ROUND_TRIPS, Expected
+from plait_proxy.testing import MODEL as ROUND_TRIP_MODEL, ROUND_TRIPS, Expected, run_program
 from plait_testing.venvs import venv_python
 
 pytestmark = pytest.mark.slow
@@ -196,48 +195,22 @@ async def run_harness(
     session_id = f"{name}-{'stream' if stream else 'whole'}"
     served.store.open(session_id).policy = GREEDY
     env = {
-        key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")
+        "OPENAI_BASE_URL": f"{url}/s/{session_id}/v1",
+        "OPENAI_API_KEY": session_id,
+        "ANTHROPIC_BASE_URL": f"{url}/s/{session_id}",
+        "ANTHROPIC_API_KEY": session_id,
+        "PLAIT_MODEL": MODEL,
+        "PLAIT_PROMPT": PROMPT,
+        "PLAIT_STREAM": "1" if stream else "0",
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+        "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+        "MSWEA_GLOBAL_CONFIG_DIR": str(workdir / "mini-swe-agent"),  # not the user's ~/.config
+        **harness.env,
     }
-    env.update(
-        {
-            "OPENAI_BASE_URL": f"{url}/s/{session_id}/v1",
-            "OPENAI_API_KEY": session_id,
-            "ANTHROPIC_BASE_URL": f"{url}/s/{session_id}",
-            "ANTHROPIC_API_KEY": session_id,
-            "PLAIT_MODEL": MODEL,
-            "PLAIT_PROMPT": PROMPT,
-            "PLAIT_STREAM": "1" if stream else "0",
-            "OPENAI_AGENTS_DISABLE_TRACING": "1",
-            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
-            "MSWEA_GLOBAL_CONFIG_DIR": str(workdir / "mini-swe-agent"),  # not the user's ~/.config
-            **harness.env,
-        }
-    )
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    process = await asyncio.create_subprocess_exec(
-        python,
-        str(PROGRAMS / harness.program),
-        env=env,
-        cwd=workdir,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), PROGRAM_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        out, err = await process.communicate()
-    seconds = loop.time() - started
-    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    report = (
-        f"{name} (stream={stream}) exited {process.returncode}\n"
-        f"--- stdout\n{stdout[-3000:]}\n"
-        f"--- stderr\n{stderr[-3000:]}"
-    )
-    assert process.returncode == 0, report
-    assert (stdout.splitlines() or [""])[-1].strip() == ANSWER, report
+    run = await run_program(python, PROGRAMS / harness.program, env, workdir, PROGRAM_TIMEOUT_S)
+    report = f"{name} (stream={stream}): {run.report(3000)}"
+    assert run.returncode == 0, report
+    assert (run.stdout.splitlines() or [""])[-1].strip() == ANSWER, report
 
     session = served.store.sessions[session_id]
     assert len(session.calls) == 1, report  # every script finishes its harness in one model call
@@ -266,7 +239,7 @@ async def run_harness(
         "calls": len(session.calls),
         "api": harness.api,
         "prompt_tokens": [len(c.prompt_ids) for c in session.calls],
-        "seconds": round(seconds, 1),
+        "seconds": round(run.seconds, 1),
     }
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -60,6 +63,52 @@ def serve_on_torch(
             await engine.close()
 
     return asyncio.run(asyncio.wait_for(go(), 300))
+
+
+@attrs.frozen
+class ProgramRun:
+    """What an agent program did: its exit status, what it printed, how long it took."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def report(self, tail: int) -> str:
+        return (
+            f"exit {self.returncode}\n--- stdout\n{self.stdout[-tail:]}\n"
+            f"--- stderr\n{self.stderr[-tail:]}"
+        )
+
+
+async def run_program(
+    python: str, program: Path, env: Mapping[str, str], cwd: Path, timeout_s: float
+) -> ProgramRun:
+    """Run an agent program (examples/harnesses) in `python`, with this process's environment
+    (less PYTHONPATH and VIRTUAL_ENV, which belong to this venv) updated by `env`; killed after
+    `timeout_s`."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        python,
+        str(program),
+        env={**inherited, **env},
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        out, err = await process.communicate()
+    return ProgramRun(
+        process.returncode,
+        out.decode(errors="replace"),
+        err.decode(errors="replace"),
+        time.monotonic() - started,
+    )
 
 
 @attrs.frozen
