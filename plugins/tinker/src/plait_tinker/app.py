@@ -25,7 +25,8 @@ from starlette.routing import Route
 from plait_sdk.server import serving
 from plait_tinker import wire
 from plait_tinker.config import TinkerServerConfig, check_components
-from plait_tinker.service import ServiceError, Tenant, TinkerService, TrainingRunRecord, error_body
+from plait_tinker.errors import ServiceError, error_body
+from plait_tinker.service import Tenant, TinkerService, TrainingRunRecord
 
 log = structlog.get_logger("plait_tinker")
 

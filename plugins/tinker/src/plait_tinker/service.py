@@ -37,14 +37,16 @@ from plait.api import (
     AdapterTrainer,
     InferenceEngine,
     LoraConfig,
-    PlaitError,
     ResolvedModel,
     TrainerEngine,
     build,
     resolve_model,
 )
 from plait_tinker import wire
+from plait_tinker.batcher import TrainingBatcher
 from plait_tinker.config import Tenant, TinkerServerConfig
+from plait_tinker.errors import ServiceError, not_found
+from plait_tinker.futures import Futures, Sequencer
 
 log = structlog.get_logger("plait_tinker")
 T = TypeVar("T")
@@ -54,18 +56,6 @@ EPHEMERAL_KEPT = 4  # a run's snapshots for sampling kept on disk (older ones ar
 SNAPSHOT_PREFIX = (
     "snapshot-"  # sampler weights saved for a sampling client alone, not listed as checkpoints
 )
-
-
-class ServiceError(Exception):
-    """A request refused or failed; `category` is the SDK's ("user": fix the request, "server")."""
-
-    def __init__(self, message: str, *, status: int = 400, category: str = "user") -> None:
-        super().__init__(message)
-        self.message, self.status, self.category = message, status, category
-
-
-def not_found(what: str) -> ServiceError:
-    return ServiceError(f"{what} not found", status=404)
 
 
 def training_run_id(session_id: str, body: dict[str, Any]) -> str:
@@ -118,230 +108,6 @@ class Sampler:
     base_model: str
     weights: Path | None  # a saved adapter, None for the base model
     model_path: str | None  # its tinker:// path, when it has one
-
-
-class Sequencer:
-    """One training run's requests, one at a time, in `seq_id` order. A gap (a seq_id that never
-    arrives) holds the next ones for `gap_s`, then the lowest waiting goes on."""
-
-    def __init__(self, gap_s: float = 30.0) -> None:
-        self.next_seq = 1
-        self.gap_s = gap_s
-        self._waiting: set[int] = set()
-        self._arrived: set[int] = set()
-        self._changed = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def turn(self, seq_id: int) -> AsyncIterator[None]:
-        async with self._changed:
-            self._waiting.add(seq_id)
-            self._arrived.add(seq_id)
-            try:
-                while seq_id > self.next_seq:
-                    try:
-                        await asyncio.wait_for(self._changed.wait(), self.gap_s)
-                    except TimeoutError:
-                        # only a seq_id that never arrived is skipped, never one still running
-                        if self.next_seq not in self._arrived and seq_id == min(self._waiting):
-                            log.warning(
-                                "a request never came; going on without it",
-                                missing=self.next_seq,
-                                seq_id=seq_id,
-                            )
-                            break
-            finally:
-                self._waiting.discard(seq_id)
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self.next_seq = max(self.next_seq, seq_id + 1)
-                self._arrived = {seq for seq in self._arrived if seq >= self.next_seq}
-                self._changed.notify_all()
-
-
-@attrs.define
-class Pending:
-    tenant: str
-    task: asyncio.Task[Any]
-    finished_at: float | None = None
-
-
-class Futures:
-    """Requests that answer later: an id now, the result by `wait` (long-poll). A resubmitted
-    request (same key: a run's seq_id) gets the first one's id; results are kept for a while
-    after they finish, because a client whose poll timed out asks again."""
-
-    KEEP_S = 600.0
-
-    def __init__(self) -> None:
-        self._items: dict[str, Pending] = {}
-        self._by_key: dict[tuple[Any, ...], str] = {}
-        self._ids = itertools.count(1)
-        self._swept = time.monotonic()
-
-    def submit(self, tenant: str, work: Awaitable[Any], key: tuple[Any, ...] | None = None) -> str:
-        if key is not None and key in self._by_key:
-            close = getattr(work, "close", None)
-            if close:
-                close()  # a coroutine that will never run
-            return self._by_key[key]
-        request_id = f"req-{next(self._ids)}"
-        pending = Pending(tenant, asyncio.ensure_future(work))
-        pending.task.add_done_callback(lambda _t: setattr(pending, "finished_at", time.monotonic()))
-        self._items[request_id] = pending
-        if key is not None:
-            self._by_key[key] = request_id
-        self._forget_old()
-        return request_id
-
-    async def wait(
-        self, tenant: str, request_id: str, timeout_s: float
-    ) -> asyncio.Task[Any] | None:
-        """The finished task, or None when it is still running after `timeout_s`."""
-        pending = self._items.get(request_id)
-        if pending is None or pending.tenant != tenant:
-            raise not_found(f"request {request_id!r}")
-        done, _ = await asyncio.wait([pending.task], timeout=timeout_s)
-        return pending.task if done else None
-
-    def _forget_old(self) -> None:
-        now = time.monotonic()
-        if now - self._swept < 10.0:  # a sweep reads every kept request: not on every submit
-            return
-        self._swept = now
-        old = [
-            rid
-            for rid, p in self._items.items()
-            if p.finished_at is not None and now - p.finished_at > self.KEEP_S
-        ]
-        for rid in old:
-            del self._items[rid]
-        if old:
-            self._by_key = {k: rid for k, rid in self._by_key.items() if rid in self._items}
-
-
-class TrainingBatcher:
-    """The forward_backward and optim_step requests of one base model's runs, batched: the
-    forward_backward requests that are ready go together into shared passes
-    (`AdapterTrainer.forward_backward_adapters`), the optim_step requests that are ready into one
-    call on the trainer's thread. Each run has at most one request in flight, so every pass
-    serves every waiting run once. Before a pass, the batcher waits a little (at most half the
-    last pass, and `MAX_GATHER_S`) for the runs of the last pass that have not come back yet:
-    their clients are a round trip behind the others, and a pass of its own costs a straggler
-    most of a shared pass. Calls with different losses run apart, and when a shared pass fails
-    its calls run alone, so that one bad request fails only itself."""
-
-    MAX_GATHER_S = 0.1
-
-    def __init__(self, host: AdapterTrainer, train: Callable[..., Awaitable[Any]]) -> None:
-        self.host = host
-        self._train = train
-        self._waiting: list[
-            tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]
-        ] = []
-        self._stepping: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]] = []
-        self._arrived = asyncio.Event()
-        self._last_pass: set[AdapterEngine] = set()
-        self._last_pass_s = 0.0
-        self._draining: asyncio.Task[None] | None = None
-        self.passes = self.calls = self.step_batches = 0
-
-    async def forward_backward(self, engine: AdapterEngine, call: wire.ForwardBackwardCall) -> Any:
-        return await self._queue(self._waiting, engine, call)
-
-    async def optim_step(self, engine: AdapterEngine, params: AdamParams) -> Any:
-        return await self._queue(self._stepping, engine, params)
-
-    async def _queue(self, queue: list[Any], engine: AdapterEngine, request: Any) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        queue.append((engine, request, future))
-        self._arrived.set()
-        if self._draining is None or self._draining.done():
-            self._draining = asyncio.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        await asyncio.sleep(0)  # requests that arrive in the same moment join the first pass
-        gather_until: float | None = None
-        loop = asyncio.get_running_loop()
-        while self._waiting or self._stepping:
-            if self._stepping:
-                steps, self._stepping = self._stepping, []
-                await self._step(steps)
-                continue
-            if gather_until is None:
-                gather_until = loop.time() + min(self.MAX_GATHER_S, self._last_pass_s / 2)
-            missing = self._last_pass - {engine for engine, _, _ in self._waiting}
-            if missing and loop.time() < gather_until:
-                self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), gather_until - loop.time())
-                continue
-            gather_until = None
-            ready, self._waiting = self._waiting, []
-            self._last_pass = {engine for engine, _, _ in ready}
-            began = loop.time()
-            by_loss: dict[
-                tuple[Any, ...],
-                list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]],
-            ] = {}
-            for item in ready:
-                by_loss.setdefault(
-                    (item[1].loss_fn, *sorted(item[1].loss_fn_config.items())), []
-                ).append(item)
-            for items in by_loss.values():
-                await self._run(items)
-            self._last_pass_s = loop.time() - began
-
-    async def _step(
-        self, items: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]]
-    ) -> None:
-        self.step_batches += 1
-
-        def step_each() -> list[tuple[bool, Any]]:
-            outcomes: list[tuple[bool, Any]] = []
-            for engine, params, _ in items:
-                try:
-                    outcomes.append((True, engine.optim_step(params)))
-                except Exception as exc:  # one run's failure is its own
-                    outcomes.append((False, exc))
-            return outcomes
-
-        for (_, _, future), (ok, value) in zip(items, await self._train(step_each), strict=True):
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
-
-    async def _run(
-        self, items: list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]]
-    ) -> None:
-        call = items[0][1]
-        self.passes, self.calls = self.passes + 1, self.calls + len(items)
-        try:
-            if len(items) == 1:
-                outputs = [
-                    await self._train(
-                        items[0][0].forward_backward, call.data, call.loss_fn, call.loss_fn_config
-                    )
-                ]
-            else:
-                outputs = await self._train(
-                    self.host.forward_backward_adapters,
-                    [(e, c.data) for e, c, _ in items],
-                    call.loss_fn,
-                    call.loss_fn_config,
-                )
-        except Exception as exc:
-            if len(items) == 1:
-                items[0][2].set_exception(exc)
-                return
-            for item in items:  # find the culprit: each alone
-                await self._run([item])
-            return
-        for (_, _, future), output in zip(items, outputs, strict=True):
-            future.set_result(output)
 
 
 @attrs.define
@@ -931,13 +697,3 @@ def _adam_params(body: Any) -> AdamParams:
         return AdamParams(**fields)
     except (TypeError, ValueError) as exc:
         raise ServiceError(f"adam_params: {exc}") from None
-
-
-def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """The status and `{"error", "category"}` body the SDK reads as a failed request."""
-    if isinstance(exc, ServiceError):
-        return exc.status, {"error": exc.message, "category": exc.category}
-    if isinstance(exc, PlaitError | ValueError | KeyError):  # WireError included
-        return 400, {"error": str(exc), "category": "user"}
-    log.error("request failed", error=repr(exc))
-    return 500, {"error": f"the server failed: {exc!r}", "category": "server"}
