@@ -15,11 +15,22 @@ from plait.api import ResolvedModel, structure
 
 BASE = "Qwen/Qwen3-tiny"  # the name clients use; the server maps it to tiny-qwen3
 KEYS = {"alice": "tml-alice-key", "bob": "tml-bob-key"}
+QUOTA_TENANT = {  # for the quota tests alone
+    "name": "carol",
+    "api_key": "tml-carol-key",
+    "max_training_runs": 2,
+    "max_sampling_sessions": 4,
+}
 
 
 @pytest.fixture(scope="session")
 def base_model() -> str:
     return BASE
+
+
+@pytest.fixture(scope="session")
+def quota_tenant() -> dict[str, Any]:
+    return QUOTA_TENANT
 
 
 @pytest.fixture(scope="session")
@@ -52,10 +63,16 @@ def tinker_server(
         TinkerServerConfig,
         {
             "models": {BASE: {"model": str(tiny_qwen3.path)}},
-            "server": {"poll_s": 2.0, "max_samplers": 3, "session_timeout_s": 20.0},
+            "server": {
+                "poll_s": 2.0,
+                "max_samplers": 3,
+                "session_timeout_s": 20.0,
+                "dead_after_s": 3.0,
+            },
             "tenants": [
                 {"name": name, "api_key": key, "max_training_runs": 3} for name, key in KEYS.items()
-            ],
+            ]
+            + [QUOTA_TENANT],
         },
     )
     app = build_app(config, tmp_path_factory.mktemp("tinker-storage"))

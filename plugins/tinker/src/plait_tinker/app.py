@@ -129,7 +129,9 @@ class TinkerApp:
                 return await handler(request, tenant)  # type: ignore[arg-type]
             except Exception as exc:  # every failure is an error body, never a dropped connection
                 status, body = error_body(exc)
-                return _json(body, status)
+                # retrying cannot help; the SDK's outer retry layer also ignores this header,
+                # hence no 409 or 429 at submission (errors.quota_exceeded)
+                return JSONResponse(body, status, headers={"x-should-retry": "false"})
 
         return endpoint
 
@@ -241,7 +243,9 @@ class TinkerApp:
         await self.service.unload(run)
         return self._future(
             self.service.futures.submit(
-                tenant.name, _done({"type": "unload_model", "model_id": run.model_id})
+                tenant.name,
+                run.session_id,
+                _done({"type": "unload_model", "model_id": run.model_id}),
             )
         )
 
@@ -269,8 +273,10 @@ class TinkerApp:
 
     async def retrieve_future(self, request: Request, tenant: Tenant) -> Response:
         request_id = str((await _body(request)).get("request_id"))
+        pending = self.service.futures.pending(tenant.name, request_id)
+        self.service.touch(pending.session)
         task = await self.service.futures.wait(
-            tenant.name, request_id, self.service.config.server.poll_s
+            pending, self.service.config.server.poll_s, _disconnected(request)
         )
         if task is None:
             return _json(
@@ -375,6 +381,12 @@ def _checkpoint_json(meta: dict[str, Any] | None) -> dict[str, Any] | None:
         "tinker_path": meta["tinker_path"],
         "expires_at": _time(meta["expires_at"]),
     }
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (its body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _done(value: Any) -> Any:

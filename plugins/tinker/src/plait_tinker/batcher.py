@@ -58,7 +58,8 @@ class TrainingBatcher:
         loop = asyncio.get_running_loop()
         while self._waiting or self._stepping:
             if self._stepping:
-                steps, self._stepping = self._stepping, []
+                steps = [item for item in self._stepping if not item[2].done()]
+                self._stepping = []
                 await self._step(steps)
                 continue
             if gather_until is None:
@@ -70,7 +71,9 @@ class TrainingBatcher:
                     await asyncio.wait_for(self._arrived.wait(), gather_until - loop.time())
                 continue
             gather_until = None
-            ready, self._waiting = self._waiting, []
+            # a request whose client went away was cancelled: its run may be closing
+            ready = [item for item in self._waiting if not item[2].done()]
+            self._waiting = []
             self._last_pass = {engine for engine, _, _ in ready}
             began = loop.time()
             by_loss: dict[
@@ -100,6 +103,8 @@ class TrainingBatcher:
             return outcomes
 
         for (_, _, future), (ok, value) in zip(items, await self._train(step_each), strict=True):
+            if future.done():
+                continue
             if ok:
                 future.set_result(value)
             else:
@@ -126,10 +131,12 @@ class TrainingBatcher:
                 )
         except Exception as exc:
             if len(items) == 1:
-                items[0][2].set_exception(exc)
+                if not items[0][2].done():
+                    items[0][2].set_exception(exc)
                 return
             for item in items:  # find the culprit: each alone
                 await self._run([item])
             return
         for (_, _, future), output in zip(items, outputs, strict=True):
-            future.set_result(output)
+            if not future.done():
+                future.set_result(output)

@@ -51,8 +51,22 @@ class ServerOptions:
     poll_s: float = attrs.field(default=25.0, validator=positive)
     """How long a retrieve_future waits for its result before answering 408 (the SDK gives up at
     45 s)."""
-    session_timeout_s: float = attrs.field(default=300.0, validator=positive)
-    """A session without a heartbeat for this long is finished: its training runs unload."""
+    session_timeout_s: float = attrs.field(default=60.0, validator=positive)
+    """A session that sends nothing for this long (the SDK sends a heartbeat every 10 s) is
+    finished: its queued work is cancelled, its training runs unload and its sampling clients
+    are released."""
+    abandon_s: float = attrs.field(default=0.5, validator=positive)
+    """A request whose client dropped its poll and did not poll again within this long is
+    cancelled (a killed client's sampling stops)."""
+    dead_after_s: float = attrs.field(default=15.0, validator=positive)
+    """A session that abandoned a request and then sends nothing (not even its 10 s heartbeat)
+    for this long is dead: finished as if it had timed out."""
+    max_training_runs: int = attrs.field(default=8, validator=positive)
+    """Training runs each tenant may hold loaded at once, unless its [[tenants]] entry says
+    otherwise (without [[tenants]]: the one tenant's)."""
+    max_sampling_sessions: int = attrs.field(default=64, validator=positive)
+    """Sampling clients each tenant may hold at once, likewise. At the cap, the tenant's least
+    recently used idle one is released for a new one."""
 
 
 @attrs.frozen
@@ -74,9 +88,11 @@ class Component:
 class Tenant:
     name: str
     api_key: str
-    max_training_runs: int = attrs.field(default=8, validator=positive)
-    """Training runs loaded at once (a finished session's runs no longer count)."""
-    max_sampling_sessions: int = attrs.field(default=64, validator=positive)
+    max_training_runs: int | None = attrs.field(default=None, validator=positive)
+    """Training runs loaded at once (a finished session's runs no longer count); default:
+    server.max_training_runs."""
+    max_sampling_sessions: int | None = attrs.field(default=None, validator=positive)
+    """Default: server.max_sampling_sessions."""
 
 
 @attrs.frozen

@@ -20,6 +20,13 @@ class ServiceError(Exception):
         self.message, self.status, self.category = message, status, category
 
 
+def quota_exceeded(message: str) -> ServiceError:
+    """403, not 429: both of the SDK's retry layers retry 408, 409, 429 and 5xx with backoff for
+    minutes (tinker/_base_client.py, lib/internal_client_holder.py), so a 429 reaches the user as
+    a hang; a 403 is raised at once with this message."""
+    return ServiceError(message, status=403)
+
+
 def not_found(what: str) -> ServiceError:
     return ServiceError(f"{what} not found", status=404)
 

@@ -21,7 +21,7 @@ import itertools
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,7 +45,7 @@ from plait.api import (
 from plait_tinker import wire
 from plait_tinker.batcher import TrainingBatcher
 from plait_tinker.config import Tenant, TinkerServerConfig
-from plait_tinker.errors import ServiceError, not_found
+from plait_tinker.errors import ServiceError, not_found, quota_exceeded
 from plait_tinker.futures import Futures, Sequencer
 
 log = structlog.get_logger("plait_tinker")
@@ -108,6 +108,9 @@ class Sampler:
     base_model: str
     weights: Path | None  # a saved adapter, None for the base model
     model_path: str | None  # its tinker:// path, when it has one
+    session: str = ""
+    busy: int = 0  # sample requests in flight
+    last_used: float = attrs.field(factory=time.monotonic)
 
 
 @attrs.define
@@ -125,7 +128,8 @@ class TinkerService:
         self.sessions: dict[str, Session] = {}
         self.runs: dict[str, TrainingRun] = {}
         self.samplers: dict[str, Sampler] = {}
-        self.futures = Futures()
+        self.futures = Futures(config.server.abandon_s, self._suspect_dead)
+        self._opening: dict[str, set[str]] = collections.defaultdict(set)  # tenant: model ids
         self._models: dict[str, ResolvedModel] = {}
         self._hosts: dict[str, TrainerEngine] = {}
         self.batchers: dict[str, TrainingBatcher] = {}
@@ -135,6 +139,7 @@ class TinkerService:
         self._engine_lock = asyncio.Lock()
         self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-trainer")
         self._session_ids = itertools.count(1)
+        self._background: set[asyncio.Task[None]] = set()
         self._sample_ids = itertools.count(1)
 
     # -- tenants and ids -----------------------------------------------------------------------
@@ -156,6 +161,11 @@ class TinkerService:
         session.last_seen = time.monotonic()
         return session
 
+    def touch(self, session_id: str) -> None:
+        """The session's client is alive: it sent a request."""
+        if session_id in self.sessions:
+            self.sessions[session_id].last_seen = time.monotonic()
+
     def run(self, tenant: Tenant, model_id: str) -> TrainingRun:
         run = self.runs.get(model_id)
         if run is None or run.tenant != tenant.name:
@@ -167,6 +177,7 @@ class TinkerService:
                 category="user",
             )
         run.last_request = time.time()
+        self.touch(run.session_id)
         return run
 
     def base_model(self, name: str | None) -> str:
@@ -194,8 +205,28 @@ class TinkerService:
                 log.info("session timed out; unloading its runs", session=session.id)
                 await self._finish(session)
 
+    def _suspect_dead(self, session_id: str) -> None:
+        """A request of the session was abandoned: if its client sends nothing more (a live SDK
+        heartbeats every 10 s), it died; finish the session without waiting for the timeout."""
+        since = time.monotonic()
+
+        async def check() -> None:
+            await asyncio.sleep(self.config.server.dead_after_s)
+            session = self.sessions.get(session_id)
+            if session is not None and not session.finished and session.last_seen < since:
+                log.info("the session's client died; finishing it", session=session_id)
+                await self._finish(session)
+
+        task = asyncio.create_task(check())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _finish(self, session: Session) -> None:
+        """Cancel the session's work, unload its runs and release its sampling clients."""
         session.finished = True
+        self.futures.cancel_session(session.id)
+        for sampler in [s for s in self.samplers.values() if s.session == session.id]:
+            del self.samplers[sampler.id]
         await self._unload([run for run in self.runs.values() if run.session_id == session.id])
 
     async def unload(self, run: TrainingRun) -> None:
@@ -245,16 +276,28 @@ class TinkerService:
             seed=0,
         )
 
-    def _check_quota(self, tenant: Tenant) -> None:
+    def limit(self, tenant: Tenant, quota: str) -> int:
+        """The tenant's `max_training_runs` or `max_sampling_sessions` (server's by default)."""
+        value = getattr(tenant, quota)
+        return int(value if value is not None else getattr(self.config.server, quota))
+
+    def _admit_run(self, tenant: Tenant, model_id: str) -> None:
+        """Count a new run against the tenant's quota now, before it loads (no await in
+        between), so that concurrent creates cannot pass it."""
+        opening = self._opening[tenant.name]
+        if model_id in opening or model_id in self.runs:
+            return  # a resubmitted create: it counts once
         loaded = sum(
             1 for r in self.runs.values() if r.tenant == tenant.name and r.engine is not None
         )
-        if loaded >= tenant.max_training_runs:
-            raise ServiceError(
-                f"tenant {tenant.name!r} has {loaded} training runs loaded, its quota "
-                f"(max_training_runs); finish a session to free one",
-                status=429,
+        limit = self.limit(tenant, "max_training_runs")
+        if loaded + len(opening) >= limit:
+            raise quota_exceeded(
+                f"tenant {tenant.name!r} holds {loaded + len(opening)} training runs, its "
+                f"quota (max_training_runs = {limit}); close a ServiceClient (or unload a run) "
+                "to free one"
             )
+        opening.add(model_id)
 
     def create_model(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, str]:
         """A future of the new run, and its id."""
@@ -262,9 +305,10 @@ class TinkerService:
         base = self.base_model(body.get("base_model"))
         lora = _lora_config(body.get("lora_config") or {}, self.config.server.lora_alpha)
         model_id = training_run_id(session.id, body)
-        self._check_quota(tenant)
+        self._admit_run(tenant, model_id)
         return self.futures.submit(
             tenant.name,
+            session.id,
             self._open_run(
                 tenant,
                 session,
@@ -289,10 +333,39 @@ class TinkerService:
         state: Path | None = None,
         optimizer: bool = True,
     ) -> dict[str, Any]:
+        try:
+            return await self._load_run(
+                tenant, session, model_id, base, lora, user_metadata, seed, state, optimizer
+            )
+        finally:
+            self._opening[tenant.name].discard(model_id)
+
+    async def _load_run(
+        self,
+        tenant: Tenant,
+        session: Session,
+        model_id: str,
+        base: str,
+        lora: LoraConfig,
+        user_metadata: dict[str, str],
+        seed: int,
+        state: Path | None,
+        optimizer: bool,
+    ) -> dict[str, Any]:
         if model_id in self.runs:
             raise ServiceError(f"training run {model_id!r} exists already")
         host = await self._host(base)
         engine = await self._train(host.open_adapter, model_id, lora, seed)
+        try:
+            if state is not None:
+                await self._train(engine.load_state, state, optimizer)
+            if session.finished:
+                raise ServiceError(
+                    f"session {session.id!r} finished while its run loaded", status=410
+                )
+        except BaseException:
+            await self._train(engine.close)
+            raise
         run = TrainingRun(
             model_id,
             tenant.name,
@@ -305,12 +378,6 @@ class TinkerService:
             time.time(),
             Sequencer(),
         )
-        if state is not None:
-            try:
-                await self._train(engine.load_state, state, optimizer)
-            except BaseException:
-                await self._train(engine.close)
-                raise
         self.runs[model_id] = run
         self._write_record(run)
         log.info(
@@ -327,6 +394,18 @@ class TinkerService:
         directory = self.storage / run.model_id
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "run.json").write_text(json.dumps(run.record(), indent=1))
+
+    @contextlib.contextmanager
+    def _settles_on_refusal(self, tenant: Tenant, model_id: str, seq_id: int) -> Iterator[None]:
+        """A request refused before it is queued still settles its place in the run's order, so
+        the run's next request does not wait for it."""
+        try:
+            yield
+        except Exception:
+            run = self.runs.get(model_id)
+            if run is not None and run.tenant == tenant.name:
+                run.sequencer.settle(seq_id)
+            raise
 
     def in_order(
         self,
@@ -345,9 +424,19 @@ class TinkerService:
                     raise ServiceError(f"training run {model_id!r} was unloaded", status=410)
                 return await work(run)
 
-        return self.futures.submit(tenant.name, ordered(), key=(model_id, seq_id, kind))
+        return self.futures.submit(
+            tenant.name, run.session_id, ordered(), key=(model_id, seq_id, kind)
+        )
 
     def forward_backward(self, tenant: Tenant, call: wire.ForwardBackwardCall) -> str:
+        with self._settles_on_refusal(tenant, call.model_id, call.seq_id):
+            return self.in_order(
+                tenant, call.model_id, call.seq_id, "forward_backward", self._forward_backward(call)
+            )
+
+    def _forward_backward(
+        self, call: wire.ForwardBackwardCall
+    ) -> Callable[[TrainingRun], Awaitable[bytes]]:
         async def work(run: TrainingRun) -> bytes:
             assert run.engine is not None
             if call.forward_only:
@@ -358,10 +447,15 @@ class TinkerService:
                 output = await self.batchers[run.base_model].forward_backward(run.engine, call)
             return wire.write_forward_backward(output)
 
-        return self.in_order(tenant, call.model_id, call.seq_id, "forward_backward", work)
+        return work
 
     def optim_step(self, tenant: Tenant, body: dict[str, Any]) -> str:
-        params = _adam_params(body.get("adam_params"))
+        model_id, seq_id = str(body.get("model_id")), int(body.get("seq_id", 0))
+        with self._settles_on_refusal(tenant, model_id, seq_id):
+            params = _adam_params(body.get("adam_params"))
+            return self.in_order(tenant, model_id, seq_id, "optim_step", self._optim_step(params))
+
+    def _optim_step(self, params: AdamParams) -> Callable[[TrainingRun], Awaitable[Any]]:
 
         async def work(run: TrainingRun) -> dict[str, Any]:
             assert run.engine is not None
@@ -371,9 +465,7 @@ class TinkerService:
                 "type": "optim_step",
             }
 
-        return self.in_order(
-            tenant, str(body.get("model_id")), int(body.get("seq_id", 0)), "optim_step", work
-        )
+        return work
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -427,49 +519,59 @@ class TinkerService:
         return directory
 
     def save_weights(self, tenant: Tenant, body: dict[str, Any]) -> str:
-        name = str(body.get("path") or "")
-        model_id = str(body.get("model_id"))
-        self.checkpoint_dir(model_id, "weights", name)
+        with self._settles_on_refusal(
+            tenant, str(body.get("model_id")), int(body.get("seq_id", 0))
+        ):
+            name = str(body.get("path") or "")
+            model_id = str(body.get("model_id"))
+            self.checkpoint_dir(model_id, "weights", name)
 
-        async def work(run: TrainingRun) -> dict[str, Any]:
-            directory = self.checkpoint_dir(run.model_id, "weights", name)
-            if directory.exists() and not body.get("overwrite"):
-                raise ServiceError(
-                    f"checkpoint tinker://{run.model_id}/weights/{name} exists; pick another name",
-                    status=409,
-                )
-            await self._save(run, "weights", name, body.get("ttl_seconds"))
-            return {"path": f"tinker://{run.model_id}/weights/{name}", "type": "save_weights"}
+            async def work(run: TrainingRun) -> dict[str, Any]:
+                directory = self.checkpoint_dir(run.model_id, "weights", name)
+                if directory.exists() and not body.get("overwrite"):
+                    raise ServiceError(
+                        f"checkpoint tinker://{run.model_id}/weights/{name} exists; "
+                        "pick another name",
+                        status=409,
+                    )
+                await self._save(run, "weights", name, body.get("ttl_seconds"))
+                return {"path": f"tinker://{run.model_id}/weights/{name}", "type": "save_weights"}
 
-        return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights", work)
+            return self.in_order(tenant, model_id, int(body.get("seq_id", 0)), "save_weights", work)
 
     def save_weights_for_sampler(self, tenant: Tenant, body: dict[str, Any]) -> str:
-        model_id = str(body.get("model_id"))
-        name = body.get("path")
-        if name is not None:
-            self.checkpoint_dir(model_id, "sampler_weights", str(name))
-
-        async def work(run: TrainingRun) -> dict[str, Any]:
+        with self._settles_on_refusal(
+            tenant, str(body.get("model_id")), int(body.get("seq_id", 0))
+        ):
+            model_id = str(body.get("model_id"))
+            name = body.get("path")
             if name is not None:
-                await self._save(run, "sampler_weights", str(name), body.get("ttl_seconds"))
-                return {
-                    "path": f"tinker://{run.model_id}/sampler_weights/{name}",
-                    "type": "save_weights_for_sampler",
-                }
-            # A snapshot for a sampling client and nothing else: kept while recent.
-            snapshot = sampling_session_id(run.session_id, body)
-            directory = await self._save(
-                run, "sampler_weights", f"{SNAPSHOT_PREFIX}{run.sequencer.next_seq}"
-            )
-            run.ephemeral.append(directory)
-            while len(run.ephemeral) > EPHEMERAL_KEPT:
-                await self._forget_weights(run.ephemeral.popleft())
-            self.samplers[snapshot] = Sampler(snapshot, run.tenant, run.base_model, directory, None)
-            return {"sampling_session_id": snapshot, "type": "save_weights_for_sampler"}
+                self.checkpoint_dir(model_id, "sampler_weights", str(name))
 
-        return self.in_order(
-            tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work
-        )
+            async def work(run: TrainingRun) -> dict[str, Any]:
+                if name is not None:
+                    await self._save(run, "sampler_weights", str(name), body.get("ttl_seconds"))
+                    return {
+                        "path": f"tinker://{run.model_id}/sampler_weights/{name}",
+                        "type": "save_weights_for_sampler",
+                    }
+                # A snapshot for a sampling client and nothing else: kept while recent.
+                snapshot = sampling_session_id(run.session_id, body)
+                directory = await self._save(
+                    run, "sampler_weights", f"{SNAPSHOT_PREFIX}{run.sequencer.next_seq}"
+                )
+                run.ephemeral.append(directory)
+                while len(run.ephemeral) > EPHEMERAL_KEPT:
+                    await self._forget_weights(run.ephemeral.popleft())
+                self._hold_sampler(
+                    tenant,
+                    Sampler(snapshot, run.tenant, run.base_model, directory, None, run.session_id),
+                )
+                return {"sampling_session_id": snapshot, "type": "save_weights_for_sampler"}
+
+            return self.in_order(
+                tenant, model_id, int(body.get("seq_id", 0)), "save_weights_for_sampler", work
+            )
 
     async def _forget_weights(self, directory: Path) -> None:
         async with self._engine_lock:
@@ -479,47 +581,54 @@ class TinkerService:
                 if key[1] == directory and entry.users == 0
             ]:
                 await self._engines.pop(key).engine.close()
+        for sampler in [s for s in self.samplers.values() if s.weights == directory]:
+            del self.samplers[sampler.id]  # a snapshot's sampler goes with its weights
         shutil.rmtree(directory, ignore_errors=True)
 
     def load_weights(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, str | None]:
         """Into an existing run (`model_id`), or a new run made from the checkpoint (`session_id`
         + `model_seq_id`, "create-via-load"): a future, and the new run's id."""
-        record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
-        if kind != "weights":
-            raise ServiceError(
-                f"{body.get('path')!r} holds sampler weights; load a state saved by save_state"
-            )
-        optimizer = bool(body.get("optimizer"))
-        if body.get("model_id"):
+        with self._settles_on_refusal(
+            tenant, str(body.get("model_id")), int(body.get("seq_id", 0))
+        ):
+            record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
+            if kind != "weights":
+                raise ServiceError(
+                    f"{body.get('path')!r} holds sampler weights; load a state saved by save_state"
+                )
+            optimizer = bool(body.get("optimizer"))
+            if body.get("model_id"):
 
-            async def work(run: TrainingRun) -> dict[str, Any]:
-                assert run.engine is not None
-                await self._train(run.engine.load_state, directory, optimizer)
-                return {"path": body["path"], "type": "load_weights"}
+                async def work(run: TrainingRun) -> dict[str, Any]:
+                    assert run.engine is not None
+                    await self._train(run.engine.load_state, directory, optimizer)
+                    return {"path": body["path"], "type": "load_weights"}
 
-            return self.in_order(
-                tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work
-            ), None
-        session = self.session(tenant, str(body.get("session_id")))
-        model_id = training_run_id(session.id, body)
-        base = self.base_model(body.get("base_model") or record.data["base_model"])
-        self._check_quota(tenant)
+                return self.in_order(
+                    tenant, str(body["model_id"]), int(body.get("seq_id", 0)), "load_weights", work
+                ), None
+            session = self.session(tenant, str(body.get("session_id")))
+            model_id = training_run_id(session.id, body)
+            base = self.base_model(body.get("base_model") or record.data["base_model"])
+            self._admit_run(tenant, model_id)
 
-        async def create() -> dict[str, Any]:
-            await self._open_run(
-                tenant,
-                session,
-                model_id,
-                base,
-                LoraConfig(**record.data["lora"]),
-                body.get("user_metadata") or record.data["user_metadata"],
-                seed=0,
-                state=directory,
-                optimizer=optimizer,
-            )
-            return {"model_id": model_id, "path": body["path"], "type": "load_weights"}
+            async def create() -> dict[str, Any]:
+                await self._open_run(
+                    tenant,
+                    session,
+                    model_id,
+                    base,
+                    LoraConfig(**record.data["lora"]),
+                    body.get("user_metadata") or record.data["user_metadata"],
+                    seed=0,
+                    state=directory,
+                    optimizer=optimizer,
+                )
+                return {"model_id": model_id, "path": body["path"], "type": "load_weights"}
 
-        return self.futures.submit(tenant.name, create(), key=("create", model_id)), model_id
+            return self.futures.submit(
+                tenant.name, session.id, create(), key=("create", model_id)
+            ), model_id
 
     async def delete_checkpoint(self, tenant: Tenant, model_id: str, kind: str, name: str) -> None:
         _, _, directory = self.resolve_path(tenant, f"tinker://{model_id}/{kind}/{name}")
@@ -529,16 +638,27 @@ class TinkerService:
 
     def create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> str:
         session = self.session(tenant, str(body.get("session_id")))
-        if (
-            sum(1 for s in self.samplers.values() if s.tenant == tenant.name)
-            >= tenant.max_sampling_sessions
-        ):
-            raise ServiceError(
-                f"tenant {tenant.name!r} has reached max_sampling_sessions", status=429
-            )
         sampler = self._sampler_of(tenant, sampling_session_id(session.id, body), body)
-        self.samplers[sampler.id] = sampler
+        sampler.session = session.id
+        self._hold_sampler(tenant, sampler)
         return sampler.id
+
+    def _hold_sampler(self, tenant: Tenant, sampler: Sampler) -> None:
+        """Hold a new sampling client; at the tenant's max_sampling_sessions, release its least
+        recently used idle one (the SDK never says when a sampling client is dropped)."""
+        held = [s for s in self.samplers.values() if s.tenant == tenant.name]
+        limit = self.limit(tenant, "max_sampling_sessions")
+        if len(held) >= limit:
+            idle = [s for s in held if s.busy == 0]
+            if not idle:
+                raise quota_exceeded(
+                    f"tenant {tenant.name!r} has {len(held)} sampling clients sampling, its quota "
+                    f"(max_sampling_sessions = {limit}); wait for their samples"
+                )
+            released = min(idle, key=lambda s: s.last_used)
+            del self.samplers[released.id]
+            log.info("released an idle sampling client", sampler=released.id, tenant=tenant.name)
+        self.samplers[sampler.id] = sampler
 
     def _sampler_of(self, tenant: Tenant, sampler_id: str, body: dict[str, Any]) -> Sampler:
         """A sampler of the checkpoint `body["model_path"]`, else of the base model
@@ -553,7 +673,14 @@ class TinkerService:
     def sampler(self, tenant: Tenant, sampler_id: str) -> Sampler:
         sampler = self.samplers.get(sampler_id)
         if sampler is None or sampler.tenant != tenant.name:
-            raise not_found(f"sampler {sampler_id!r}")
+            raise ServiceError(
+                f"sampler {sampler_id!r} not found: it was released when its session finished, "
+                "or for a newer one at the tenant's max_sampling_sessions; create a new "
+                "sampling client",
+                status=404,
+            )
+        sampler.last_used = time.monotonic()
+        self.touch(sampler.session)
         return sampler
 
     def sample(self, tenant: Tenant, body: dict[str, Any]) -> tuple[str, list[str]]:
@@ -577,12 +704,18 @@ class TinkerService:
         want_prompt_logprobs = bool(body.get("prompt_logprobs"))
 
         async def work() -> bytes:
-            async with self._engine(sampler) as engine:
-                response = await engine.sample(prompt, num_samples, params)
-                logprobs = await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
+            sampler.busy += 1
+            try:
+                async with self._engine(sampler) as engine:
+                    response = await engine.sample(prompt, num_samples, params)
+                    logprobs = (
+                        await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
+                    )
+            finally:
+                sampler.busy -= 1
             return wire.write_sample(response, logprobs)
 
-        request_id = self.futures.submit(tenant.name, work())
+        request_id = self.futures.submit(tenant.name, sampler.session, work())
         number = next(self._sample_ids)
         return request_id, [f"{sampler.id or 'sample'}:{number}:{i}" for i in range(num_samples)]
 
