@@ -46,12 +46,12 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     return materialize_model("tiny-qwen3", Path(tmp_path_factory.mktemp("models")) / "tiny-qwen3")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tinker_url(tinker_server: tuple[str, Any]) -> str:
     return tinker_server[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per xdist worker: each test closes what it opens
 def tinker_server(
     tiny_qwen3: ResolvedModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Any]]:

@@ -82,6 +82,7 @@ def test_seq_order_resubmits_and_long_polls(
         )
         assert garbage.status_code == 400 and "ForwardBackwardRequest" in garbage.json()["error"]
         assert client.get("/api/v1/healthz").json() == {"status": "ok"}
+        assert _post(client, f"sessions/{session}/finish", {}, key).status_code == 200
         assert _post(client, "create_session", {}, "tml-wrong").status_code == 401
 
 

@@ -69,8 +69,9 @@ async def _settled_places() -> None:
         (lambda run: run.save_state("bad/name"), 400, "plain name"),
         (lambda run: run.optim_step(types.AdamParams(learning_rate=-1.0)), 400, "learning_rate"),
         (lambda run: run.load_state("tinker://no-such-run/weights/x"), 404, "not found"),
+        (lambda run: run.save_weights_external("x"), 404, "not served"),
     ],
-    ids=["bad checkpoint name", "negative learning rate", "missing checkpoint"],
+    ids=["bad checkpoint name", "negative learning rate", "missing checkpoint", "not served"],
 )
 def test_the_request_after_a_refused_one_is_served_at_once(
     service_client, base_model: str, refuse, status: int, message: str
@@ -87,6 +88,21 @@ def test_the_request_after_a_refused_one_is_served_at_once(
     elapsed = time.monotonic() - began
     print(f"refusal {status} and the next forward: {elapsed:.2f} s")
     assert elapsed < 5.0, f"the next request waited {elapsed:.1f} s after a refusal"
+
+
+def test_the_limits_are_settings_without_tenants(tmp_path) -> None:
+    from plait.api import structure
+    from plait_tinker.config import TinkerServerConfig
+    from plait_tinker.service import TinkerService
+
+    config = structure(
+        TinkerServerConfig,
+        {"models": {"m": {"model": "tiny-qwen3"}}, "server": {"max_training_runs": 1}},
+    )
+    service = TinkerService(config, tmp_path)
+    anyone = service.tenant("tml-anything")
+    assert service.limit(anyone, "max_training_runs") == 1
+    assert service.limit(anyone, "max_sampling_sessions") == 64
 
 
 def test_concurrent_creates_cannot_pass_the_quota(
@@ -168,7 +184,7 @@ def test_sampling_clients_are_released(
             snapshot = run.save_weights_and_get_sampling_client().result()
         assert len(snapshot.sample(prompt, 1, params).result().sequences) == 1
         assert held() <= 4
-    for _ in range(20):  # a client each, closed
+    for _ in range(10):  # a client each, closed
         with tinker.ServiceClient(base_url=tinker_url, api_key=quota_tenant["api_key"]) as client:
             sampler = client.create_sampling_client(base_model=base_model).result()
             sampler.sample(prompt, 1, params).result()

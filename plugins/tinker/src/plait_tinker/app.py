@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,27 @@ class TinkerApp:
                     self._wrap(self.delete_checkpoint),
                     methods=["DELETE"],
                 ),
+                Route(
+                    "/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}/ttl",
+                    self._wrap(self.set_ttl),
+                    methods=["PUT"],
+                ),
+                Route(
+                    "/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}/publish",
+                    self._wrap(self.publish),
+                    methods=["POST", "DELETE"],
+                ),
                 Route("/api/v1/checkpoints", self._wrap(self.all_checkpoints), methods=["GET"]),
+                Route("/api/v1/weights_info", self._wrap(self.weights_info), methods=["POST"]),
+                Route("/api/v1/sessions", self._wrap(self.list_sessions), methods=["GET"]),
+                Route(
+                    "/api/v1/sessions/{session_id}", self._wrap(self.get_session), methods=["GET"]
+                ),
+                Route(
+                    "/api/v1/{rest:path}",
+                    self._wrap(self.not_served),
+                    methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
+                ),
             ]
         )
 
@@ -199,7 +220,7 @@ class TinkerApp:
                 "model_data": {
                     "arch": None,
                     "model_name": run.base_model,
-                    "tokenizer_id": spec.tokenizer or run.base_model,
+                    "tokenizer_id": spec.tokenizer or self.service.tokenizer_path(run.base_model),
                 },
             }
         )
@@ -318,10 +339,7 @@ class TinkerApp:
 
     async def training_runs(self, request: Request, tenant: Tenant) -> Response:
         records = self.service.training_runs(tenant)
-        offset, limit = (
-            int(request.query_params.get("offset", 0)),
-            int(request.query_params.get("limit", 20)),
-        )
+        offset, limit = _page(request)
         return _json(
             {
                 "training_runs": [self._run_json(r) for r in records[offset : offset + limit]],
@@ -352,6 +370,64 @@ class TinkerApp:
         )
         return _json({})
 
+    async def set_ttl(self, request: Request, tenant: Tenant) -> Response:
+        ttl = (await _body(request)).get("ttl_seconds")
+        if ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0):
+            raise ServiceError(f"ttl_seconds must be a positive number or null, got {ttl!r}")
+        params = request.path_params
+        self.service.update_checkpoint(
+            tenant,
+            params["model_id"],
+            params["kind"],
+            params["name"],
+            expires_at=None if ttl is None else time.time() + float(ttl),
+        )
+        return _json({})
+
+    async def publish(self, request: Request, tenant: Tenant) -> Response:
+        params = request.path_params
+        self.service.update_checkpoint(
+            tenant,
+            params["model_id"],
+            params["kind"],
+            params["name"],
+            public=request.method == "POST",
+        )
+        return _json({})
+
+    async def weights_info(self, request: Request, tenant: Tenant) -> Response:
+        record, _, _ = self.service.resolve_path(
+            tenant, str((await _body(request)).get("tinker_path")), published=True
+        )
+        lora = record.data["lora"]
+        return _json(
+            {
+                "base_model": record.data["base_model"],
+                "is_lora": True,
+                "lora_rank": lora["rank"],
+                **{key: lora[key] for key in ("train_unembed", "train_mlp", "train_attn")},
+            }
+        )
+
+    async def list_sessions(self, request: Request, tenant: Tenant) -> Response:
+        offset, limit = _page(request)
+        sessions = self.service.tenant_sessions(tenant)[offset : offset + limit]
+        return _json({"sessions": [s.id for s in sessions]})
+
+    async def get_session(self, request: Request, tenant: Tenant) -> Response:
+        return _json(self.service.session_contents(tenant, request.path_params["session_id"]))
+
+    async def not_served(self, request: Request, tenant: Tenant) -> Response:
+        with contextlib.suppress(ServiceError, ValueError, TypeError):
+            body = await _body(request)  # a training client's request holds a place in its order
+            if body.get("seq_id") is not None:
+                self.service.settle(tenant, str(body.get("model_id")), int(body["seq_id"]))
+        raise ServiceError(
+            f"{request.method} {request.url.path} is not served by plait: it is a hosted-Tinker "
+            "feature (see the 'Not served' list in plait-tinker's README)",
+            status=404,
+        )
+
     # -- serving -------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -369,6 +445,17 @@ class TinkerApp:
         while True:
             await asyncio.sleep(min(30.0, self.service.config.server.session_timeout_s / 4))
             await self.service.finish_stale_sessions()
+            await self.service.expire_checkpoints()
+
+
+def _page(request: Request) -> tuple[int, int]:
+    """The `offset` and `limit` query parameters of a listing."""
+    try:
+        return int(request.query_params.get("offset", 0)), int(
+            request.query_params.get("limit", 20)
+        )
+    except ValueError as exc:
+        raise ServiceError(f"offset and limit must be integers: {exc}") from None
 
 
 def _checkpoint_json(meta: dict[str, Any] | None) -> dict[str, Any] | None:

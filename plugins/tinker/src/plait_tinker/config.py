@@ -74,7 +74,9 @@ class BaseModel:
     model: str
     """A registered plait model name or a checkpoint directory."""
     tokenizer: str | None = None
-    """What get_info reports as tokenizer_id (default: the base-model name)."""
+    """What get_info reports as tokenizer_id, which the SDK's TrainingClient.get_tokenizer loads
+    with transformers (default: the served model's tokenizer directory, which loads offline on
+    this machine; name a hub id or a path the clients have when they run elsewhere)."""
     max_context_length: int = attrs.field(default=4096, validator=positive)
 
 

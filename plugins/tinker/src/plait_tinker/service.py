@@ -205,6 +205,21 @@ class TinkerService:
                 log.info("session timed out; unloading its runs", session=session.id)
                 await self._finish(session)
 
+    def tenant_sessions(self, tenant: Tenant) -> list[Session]:
+        return [s for s in self.sessions.values() if s.tenant == tenant.name]
+
+    def session_contents(self, tenant: Tenant, session_id: str) -> dict[str, list[str]]:
+        """A session's training runs and sampling clients (finished sessions keep their runs)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.tenant != tenant.name:
+            raise not_found(f"session {session_id!r}")
+        return {
+            "training_run_ids": [
+                r.model_id for r in self.runs.values() if r.session_id == session_id
+            ],
+            "sampler_ids": [s.id for s in self.samplers.values() if s.session == session_id],
+        }
+
     def _suspect_dead(self, session_id: str) -> None:
         """A request of the session was abandoned: if its client sends nothing more (a live SDK
         heartbeats every 10 s), it died; finish the session without waiting for the timeout."""
@@ -258,6 +273,11 @@ class TinkerService:
         if base_model not in self.batchers:
             self.batchers[base_model] = TrainingBatcher(host, self._train)
         return host
+
+    def tokenizer_path(self, base_model: str) -> str:
+        """The served model's tokenizer directory: what `get_tokenizer` loads, offline, on the
+        server's machine."""
+        return str(self._model(base_model).tokenizer_path)
 
     def _model(self, base_model: str) -> ResolvedModel:
         if base_model not in self._models:
@@ -402,10 +422,14 @@ class TinkerService:
         try:
             yield
         except Exception:
-            run = self.runs.get(model_id)
-            if run is not None and run.tenant == tenant.name:
-                run.sequencer.settle(seq_id)
+            self.settle(tenant, model_id, seq_id)
             raise
+
+    def settle(self, tenant: Tenant, model_id: str, seq_id: int) -> None:
+        """A request of the run was refused: its seq_id takes no turn."""
+        run = self.runs.get(model_id)
+        if run is not None and run.tenant == tenant.name:
+            run.sequencer.settle(seq_id)
 
     def in_order(
         self,
@@ -476,22 +500,55 @@ class TinkerService:
             )
         return self.storage / model_id / kind / name
 
-    def resolve_path(self, tenant: Tenant, tinker_path: str) -> tuple[TrainingRunRecord, str, Path]:
-        """A `tinker://<model_id>/<weights|sampler_weights>/<name>` path of this tenant's."""
+    def resolve_path(
+        self, tenant: Tenant, tinker_path: str, published: bool = False
+    ) -> tuple[TrainingRunRecord, str, Path]:
+        """A `tinker://<model_id>/<weights|sampler_weights>/<name>` path of this tenant's, or
+        with `published`, one another tenant published (to load or sample from, not to change)."""
         parts = (
             tinker_path.removeprefix("tinker://").split("/")
             if tinker_path.startswith("tinker://")
             else []
         )
-        if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+        if (
+            len(parts) != 3
+            or parts[1] not in ("weights", "sampler_weights")
+            or any(not part or part.startswith(".") for part in parts)
+        ):
             raise ServiceError(
                 f"{tinker_path!r} is not a tinker://<run>/<weights|sampler_weights>/<name> path"
             )
-        record = self.record(tenant, parts[0])
         directory = self.storage / parts[0] / parts[1] / parts[2]
-        if not (directory / "checkpoint.json").is_file():
+        meta = _checkpoint_meta(directory)
+        try:
+            record = self.record(tenant, parts[0])
+        except ServiceError:
+            if not (published and meta and meta.get("public")):
+                raise
+            record = TrainingRunRecord(
+                json.loads((self.storage / parts[0] / "run.json").read_text()),
+                self.storage / parts[0],
+            )
+        if meta is None:
             raise not_found(f"checkpoint {tinker_path!r}")
         return record, parts[1], directory
+
+    def update_checkpoint(
+        self, tenant: Tenant, model_id: str, kind: str, name: str, **changes: Any
+    ) -> None:
+        """Set `public` or `expires_at` of one of this tenant's checkpoints."""
+        _, _, directory = self.resolve_path(tenant, f"tinker://{model_id}/{kind}/{name}")
+        meta = _checkpoint_meta(directory) or {}
+        (directory / "checkpoint.json").write_text(json.dumps({**meta, **changes}))
+
+    async def expire_checkpoints(self) -> None:
+        """Delete the checkpoints whose ttl has passed."""
+        now = time.time()
+        for path in self.storage.glob("*/*/*/checkpoint.json"):
+            meta = _checkpoint_meta(path.parent)
+            if meta and meta.get("expires_at") and meta["expires_at"] < now:
+                log.info("checkpoint expired; deleting it", path=meta.get("tinker_path"))
+                await self._forget_weights(path.parent)
 
     def record(self, tenant: Tenant, model_id: str) -> TrainingRunRecord:
         path = self.storage / model_id / "run.json"
@@ -591,7 +648,9 @@ class TinkerService:
         with self._settles_on_refusal(
             tenant, str(body.get("model_id")), int(body.get("seq_id", 0))
         ):
-            record, kind, directory = self.resolve_path(tenant, str(body.get("path")))
+            record, kind, directory = self.resolve_path(
+                tenant, str(body.get("path")), published=True
+            )
             if kind != "weights":
                 raise ServiceError(
                     f"{body.get('path')!r} holds sampler weights; load a state saved by save_state"
@@ -664,7 +723,9 @@ class TinkerService:
         """A sampler of the checkpoint `body["model_path"]`, else of the base model
         `body["base_model"]`."""
         if body.get("model_path"):
-            record, _, directory = self.resolve_path(tenant, str(body["model_path"]))
+            record, _, directory = self.resolve_path(
+                tenant, str(body["model_path"]), published=True
+            )
             return Sampler(
                 sampler_id, tenant.name, record.data["base_model"], directory, body["model_path"]
             )
@@ -694,14 +755,21 @@ class TinkerService:
         num_samples = int(body.get("num_samples", 1))
         if num_samples < 1:
             raise ServiceError(f"num_samples must be >= 1, got {num_samples}")
-        for unsupported in (
-            "topk_prompt_logprobs",
-            "prompt_alt_tokens_k",
-            "prompt_logprobs_last_n",
-        ):
+        for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(unsupported):
-                raise ServiceError(f"{unsupported} is not supported by this server")
+                raise ServiceError(
+                    f"{unsupported} is not served by plait (its inference engines return the "
+                    "sampled tokens' logprobs only)"
+                )
         want_prompt_logprobs = bool(body.get("prompt_logprobs"))
+        last_n = body.get("prompt_logprobs_last_n")
+        if last_n is not None and not (
+            want_prompt_logprobs and isinstance(last_n, int) and 1 <= last_n <= prompt.length
+        ):
+            raise ServiceError(
+                f"prompt_logprobs_last_n must be in 1..{prompt.length} (the prompt's length) "
+                f"with prompt_logprobs set, got {last_n!r}"
+            )
 
         async def work() -> bytes:
             sampler.busy += 1
@@ -711,6 +779,9 @@ class TinkerService:
                     logprobs = (
                         await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
                     )
+                    if logprobs is not None and last_n is not None:
+                        cut = len(logprobs) - last_n
+                        logprobs = [None if i < cut else v for i, v in enumerate(logprobs)]
             finally:
                 sampler.busy -= 1
             return wire.write_sample(response, logprobs)
@@ -795,6 +866,15 @@ class TrainingRunRecord:
             if not path.parent.name.startswith(SNAPSHOT_PREFIX):
                 found.append(meta)
         return found
+
+
+def _checkpoint_meta(directory: Path) -> dict[str, Any] | None:
+    """A checkpoint's `checkpoint.json`, None when there is no such checkpoint."""
+    path = directory / "checkpoint.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def _lora_config(body: dict[str, Any], alpha: float) -> LoraConfig:
