@@ -220,6 +220,8 @@ class SamplingParams:
     top_p: float = 1.0
     grammar: str | None = None
     """A GBNF grammar (xgrammar EBNF) the completion must match; stop tokens end it only there."""
+    top_logprobs: int = 0
+    """Also return each sampled token's `top_logprobs` most likely tokens (raw logprobs)."""
 
     def __attrs_post_init__(self) -> None:
         if self.temperature < 0:
@@ -228,6 +230,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"SamplingParams.top_logprobs must be >= 0, got {self.top_logprobs}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
 
@@ -256,6 +260,9 @@ class SampledSequence:
     )
     routed_experts: TensorData | None = None
     replica: str | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    """Per sampled token, (token, raw logprob) of the `SamplingParams.top_logprobs` most likely;
+    None when not asked for or when the engine does not compute them (plait-torch does)."""
 
     def __attrs_post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

@@ -295,3 +295,15 @@ def test_prompt_logprobs_of_the_last_n_tokens(clients: Clients) -> None:
     )
     assert last[:-3] == [None] * (len(PHRASE) - 3)
     np.testing.assert_allclose(last[-3:], whole[-3:], atol=1e-5)
+
+
+def test_top_k_logprobs_of_each_sampled_token(clients: Clients) -> None:
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0, stop=[])
+    result = clients.sampling.sample(PROMPT, 1, greedy, topk_sample_logprobs=3).result()
+    sequence = result.sequences[0]
+    top = sequence.topk_logprobs
+    assert top is not None and len(top) == len(sequence.tokens) == 4
+    for token, logprob, candidates in zip(sequence.tokens, sequence.logprobs, top, strict=True):
+        assert len(candidates) == 3 and candidates[0][0] == token  # greedy: the most likely
+        assert abs(candidates[0][1] - logprob) < 1e-5
+        assert candidates[0][1] >= candidates[1][1] >= candidates[2][1]

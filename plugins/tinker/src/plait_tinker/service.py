@@ -755,12 +755,20 @@ class TinkerService:
         num_samples = int(body.get("num_samples", 1))
         if num_samples < 1:
             raise ServiceError(f"num_samples must be >= 1, got {num_samples}")
-        for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        for unsupported in (
+            "topk_prompt_logprobs",
+            "prompt_alt_tokens_k",
+            "target_prompt_logprobs",
+        ):
             if body.get(unsupported):
                 raise ServiceError(
-                    f"{unsupported} is not served by plait (its inference engines return the "
-                    "sampled tokens' logprobs only)"
+                    f"{unsupported} is not served by plait (its engines return the prompt's "
+                    "logprobs of its own tokens only)"
                 )
+        top_k = body.get("topk_sample_logprobs") or 0
+        if not isinstance(top_k, int) or top_k < 0:
+            raise ServiceError(f"topk_sample_logprobs must be an integer >= 0, got {top_k!r}")
+        params = attrs.evolve(params, top_logprobs=top_k)
         want_prompt_logprobs = bool(body.get("prompt_logprobs"))
         last_n = body.get("prompt_logprobs_last_n")
         if last_n is not None and not (
@@ -776,6 +784,12 @@ class TinkerService:
             try:
                 async with self._engine(sampler) as engine:
                     response = await engine.sample(prompt, num_samples, params)
+                    if top_k and any(seq.top_logprobs is None for seq in response.sequences):
+                        raise ServiceError(
+                            f"topk_sample_logprobs: inference engine "
+                            f"{self.config.inference.engine!r} does not return top-k logprobs; "
+                            "serve with one that does (torch)"
+                        )
                     logprobs = (
                         await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
                     )
@@ -784,7 +798,7 @@ class TinkerService:
                         logprobs = [None if i < cut else v for i, v in enumerate(logprobs)]
             finally:
                 sampler.busy -= 1
-            return wire.write_sample(response, logprobs)
+            return wire.write_sample(response, logprobs, top_k)
 
         request_id = self.futures.submit(tenant.name, sampler.session, work())
         number = next(self._sample_ids)

@@ -163,16 +163,29 @@ def metric_key(key: str) -> str:
     return key.replace(":", "_") + ":mean"
 
 
-def write_sample(response: SampleResponse, prompt_logprobs: Sequence[float | None] | None) -> bytes:
+def write_sample(
+    response: SampleResponse, prompt_logprobs: Sequence[float | None] | None, top_k: int = 0
+) -> bytes:
+    """`top_k`: each sequence's `top_logprobs` go out as the SDK's (tokens, k) TopkLogprobs."""
     message = pb.SampleResponse()
     for seq in response.sequences:
-        message.sequences.add(
+        sequence = message.sequences.add(
             stop_reason=pb.STOP_REASON_LENGTH
             if seq.stop_reason == "length"
             else pb.STOP_REASON_STOP,
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         )
+        if top_k and seq.top_logprobs is not None:
+            pairs = np.asarray(seq.top_logprobs, dtype=np.float64).reshape(-1, top_k, 2)
+            sequence.topk_sampled_logprobs.CopyFrom(
+                pb.TopkLogprobs(
+                    token_ids=pairs[..., 0].astype(np.int32).tobytes(),
+                    logprobs=pairs[..., 1].astype(np.float32).tobytes(),
+                    k=top_k,
+                    length=len(pairs),
+                )
+            )
     if prompt_logprobs is not None:
         message.prompt_logprobs = np.asarray(
             [np.nan if v is None else v for v in prompt_logprobs], dtype=np.float32

@@ -144,6 +144,7 @@ class _Request:
                     weight_version=row.versions[-1] if row.versions else current_version,
                     token_versions=row.versions,
                     routed_experts=self._routing(row),
+                    top_logprobs=tuple(row.top_logprobs) if self.params.top_logprobs else None,
                 )
                 for row in self.rows
             ]
@@ -167,6 +168,7 @@ class _Row:
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     versions: list[int] = attrs.field(factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = attrs.field(factory=list)
     stop_reason: StopReason | None = None
     text_checked: int = 0  # characters of decoded text already searched for stop strings
     grammar: GrammarMatcher | None = None  # where the row stands in SamplingParams.grammar
@@ -678,11 +680,16 @@ class TorchInferenceEngine:
         assert batch.params is not None  # _prefill set it
         uniforms = torch.tensor([row.uniform() for row in batch.rows], device=self.device)
         tokens, logprobs = choose_tokens(logits, batch.params, uniforms, self._allowed(batch))
-        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+        top = self._top_logprobs(batch, logits)
+        for i, (row, token, logprob) in enumerate(
+            zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
             if row.stop_reason is not None:  # cancelled by its caller between steps
                 continue
             row.tokens.append(token)
             row.logprobs.append(logprob)
+            if top is not None and row.request.params.top_logprobs:
+                row.top_logprobs.append(top[i][: row.request.params.top_logprobs])
             row.versions.append(version)
             if row.grammar is not None and token not in row.request.stop_ids:
                 row.grammar.advance(token)
@@ -703,6 +710,20 @@ class TorchInferenceEngine:
                 )
             tokens = tokens[index]
         batch.last_tokens = tokens
+
+    def _top_logprobs(
+        self, batch: _Batch, logits: torch.Tensor
+    ) -> list[tuple[tuple[int, float], ...]] | None:
+        """Each row's most likely next tokens with their raw logprobs, as many as the row that
+        asks for most wants; None when no row asks."""
+        k = max(row.request.params.top_logprobs for row in batch.rows)
+        if not k:
+            return None
+        values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        return [
+            tuple(zip(row_ids, row_values, strict=True))
+            for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+        ]
 
     def _allowed(self, batch: _Batch) -> torch.Tensor | None:
         """(B, V) the tokens each row may choose, None when no row has a grammar."""
