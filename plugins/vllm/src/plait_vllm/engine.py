@@ -268,7 +268,10 @@ class VLLMEngine(ServerEngine):
             "top_p": params.top_p,
             "top_k": params.top_k,
             "seed": self._seed(params.seed),
-            "logprobs": 0,
+            # k + 1: vLLM lists the sampled token first, then candidates by rank, cut at the count
+            # asked for, so with k the k-th most likely is missing whenever the sample is not in
+            # the top k; with k + 1 every one of the top k is there.
+            "logprobs": params.top_logprobs + 1 if params.top_logprobs else 0,
             "detokenize": False,
             **stop_params(params.stop),
         }
@@ -296,6 +299,7 @@ class VLLMEngine(ServerEngine):
                     weight_version=versions[-1] if versions else self._version,
                     token_versions=versions,
                     routed_experts=decode_routed_experts(choice.get("routed_experts")),
+                    top_logprobs=_top_logprobs(content, params.top_logprobs),
                 )
             )
         return SampleResponse(sequences)
@@ -514,3 +518,23 @@ class VLLMEngine(ServerEngine):
     async def _unload_lora_adapter(self, name: str) -> None:
         await self._ensure_ready()
         await self.http.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def _top_logprobs(
+    content: list[dict[str, Any]], k: int
+) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """Each token's k most likely (token, logprob) from the `top_logprobs` candidate lists."""
+    if not k:
+        return None
+    return tuple(
+        tuple(
+            sorted(
+                (
+                    (int(c["token_id"]), float(c["logprob"]))
+                    for c in entry.get("top_logprobs") or ()
+                ),
+                key=lambda candidate: -candidate[1],
+            )[:k]
+        )
+        for entry in content
+    )
