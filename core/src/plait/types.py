@@ -262,7 +262,7 @@ class SampledSequence:
     replica: str | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     """Per sampled token, (token, raw logprob) of the `SamplingParams.top_logprobs` most likely;
-    None when not asked for or when the engine does not compute them (torch and vLLM do)."""
+    None when not asked for or when the engine does not compute them."""
 
     def __attrs_post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

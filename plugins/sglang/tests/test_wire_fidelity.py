@@ -42,6 +42,7 @@ def test_fake_wire_matches_sglang_contract(
             )
             await engine.sample(prompt, 1, SamplingParams(max_tokens=3, stop=["a", "b"]))
             await engine.sample(prompt, 1, SamplingParams(max_tokens=3, stop=[11, 12]))
+            await engine.sample(prompt, 1, SamplingParams(max_tokens=2, top_logprobs=2))
             await engine.compute_logprobs(prompt)
             await engine.weight_broadcast_ranks()
             await engine.set_weight_version(3)

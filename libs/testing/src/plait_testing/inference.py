@@ -26,6 +26,7 @@ blocking the suite.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -66,6 +67,21 @@ def run_with(
             await engine.close()
 
     return asyncio.run(main())
+
+
+def assert_greedy_top_logprobs(make_engine: MakeEngine, k: int = 3, tokens: int = 5) -> None:
+    """`SamplingParams.top_logprobs`: each greedy token comes with the k most likely, itself
+    first with its own logprob, in descending order."""
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, stop=[], top_logprobs=k)
+    response = run_with(make_engine, lambda e: e.sample(ModelInput.from_ints([1, 2, 3]), 1, params))
+    sequence = response.sequences[0]
+    assert sequence.top_logprobs is not None and len(sequence.top_logprobs) == tokens
+    for token, logprob, top in zip(
+        sequence.tokens, sequence.logprobs, sequence.top_logprobs, strict=True
+    ):
+        assert len(top) == k and top[0][0] == token
+        assert top[0][1] == pytest.approx(logprob, abs=1e-4)
+        assert all(a[1] >= b[1] for a, b in itertools.pairwise(top))
 
 
 class InferenceEngineContract:

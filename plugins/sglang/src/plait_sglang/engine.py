@@ -207,6 +207,8 @@ class SGLangEngine(ServerEngine):
             "return_logprob": True,
             "rid": [f"plait-{rid}-{i}" for i in range(num_samples)],
         }
+        if params.top_logprobs:
+            body["top_logprobs_num"] = params.top_logprobs
         if lora:
             body["lora_path"] = lora
         if self.options.enable_return_routed_experts:
@@ -247,6 +249,7 @@ class SGLangEngine(ServerEngine):
             weight_version=versions[-1] if versions else label,
             token_versions=versions,
             routed_experts=routed,
+            top_logprobs=_top_logprobs(meta.get("output_top_logprobs")),
         )
 
     async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
@@ -382,3 +385,13 @@ class SGLangEngine(ServerEngine):
 
     async def _unload_lora_adapter(self, name: str) -> None:
         await self._weights_call("/unload_lora_adapter", {"lora_name": name})
+
+
+def _top_logprobs(
+    positions: list[list[list[Any]]] | None,
+) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """`output_top_logprobs` ([logprob, token id, text] per candidate per position) as
+    (token, logprob) pairs; None when not asked for."""
+    if positions is None:
+        return None
+    return tuple(tuple((int(t), float(lp)) for lp, t, _ in pos or ()) for pos in positions)

@@ -190,6 +190,9 @@ class Sequence_:
         self.params = params
         self.return_logprob = _pick(body.get("return_logprob"), index) or False
         self.logprob_start_len = _pick(body.get("logprob_start_len"), index)
+        self.top_logprobs_num = int(_pick(body.get("top_logprobs_num"), index) or 0)
+        self.output_top_logprobs: list[list[list[Any]]] = []
+        self.next_top: list[list[Any]] = []  # the sampled position's, until _commit
         self.return_routed_experts = bool(body.get("return_routed_experts"))
         self.routed_start = int(body.get("routed_experts_start_len") or 0)
         self.lora = _pick(body.get("lora_path"), index)
@@ -318,6 +321,8 @@ class FakeSGLang:
         if token is not None:
             seq.output_ids.append(token)
             seq.output_logprobs.append(logprob)
+            if seq.top_logprobs_num:
+                seq.output_top_logprobs.append(seq.next_top)
             seq.versions.append(self.weight_version)
             if finish is None and len(seq.output_ids) >= _max_new_tokens(seq.params):
                 finish = {"type": "length", "length": len(seq.output_ids)}
@@ -388,7 +393,13 @@ class FakeSGLang:
                 scaled.exp(), int(params.get("top_k") or -1), float(params.get("top_p") or 1.0)
             )
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
-        logprob = float((raw if self.original_logprob else scaled)[token])
+        reported = raw if self.original_logprob else scaled
+        logprob = float(reported[token])
+        if seq.top_logprobs_num:  # SGLang: from the same logprobs as the token's, [lp, id, text]
+            values, ids = reported.topk(seq.top_logprobs_num)
+            seq.next_top = [
+                [v, i, None] for v, i in zip(values.tolist(), ids.tolist(), strict=True)
+            ]
         if seq.grammar is not None:
             if token in self.eos_ids:  # SGLang: a terminated grammar finishes the request
                 return token, logprob, {"type": "stop", "matched": token}
@@ -459,6 +470,8 @@ class FakeSGLang:
                 [lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)
             ]
             meta["output_token_logprobs_length"] = len(seq.output_ids)
+            if seq.top_logprobs_num:
+                meta["output_top_logprobs"] = seq.output_top_logprobs
         meta.update(
             {
                 "reasoning_tokens": 0,

@@ -788,7 +788,7 @@ class TinkerService:
                         raise ServiceError(
                             f"topk_sample_logprobs: inference engine "
                             f"{self.config.inference.engine!r} does not return top-k logprobs; "
-                            "serve with one that does (torch, vllm)"
+                            "serve with one that does (torch, vllm, sglang)"
                         )
                     logprobs = (
                         await engine.compute_logprobs(prompt) if want_prompt_logprobs else None
