@@ -141,3 +141,41 @@ def test_the_default_adapter_applies_outside_routing() -> None:
     bank.remove("a")
     assert bank.default is None
     torch.testing.assert_close(model(input_ids=ids).logits, base)
+
+
+def test_adapters_in_no_order_are_gathered_and_scattered_back() -> None:
+    """Rows of adapters a, b, a, the base, b: no adapter's tokens are one stretch, so the bank
+    gathers them into adapter order and back; every row gets what it gets alone, forward and
+    backward."""
+    model = tiny_llama()
+    bank = trained_bank(model)
+    ids = torch.randint(0, 97, (5, 7), generator=torch.Generator().manual_seed(4))
+    route = [0, 1, 0, -1, 1]
+    with bank.routing(torch.tensor(route)[:, None].expand_as(ids), ["a", "b"]):
+        assert bank._order is not None  # the gather path
+
+    def run(rows: list[int], routes: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        for name in ("a", "b"):
+            for param in bank.parameters_of(name).values():
+                param.grad = None
+        logits = logits_with(bank, ids[rows], routes, ["a", "b"])
+        if logits.requires_grad:  # not for the base's row alone
+            logits.logsumexp(-1).sum().backward()
+        grads = {
+            f"{name}/{key}": p.grad.clone()
+            for name in ("a", "b")
+            for key, p in bank.parameters_of(name).items()
+            if p.grad is not None
+        }
+        return logits.detach(), grads
+
+    mixed, mixed_grads = run(list(range(5)), route)
+    summed: dict[str, torch.Tensor] = {}
+    for row, adapter in enumerate(route):
+        alone, grads = run([row], [adapter])
+        torch.testing.assert_close(mixed[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+        for key, grad in grads.items():
+            summed[key] = summed.get(key, 0) + grad
+    assert mixed_grads.keys() == summed.keys() and any(k.startswith("b/") for k in summed)
+    for key, grad in summed.items():
+        torch.testing.assert_close(mixed_grads[key], grad, atol=1e-5, rtol=1e-4, msg=key)

@@ -17,7 +17,11 @@ initialisation): a new adapter leaves the model's outputs as they were.
 
 Many adapters in one pass is the idea of Punica's segmented gather matmul (SGMV), in torch for any
 device: the tokens are grouped by adapter once per `routing` (not per layer), and at every layer
-each group runs its own adapter, added at the group's positions. Each adapter's weights are its
+each group runs its own adapter, added at the group's positions. When each adapter's tokens are
+one stretch of the input already (`StepRunner.run_groups` lays shared passes out so where the
+packing allows), the groups are slices of it; otherwise every layer gathers its input into
+adapter order and its deltas back. One adapter adds its up-projection inside the matmul
+(`addmm`), and the scaling applies on the rank-wide side. Each adapter's weights are its
 own parameters, so each keeps its own optimizer state and gradients, and a step of one leaves the
 others alone; adapters may differ in rank and in which layers they adapt. Two things a caller of
 `routing` arranges: with activation checkpointing the backward pass recomputes the forward, so the
@@ -36,7 +40,6 @@ attention is.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -85,7 +88,20 @@ class Adapter(torch.nn.Module):
         self.scaling = scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
+        return self.lora_B(self.down(x))
+
+    def down(self, x: torch.Tensor) -> torch.Tensor:
+        """alpha / rank * A x: the scaling is applied to the rank-wide side, which is cheaper."""
+        return self.lora_A(x.to(self.lora_A.weight.dtype)) * self.scaling
+
+    def add_to(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """output + alpha / rank * B A x, the addition inside the up-projection's matmul (one
+        pass over the output instead of three: the product, its scaling and the sum)."""
+        flat = output.reshape(-1, output.shape[-1])
+        down = self.down(x.reshape(-1, x.shape[-1]))
+        if flat.dtype != down.dtype and not torch.is_autocast_enabled(flat.device.type):
+            return output + self.lora_B(down).to(output.dtype)
+        return torch.addmm(flat, down, self.lora_B.weight.t()).view_as(output)
 
     def delta(self) -> torch.Tensor:
         """alpha / rank * B @ A: what the adapter adds to the base weight."""
@@ -114,13 +130,12 @@ class LoraBank:
             )
         self.adapters: dict[str, dict[str, Adapter]] = {}
         self.specs: dict[str, LoraConfig] = {}
-        # Within `routing`: the flat token indices sorted by adapter, and each adapter's
-        # segment of them.
-        self._order: torch.Tensor | None = None
-        self._segments: list[tuple[str, int, int]] = []
-        self._adapter_of: torch.Tensor | None = (
-            None  # within `routing`: the adapter index of every token
-        )
+        # Within `routing`: the adapter index of every token; the permutation that puts the
+        # tokens in adapter order and its inverse (None when they are in that order already);
+        # each adapter's segment of them in that order (None: the tokens of the base alone).
+        self._adapter_of: torch.Tensor | None = None
+        self._order: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._segments: list[tuple[str | None, int]] = []
         self._names: list[str] = []
         self._tokens = 0
         self._unembedding = next(
@@ -208,7 +223,7 @@ class LoraBank:
         (None: the base's). The chunked output head (`plait_train.scorer`) applies these itself,
         as it never calls the output projection's forward (where the hook would)."""
         head = self._unembedding
-        if self._order is None or head is None:
+        if self._adapter_of is None or head is None:
             return [
                 (None, self.adapters[self.default].get(head) if self.default and head else None)
             ]
@@ -229,31 +244,38 @@ class LoraBank:
         for name in names:
             self._check(name)
         flat = adapter_of_token.reshape(-1)
+        key = torch.where(flat < 0, len(names), flat)  # the base's tokens (-1) as adapter G
+        starts = [0, *((key[1:] != key[:-1]).nonzero().squeeze(-1) + 1).tolist()]
+        runs = key[starts].tolist() if len(flat) else []
+        which = [*names, None]
+        if len(set(runs)) == len(runs):  # each adapter's tokens one stretch already
+            ends = [*starts[1:], len(flat)]
+            self._segments = [(which[k], e - s) for k, s, e in zip(runs, starts, ends, strict=True)]
+        else:  # a permutation puts them in adapter order
+            order = torch.sort(key, stable=True).indices
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(len(order), device=order.device)
+            self._order = (order, inverse)
+            counts = torch.bincount(key, minlength=len(which)).tolist()
+            self._segments = [(n, c) for n, c in zip(which, counts, strict=True) if c]
         self._tokens = flat.numel()
         self._adapter_of, self._names = flat, list(names)
-        groups = [(flat == k).nonzero().squeeze(-1) for k in range(len(names))]
-        self._order = torch.cat(groups) if groups else flat.new_zeros(0)
-        ends = itertools.accumulate(len(rows) for rows in groups)
-        self._segments = [
-            (name, end - len(rows), end)
-            for name, rows, end in zip(names, groups, ends, strict=True)
-            if len(rows)
-        ]
         try:
             yield
         finally:
-            self._order = self._adapter_of = None
+            self._adapter_of = self._order = None
 
     def _hook(self, path: str) -> Any:
         def hook(
             _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor
         ) -> torch.Tensor:
-            if (
-                self._order is None
-            ):  # outside `routing`: the default adapter, if any, for every token
+            if self._adapter_of is None:  # outside `routing`: the default adapter, if any
                 adapter = self.adapters[self.default].get(path) if self.default else None
-                return output if adapter is None else output + adapter(inputs[0]).to(output.dtype)
-            adapters = [self.adapters[name].get(path) for name, _, _ in self._segments]
+                return output if adapter is None else adapter.add_to(output, inputs[0])
+            adapters = [
+                self.adapters[name].get(path) if name is not None else None
+                for name, _ in self._segments
+            ]
             if not any(adapters):  # no routed adapter adapts this layer
                 return output
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
@@ -261,23 +283,48 @@ class LoraBank:
                 raise ValueError(
                     f"the routing covers {self._tokens} tokens, layer {path} got {x.shape[0]}"
                 )
-            # One gather into adapter order, each adapter on its contiguous segment, one scatter
-            # back (the segmented LoRA matmul of Punica's SGMV, in plain torch).
+            if len(adapters) == 1:  # one adapter for every token
+                assert adapters[0] is not None
+                return adapters[0].add_to(output, inputs[0])
+            # The tokens in adapter order (a gather, unless they are in that order already),
+            # each adapter on its contiguous segment, the deltas back in token order (the
+            # segmented LoRA matmul of Punica's SGMV, in plain torch).
             flat = output.reshape(-1, output.shape[-1])
-            grouped = x.index_select(0, self._order)
-            deltas = [
-                flat.new_zeros(end - start, flat.shape[-1])
-                if adapter is None
-                else adapter(grouped[start:end]).to(flat.dtype)
-                for adapter, (_, start, end) in zip(adapters, self._segments, strict=True)
-            ]
-            return flat.index_add(0, self._order, torch.cat(deltas)).view_as(output)
+            if self._order is not None:
+                x = _Rows.apply(x, *self._order)
+            sizes = [count for _, count in self._segments]
+            deltas = torch.cat(
+                [
+                    flat.new_zeros(len(part), flat.shape[-1])
+                    if adapter is None
+                    else adapter(part).to(flat.dtype)
+                    for adapter, part in zip(adapters, x.split(sizes), strict=True)
+                ]
+            )
+            if self._order is not None:
+                deltas = _Rows.apply(deltas, *reversed(self._order))
+            return (flat + deltas).view_as(output)
 
         return hook
 
     def _check(self, name: str) -> None:
         if name not in self.adapters:
             raise KeyError(f"no adapter {name!r}; adapters: {sorted(self.adapters)}")
+
+
+class _Rows(torch.autograd.Function):
+    """`x[order]` for a permutation `order` of x's rows (with `inverse` its inverse), whose
+    gradient is gathered back (`grad[inverse]`) instead of scattered: on a CPU a scatter-add of
+    rows takes several times as long as a gather."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> Any:
+        ctx.inverse = inverse
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad.index_select(0, ctx.inverse), None, None
 
 
 def peft_config(spec: LoraConfig, model: torch.nn.Module) -> dict[str, Any]:

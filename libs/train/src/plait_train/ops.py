@@ -46,34 +46,48 @@ def head_logprobs(
     return _HeadLogprobs.apply(hidden, weight, targets, *flat)
 
 
-def _chunk_parts(
-    flat: Sequence[torch.Tensor], start: int, end: int
-) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
-    """The low-rank parts that touch positions [start, end): (positions within the chunk, None
-    when the part covers the whole chunk in order; the rows of `u` for them; the part's index)."""
-    parts: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
+def _runs(flat: Sequence[torch.Tensor]) -> list[tuple[int, int, int, int]]:
+    """The low-rank parts as runs of consecutive positions: (part index, first position, end
+    position, the row of `u` for the first position). The parts' rows are positions in order of
+    their datums, so a part is a few long runs, and the chunks add each in place, on a slice of
+    their logits, instead of scattering a copy (positions x vocab) of them."""
+    runs = []
     for k in range(0, len(flat), 3):
-        rows = flat[k]
-        inside = ((rows >= start) & (rows < end)).nonzero().squeeze(-1)
-        if inside.numel():
-            local = rows[inside] - start
-            whole = len(local) == end - start and bool(
-                (local == torch.arange(end - start, device=local.device)).all()
-            )
-            parts.append((None if whole else local, inside, k // 3))
-    return parts
+        rows = flat[k].cpu()
+        if not len(rows):
+            continue
+        starts = [0, *((rows[1:] != rows[:-1] + 1).nonzero().squeeze(-1) + 1).tolist()]
+        ends = [*starts[1:], len(rows)]
+        first = rows[starts].tolist()
+        runs += [(k // 3, r, r + e - s, s) for r, s, e in zip(first, starts, ends, strict=True)]
+    return runs
+
+
+def _chunk_runs(
+    runs: Sequence[tuple[int, int, int, int]], start: int, end: int
+) -> list[tuple[int, int, int, int]]:
+    """The runs' pieces in positions [start, end): (part index, first and end position within
+    the chunk, the row of `u` for the first)."""
+    pieces = []
+    for k, first, last, row in runs:
+        lo, hi = max(first, start), min(last, end)
+        if lo < hi:
+            pieces.append((k, lo - start, hi - start, row + lo - first))
+    return pieces
 
 
 def _chunk_logits(
-    h: torch.Tensor, w: torch.Tensor, flat: Sequence[torch.Tensor], start: int, end: int
+    h: torch.Tensor,
+    w: torch.Tensor,
+    flat: Sequence[torch.Tensor],
+    runs: Sequence[tuple[int, int, int, int]],
+    start: int,
+    end: int,
 ) -> torch.Tensor:
     logits = h @ w.T
-    for local, inside, k in _chunk_parts(flat, start, end):
-        u, b = flat[3 * k + 1][inside].float(), flat[3 * k + 2].float()
-        if local is None:  # in place: never copy the chunk's (positions x vocab) logits
-            logits.addmm_(u, b.T)
-        else:
-            logits.index_add_(0, local, u @ b.T)
+    for k, lo, hi, row in _chunk_runs(runs, start, end):
+        u, b = flat[3 * k + 1][row : row + hi - lo].float(), flat[3 * k + 2].float()
+        logits[lo:hi].addmm_(u, b.T)  # in place: never copy the chunk's (positions x vocab) logits
     return logits
 
 
@@ -88,6 +102,7 @@ class _HeadLogprobs(torch.autograd.Function):
     ) -> Any:
         rows = chunk_rows(weight.shape[0])
         n = hidden.shape[0]
+        ctx.runs = runs = _runs(flat)
         logprobs = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n, dtype=torch.float32)
         lse = hidden.new_empty(n, dtype=torch.float32)
@@ -95,7 +110,7 @@ class _HeadLogprobs(torch.autograd.Function):
             w = weight.float()
             for start in range(0, n, rows):
                 end = min(start + rows, n)
-                logits = _chunk_logits(hidden[start:end].float(), w, flat, start, end)
+                logits = _chunk_logits(hidden[start:end].float(), w, flat, runs, start, end)
                 shift = logits.amax(-1, keepdim=True)
                 logits.sub_(shift)
                 exp = logits.exp()
@@ -129,7 +144,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 g = grad_logprobs[start:end].float()
                 # d logprob / d logits = onehot(target) - softmax(logits)
                 grad_logits = (
-                    _chunk_logits(h, w, flat, start, end)
+                    _chunk_logits(h, w, flat, ctx.runs, start, end)
                     .sub_(lse[start:end, None])
                     .exp_()
                     .mul_(-g[:, None])
@@ -139,11 +154,10 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
                 if grad_weight is not None:
                     grad_weight.addmm_(grad_logits.T, h)
-                for local, inside, k in _chunk_parts(flat, start, end):
-                    u, b = flat[3 * k + 1], flat[3 * k + 2]
-                    mine = grad_logits if local is None else grad_logits[local]
-                    grad_u[k][inside] += mine @ b.float()
-                    grad_b[k].addmm_(mine.T, u[inside].float())
+                for k, lo, hi, row in _chunk_runs(ctx.runs, start, end):
+                    u, b, mine = flat[3 * k + 1], flat[3 * k + 2], grad_logits[lo:hi]
+                    grad_u[k][row : row + hi - lo].addmm_(mine, b.float())
+                    grad_b[k].addmm_(mine.T, u[row : row + hi - lo].float())
         grad_flat: list[torch.Tensor | None] = [
             grad for k in range(len(grad_u)) for grad in (None, grad_u[k], grad_b[k])
         ]

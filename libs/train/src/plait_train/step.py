@@ -22,7 +22,14 @@ import numpy as np
 import torch
 
 from plait.api import DataError, Datum, ForwardBackwardOutput, TensorData, merge_metrics
-from plait_train.layout import INT_INPUTS, LayoutOptions, MicroBatch, plan_micro_batches
+from plait_train.layout import (
+    INT_INPUTS,
+    LayoutOptions,
+    MicroBatch,
+    RowPlan,
+    build_row,
+    plan_micro_batches,
+)
 from plait_train.losses import LossOutput, check_inputs
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, same_experts
@@ -115,6 +122,21 @@ def active_positions(batch: MicroBatch) -> torch.Tensor:
         if key in batch.inputs:
             return test(batch.inputs[key]) & batch.valid
     return batch.valid
+
+
+def _in_group_order(
+    rows: Sequence[RowPlan], tokens: Sequence[np.ndarray], groups: Sequence[int]
+) -> list[RowPlan]:
+    """A micro-batch's rows, and each row's datums, in the order of their groups: where the
+    packing allows, each group's tokens are then one stretch of the micro-batch, which its adapter
+    takes as it is, with no gather into adapter order (`plait_train.lora.LoraBank.routing`)."""
+    ordered = [
+        row
+        if len({groups[i] for i in row.members}) == 1
+        else build_row(tokens, sorted(row.members, key=groups.__getitem__), share=False)
+        for row in rows
+    ]
+    return sorted(ordered, key=lambda row: (groups[row.members[0]], groups[row.members[-1]]))
 
 
 class AdapterRouter(Protocol):
@@ -265,6 +287,8 @@ class StepRunner:
             attrs.evolve(self.layout, prefix_sharing=False) if router is not None else self.layout
         )
         plans = plan_micro_batches(tokens, layout) if data else []
+        if router is not None:
+            plans = [_in_group_order(rows, tokens, groups) for rows in plans]
         passes = agree_on_passes(len(plans)) if agree_on_passes is not None else len(plans)
         results = [
             ShardResult(
@@ -336,6 +360,11 @@ class StepRunner:
         )
         for row, group in enumerate(member_groups):
             adapter_of[batch.slots[row, : batch.lengths[row]]] = group
+        # A padding slot goes through the adapter of the slot before it (every row starts with
+        # a datum's): its output reaches no loss and no other slot, and so every group's
+        # tokens are one stretch of the micro-batch wherever `_in_group_order` could make them.
+        slots = torch.arange(len(adapter_of), device=adapter_of.device)
+        adapter_of = adapter_of[torch.where(adapter_of >= 0, slots, 0).cummax(0).values]
         return router.routing(adapter_of.view_as(batch.input_ids), adapters)
 
     def _routing(self, data: Sequence[Datum], keys: Sequence[str]) -> list[np.ndarray] | None:

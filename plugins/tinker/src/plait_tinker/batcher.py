@@ -20,10 +20,17 @@ class TrainingBatcher:
     serves every waiting run once. Before a pass, the batcher waits a little (at most half the
     last pass, and `MAX_GATHER_S`) for the runs of the last pass that have not come back yet:
     their clients are a round trip behind the others, and a pass of its own costs a straggler
-    most of a shared pass. Calls with different losses run apart, and when a shared pass fails
-    its calls run alone, so that one bad request fails only itself."""
+    most of a shared pass. After an idle spell, while other runs have trained lately, a
+    forward_backward waits for the ones right behind it (until `SETTLE_S` passes without one,
+    `MAX_GATHER_S` at most): clients set off together arrive over a few milliseconds, and those
+    that missed the first pass would otherwise make passes of their own until a gather caught
+    them. Calls with different losses run apart, and when a shared pass fails its calls run
+    alone, so that one bad request fails only itself."""
 
     MAX_GATHER_S = 0.1
+    SETTLE_S = 0.005
+    RECENT_S = 30.0
+    """Runs that were in a pass this long ago are expected back (for `SETTLE_S`)."""
 
     def __init__(self, host: AdapterTrainer, train: Callable[..., Awaitable[Any]]) -> None:
         self.host = host
@@ -35,6 +42,7 @@ class TrainingBatcher:
         self._arrived = asyncio.Event()
         self._last_pass: set[AdapterEngine] = set()
         self._last_pass_s = 0.0
+        self._seen: dict[AdapterEngine, float] = {}  # each run's last pass (the loop's clock)
         self._draining: asyncio.Task[None] | None = None
         self.passes = self.calls = self.step_batches = 0
 
@@ -56,6 +64,16 @@ class TrainingBatcher:
         await asyncio.sleep(0)  # requests that arrive in the same moment join the first pass
         gather_until: float | None = None
         loop = asyncio.get_running_loop()
+        if self._waiting and not self._stepping and self._others_expected(loop.time()):
+            settle_until = loop.time() + self.MAX_GATHER_S
+            while loop.time() < settle_until:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(
+                        self._arrived.wait(), min(self.SETTLE_S, settle_until - loop.time())
+                    )
+                except TimeoutError:
+                    break
         while self._waiting or self._stepping:
             if self._stepping:
                 steps = [item for item in self._stepping if not item[2].done()]
@@ -76,6 +94,8 @@ class TrainingBatcher:
             self._waiting = []
             self._last_pass = {engine for engine, _, _ in ready}
             began = loop.time()
+            self._seen = {e: t for e, t in self._seen.items() if began - t < self.RECENT_S}
+            self._seen.update(dict.fromkeys(self._last_pass, began))
             by_loss: dict[
                 tuple[Any, ...],
                 list[tuple[AdapterEngine, wire.ForwardBackwardCall, asyncio.Future[Any]]],
@@ -87,6 +107,11 @@ class TrainingBatcher:
             for items in by_loss.values():
                 await self._run(items)
             self._last_pass_s = loop.time() - began
+
+    def _others_expected(self, now: float) -> bool:
+        """Whether runs other than the waiting ones were in a pass within `RECENT_S`."""
+        waiting = {engine for engine, _, _ in self._waiting}
+        return any(now - t < self.RECENT_S for e, t in self._seen.items() if e not in waiting)
 
     async def _step(
         self, items: list[tuple[AdapterEngine, AdamParams, asyncio.Future[Any]]]
