@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The distributions of this repository, in dependency order.
-DISTS := core libs/testing libs/algorithms libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy plugins/tinker plugins/remote plugins/sinks examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink
+DISTS := core libs/testing libs/algorithms libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy plugins/tinker plugins/remote plugins/sinks examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink examples/plugins/median_baseline
 
 .PHONY: help venv demo demo-tiny test check lint bench clean
 

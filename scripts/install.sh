@@ -4,7 +4,7 @@
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DISTS=${DISTS:-core libs/testing libs/algorithms libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy plugins/tinker plugins/remote examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink}
+DISTS=${DISTS:-core libs/testing libs/algorithms libs/hf libs/weights libs/train libs/server sdk plugins/torch plugins/fsdp2 plugins/megatron plugins/vllm plugins/sglang envs/math envs/docker renderers/qwen plugins/proxy plugins/tinker plugins/remote examples/plugins/openai_engine examples/plugins/countdown_env examples/plugins/csv_sink examples/plugins/median_baseline}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip

@@ -28,7 +28,6 @@ from plait.errors import (
     PluginError as PluginError,
     RendererError as RendererError,
     UnknownComponentError as UnknownComponentError,
-    WeightBaseError as WeightBaseError,
     WeightSyncError as WeightSyncError,
 )
 from plait.hookspecs import hookimpl as hookimpl
@@ -42,6 +41,8 @@ from plait.kinds import (
     RENDERER as RENDERER,
     TRAINER_ENGINE as TRAINER_ENGINE,
     WEIGHT_SYNC as WEIGHT_SYNC,
+    AdvantageBatch as AdvantageBatch,
+    AdvantageEstimator as AdvantageEstimator,
     EnvFactory as EnvFactory,
     InferenceEngineFactory as InferenceEngineFactory,
     Kind as Kind,
@@ -151,7 +152,6 @@ from plait.types import (
     StopSpec as StopSpec,
     SyncStats as SyncStats,
     TensorData as TensorData,
-    TensorPatch as TensorPatch,
     TextBlock as TextBlock,
     ToolCall as ToolCall,
     ToolError as ToolError,

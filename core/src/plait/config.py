@@ -93,7 +93,9 @@ class RLSection:
     loss_config: dict[str, float] = attrs.field(factory=dict)
     advantage: str = "grpo"
     """A registered advantage estimator (`plait plugins`); plait-algorithms': grpo, dr_grpo,
-    rloo."""
+    rloo, reinforce++, reinforce++_baseline, gae."""
+    advantage_options: dict[str, Any] = attrs.field(factory=dict)
+    """The estimator's options (e.g. gae's `gamma`, `lam`), checked against its options class."""
     remove_constant_reward_groups: bool = True
     max_tokens: int = attrs.field(default=64, validator=positive)
     temperature: float = attrs.field(default=1.0, validator=non_negative)

@@ -59,12 +59,6 @@ class WeightSyncError(PlaitError):
     """A weight transfer failed, timed out, or arrived corrupted."""
 
 
-class WeightBaseError(WeightSyncError, ValueError):
-    """A delta weight update does not fit the weights the receiver holds (another version, or other
-    bits than the patches were made against); nothing was written. A ValueError too, for callers
-    that catch those."""
-
-
 class EnvironmentError_(PlaitError):
     """An environment failed in a way that costs the current trajectory."""
 

@@ -53,8 +53,27 @@ LossFunction = Callable[..., Any]
 """`loss(data, logprobs, config) -> LossOutput` on the trainer's tensors (see
 `plait_train.losses`)."""
 
-AdvantageEstimator = Callable[[np.ndarray], np.ndarray]
-"""One group's rewards (float64, one per sample of a prompt) -> each sample's advantage."""
+
+@attrs.frozen(eq=False)  # arrays: == would not give one bool
+class AdvantageBatch:
+    """What an advantage estimator sees: a step's whole batch at once (REINFORCE++ normalises
+    over it), by group (the samples of one prompt; online RL's batch is one group)."""
+
+    rewards: list[np.ndarray]
+    """Per group, each sample's reward (float64)."""
+    action_tokens: list[np.ndarray]
+    """Per group, each sample's number of action (sampled) tokens over all its turns."""
+    values: list[list[np.ndarray]] | None = None
+    """Per group and sample, a critic's value of each action token; None: the run has no critic."""
+
+
+class AdvantageEstimator(Protocol):
+    """`(batch, *, options) -> per group and sample, one advantage per action token` (in the
+    order of the sample's turns); `options` is `rl.advantage_options` validated."""
+
+    def __call__(self, batch: AdvantageBatch, *, options: Any) -> list[list[np.ndarray]]: ...
+
+
 OffPolicyCorrection = Callable[
     [Sequence[Datum], Sequence[np.ndarray], OffPolicySection], tuple[list[Datum], dict[str, float]]
 ]

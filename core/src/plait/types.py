@@ -350,51 +350,18 @@ class LoraConfig:
 
 
 @attrs.frozen(eq=False)
-class TensorPatch:
-    """Changes to some elements of one tensor: the entries of a `WeightUpdate(kind="delta")`.
-
-    Positions are row-major offsets into the flattened tensor, stored gap-encoded: `gaps` is a 1-D
-    unsigned integer tensor (uint8, uint16 or int32, the narrowest that fits) whose running sum
-    gives the ascending positions (the first gap is the first position). `values` holds, per
-    position, either the new value in the receiver's dtype, which *replaces* the old one (an
-    overwrite, not an addition, so nothing drifts), or, when `escaped` is set (`bit_steps`), a
-    signed integer step (int8, int16 or int32, narrower than the tensor's dtype) of the element's
-    raw bit pattern: new bits = old bits + step, exact integer arithmetic, so the result is
-    bit-exact too, but only on exactly the base the patch was made against (the update's
-    `base_checksum` guards it). A step equal to its dtype's minimum (-128 for int8) is an escape:
-    that element's new value is the next one of `escaped` (1-D, in the tensor's dtype), for the
-    rare element that moves further than a step holds. `gaps=None` is a dense entry: `values` is
-    the whole tensor, flattened. An entry with no gaps and no values changes nothing (it still
-    names the tensor for the update's checksum). See `plait_weights.patch` for diffing, applying
-    and packing.
-    """
-
-    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    values: Any
-    gaps: Any | None = None
-    escaped: Any | None = None
-
-    @property
-    def dense(self) -> bool:
-        return self.gaps is None
-
-    @property
-    def bit_steps(self) -> bool:
-        return self.escaped is not None
-
-
-@attrs.frozen(eq=False)
 class WeightUpdate:
     """Weights on their way from a trainer to an inference engine.
 
     `tensors` maps Hugging Face parameter names to tensors (any array type the receiver accepts).
-    With `kind="delta"`, `tensors` maps names to `TensorPatch` changes of some tensors;
-    `base_version`, when set, is the version the receiver must hold for the patches to apply
-    (sparse patches change a known base; dense entries do not need one). `checksum`, when set, is
-    `plait_weights.patch.checksum` of every tensor the update names, as they must be after it
-    applies: a receiver that holds other bits must refuse the update loudly. `base_checksum` is
-    the checksum of the tensors whose patches are `bit_steps`, as they must be *before* it
-    applies (required for such patches: a receiver checks it before writing anything).
+    With `kind="delta"`, `tensors` maps names to changes of some tensors, in plait-weights' delta
+    format (`plait_weights.delta.TensorPatch`); `base_version`, when set, is the version the
+    receiver must hold for the patches to apply (sparse patches change a known base; dense
+    entries do not need one). `checksum`, when set, is `plait_weights.patch.checksum` of every
+    tensor the update names, as they must be after it applies: a receiver that holds other bits
+    must refuse the update loudly. `base_checksum` is the checksum of the tensors whose patches
+    are `bit_steps`, as they must be *before* it applies (required for such patches: a receiver
+    checks it before writing anything).
     """
 
     version: int

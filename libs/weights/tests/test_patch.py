@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from plait.api import TensorPatch, WeightBaseError, WeightUpdate
+from plait.api import WeightUpdate
+from plait_weights.delta import TensorPatch, WeightBaseError
 
 torch = pytest.importorskip("torch")  # the core imports without torch; its delta format needs it
 

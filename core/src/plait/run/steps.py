@@ -22,7 +22,7 @@ import structlog
 from plait import kinds
 from plait.components import Components, Policy
 from plait.config import RLSection, RunConfig
-from plait.errors import EnvironmentError_, WeightSyncError
+from plait.errors import DataError, EnvironmentError_, WeightSyncError
 from plait.metrics import mean, merge_metrics
 from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
@@ -168,11 +168,11 @@ def policy_groups(
 def prepare_groups(
     config: RunConfig, policy: Policy, groups: Sequence[Sequence[Trajectory]]
 ) -> Prepared:
-    """Group advantages (constant-reward groups left out), token-level mean scaling, and the
-    off-policy correction (`off_policy.correction`) when configured."""
+    """Advantages of the whole batch at once (`rl.advantage`; constant-reward groups left out),
+    token-level mean scaling, and the off-policy correction (`off_policy.correction`)."""
     rl = config.rl
-    estimate = get_registry().get(kinds.ADVANTAGE, rl.advantage).load()
-    datums: list[Datum] = []
+    samples: list[list[list[Datum]]] = []  # per group and sample, its datums
+    batch_rewards: list[np.ndarray] = []
     kept = constant = 0
     for group in groups:
         valid = [t for t in group if t.error is None]
@@ -181,13 +181,23 @@ def prepare_groups(
             constant += 1
             continue
         kept += 1
-        advantages = estimate(rewards) if rewards.size else rewards
-        for trajectory, advantage in zip(valid, advantages, strict=True):
-            datums.extend(trajectory_to_datums(trajectory, float(advantage)))
-    action_tokens = sum(float(d.loss_fn_inputs["mask"].data.sum()) for d in datums)
-    if datums and action_tokens:
-        # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
-        datums = [_scale_advantages(d, 1.0 / action_tokens) for d in datums]
+        if valid:  # advantages go in once the estimator has seen the whole batch
+            samples.append([trajectory_to_datums(t, 0.0) for t in valid])
+            batch_rewards.append(rewards)
+    counts = [np.asarray([_action_tokens(s) for s in group], dtype=np.int64) for group in samples]
+    action_tokens = float(sum(c.sum() for c in counts))
+    estimator = get_registry().get(kinds.ADVANTAGE, rl.advantage)
+    options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
+    batch = kinds.AdvantageBatch(batch_rewards, counts)
+    advantages = estimator.load()(batch, options=options) if samples else []
+    # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
+    scale = 1.0 / max(action_tokens, 1.0)  # without action tokens every advantage is 0 anyway
+    datums = [
+        datum
+        for group, group_advantages in zip(samples, advantages, strict=True)
+        for sample, sample_advantages in zip(group, group_advantages, strict=True)
+        for datum in _with_advantages(sample, sample_advantages, scale)
+    ]
     metrics = {
         "data/datums": float(len(datums)),
         "data/action_tokens": action_tokens,
@@ -362,8 +372,24 @@ def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: in
             )
 
 
-def _scale_advantages(datum: Datum, factor: float) -> Datum:
-    inputs = datum.loss_fn_inputs
-    return Datum(
-        datum.model_input, {**inputs, "advantages": inputs["advantages"].to_numpy() * factor}
-    )
+def _action_tokens(datums: Sequence[Datum]) -> int:
+    return sum(int(d.loss_fn_inputs["mask"].to_numpy().sum()) for d in datums)
+
+
+def _with_advantages(datums: Sequence[Datum], advantages: np.ndarray, scale: float) -> list[Datum]:
+    """One sample's datums with `advantages` (one per action token, across the datums in order)
+    on their action tokens, times `scale`."""
+    if len(advantages) != _action_tokens(datums):
+        raise DataError(
+            f"the advantage estimator (rl.advantage) gave {len(advantages)} advantages to a "
+            f"sample of {_action_tokens(datums)} action tokens",
+            fix="return one advantage per action token of each sample (the batch's action_tokens)",
+        )
+    out, start = [], 0
+    for datum in datums:
+        mask = datum.loss_fn_inputs["mask"].to_numpy() > 0
+        placed = np.zeros(mask.shape, np.float32)
+        placed[mask] = advantages[start : start + mask.sum()]
+        start += mask.sum()
+        out.append(Datum(datum.model_input, {**datum.loss_fn_inputs, "advantages": placed * scale}))
+    return out

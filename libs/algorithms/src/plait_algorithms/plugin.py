@@ -11,6 +11,22 @@ def plait_register_advantages(register: RegisterAdvantage) -> None:
     register("grpo", "plait_algorithms.advantages:grpo", description="(r - mean) / std")
     register("dr_grpo", "plait_algorithms.advantages:dr_grpo", description="r - mean")
     register("rloo", "plait_algorithms.advantages:rloo", description="leave-one-out baseline")
+    register(
+        "reinforce++",
+        "plait_algorithms.advantages:reinforce_pp",
+        description="REINFORCE++: r normalised over the batch's tokens",
+    )
+    register(
+        "reinforce++_baseline",
+        "plait_algorithms.advantages:reinforce_pp_baseline",
+        description="r - group mean, normalised over the batch's tokens",
+    )
+    register(
+        "gae",
+        "plait_algorithms.advantages:gae",
+        options="plait_algorithms.advantages:GaeOptions",
+        description="generalised advantage estimation from a critic's values (gamma, lam)",
+    )
 
 
 @hookimpl

@@ -1,13 +1,13 @@
 """The delta format of weight sync: diff two versions of a tensor, apply the patch, check bits.
 
-A `plait.types.TensorPatch` lists the elements of one tensor that changed, as gap-encoded flat
-positions and, per position, what turns the old element into the new one bit for bit (no float
-drift, unlike sending additive float deltas). Why this pays: an engine serving bfloat16 weights
-only sees a change where a trainer's float32 master weight crosses a bfloat16 rounding boundary,
-which at RL learning rates is a few percent of elements per step or less (PULSE, arXiv
-2602.03839), and such an element moves by one unit in the last place. In float32 nearly every
-element changes after an Adam step, and the patch falls back to a dense entry (never larger
-than the tensor itself).
+A `TensorPatch` (`plait_weights.delta`) lists the elements of one tensor that changed, as
+gap-encoded flat positions and, per position, what turns the old element into the new one bit for
+bit (no float drift, unlike sending additive float deltas). Why this pays: an engine serving
+bfloat16 weights only sees a change where a trainer's float32 master weight crosses a bfloat16
+rounding boundary, which at RL learning rates is a few percent of elements per step or less
+(PULSE, arXiv 2602.03839), and such an element moves by one unit in the last place. In float32
+nearly every element changes after an Adam step, and the patch falls back to a dense entry
+(never larger than the tensor itself).
 
 Encoding (what `TensorPatch` holds and the wire carries):
 
@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from plait.api import TensorPatch, WeightBaseError, WeightUpdate
+from plait.api import WeightUpdate
+from plait_weights.delta import TensorPatch, WeightBaseError
 
 FORMAT = "plait-weights/2"
 
@@ -270,8 +271,8 @@ def apply_update(
     update applies to its `base_version`, or to `update.version` itself when earlier updates of
     the same push (buckets) already applied. Checks every patch, and the base bits of step
     patches against `base_checksum`, before writing any: a misfit raises ValueError, another
-    base `plait.errors.WeightBaseError`, and nothing changes. A checksum mismatch after writing
-    raises ValueError, and the caller must then reload full weights.
+    base `WeightBaseError`, and nothing changes. A checksum mismatch after writing raises
+    ValueError, and the caller must then reload full weights.
     """
     if update.kind != "delta":
         raise ValueError(f"apply_update takes delta updates, got kind {update.kind!r}")
@@ -292,7 +293,7 @@ def apply_update(
         if not isinstance(patch, TensorPatch):
             raise ValueError(
                 f"entry {name!r} of a delta update is a {type(patch).__name__}, "
-                "not a plait.types.TensorPatch"
+                "not a plait_weights.delta.TensorPatch"
             )
         problem = _misfit(tensors[name], patch)
         if problem:

@@ -45,13 +45,13 @@ import structlog
 from plait.api import (
     InferenceEngine,
     SyncStats,
-    TensorPatch,
     TrainerEngine,
     WeightSyncError,
     WeightUpdate,
     positive,
 )
 from plait_weights.capabilities import DiskWeightLoader, WritesWeightFiles
+from plait_weights.delta import TensorPatch
 
 log = structlog.get_logger("plait_weights.sync")
 

@@ -80,7 +80,6 @@ from plait.api import (
     SamplingParams,
     StopReason,
     TensorData,
-    WeightBaseError,
     WeightUpdate,
     prompt_token_ids,
 )
@@ -93,6 +92,7 @@ from plait_train.lora import merge_adapter
 from plait_train.ops import target_logprobs
 from plait_train.routing import RoutingHooks, moe_shape
 from plait_weights import patch as weight_patch
+from plait_weights.delta import WeightBaseError
 
 log = structlog.get_logger("plait_torch.inference")
 

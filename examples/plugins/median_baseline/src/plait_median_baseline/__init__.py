@@ -1,0 +1,1 @@
+"""plait-median-baseline: the "group_median" advantage estimator (an example plugin)."""
