@@ -1,12 +1,14 @@
 """plait_train's step, scorer and checkpointing on a small random Qwen3
 (needs torch + transformers).
 
-Packed and prefix-shared layouts must give the logprobs and gradients of the padded one.
+Packed and prefix-shared layouts must give the logprobs and gradients of the padded one; the
+entropy bonus adds exactly its formula's gradient; a sequence-level loss sees each datum whole.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -14,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from plait.api import Datum  # noqa: E402
+from plait.api import DataError, Datum, TensorData  # noqa: E402
 from plait_testing.trainer import rl_datum, sft_datum  # noqa: E402
 from plait_train.checkpointing import apply_activation_checkpointing, decoder_layers  # noqa: E402
-from plait_train.layout import LayoutOptions  # noqa: E402
+from plait_train.layout import LayoutOptions, plan_rows  # noqa: E402
 from plait_train.perf import FlopsModel  # noqa: E402
 from plait_train.scorer import TokenScorer  # noqa: E402
 from plait_train.step import StepRunner, to_output  # noqa: E402
@@ -91,6 +93,7 @@ def run(
     backward: bool,
     chunked: bool = True,
     loss: str = "ppo",
+    config: Mapping[str, float] | None = None,
     **kwargs: object,
 ) -> tuple[list[np.ndarray], dict[str, float], dict[str, torch.Tensor]]:
     runner = StepRunner(
@@ -102,7 +105,7 @@ def run(
     )
     model.zero_grad(set_to_none=True)
     with torch.set_grad_enabled(backward):
-        result = runner.run(data, loss, None, backward=backward, **kwargs)
+        result = runner.run(data, loss, config, backward=backward, **kwargs)
     out = to_output(loss, len(data), [(range(len(data)), result)])
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -211,3 +214,81 @@ def test_parameter_names_stay_hugging_face_names(model: torch.nn.Module) -> None
     assert [n for n, _ in TokenScorer(checkpointed).named_parameters()] == [
         f"model.{n}" for n in before
     ]
+
+
+def entropy_bonus_gradients(
+    model: torch.nn.Module, data: list[Datum], coef: float
+) -> dict[str, torch.Tensor]:
+    """The gradient of -coef * (sum of the entropy over the loss's positions) / (their number in
+    all of `data`), by autograd through each datum's full logits, alone."""
+    positions = sum(int((d.loss_fn_inputs["mask"].to_numpy() > 0).sum()) for d in data)
+    model.zero_grad(set_to_none=True)
+    for datum in data:
+        logits = model(input_ids=torch.tensor([datum.model_input.to_ints()])).logits[0]
+        logp = torch.log_softmax(logits.float(), -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        mask = torch.from_numpy(datum.loss_fn_inputs["mask"].to_numpy()) > 0
+        (-coef * entropy[mask].sum() / positions).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed+shared"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked head", "full logits"])
+def test_entropy_coef_adds_the_entropy_bonus_gradient(
+    model: torch.nn.Module, layout: str, chunked: bool
+) -> None:
+    """Over several micro-batches (the bonus is the call's mean, not a micro-batch's), with a
+    loss that takes no entropy_coef of its own."""
+    data, coef = rl_batch(), 0.3
+    options = PADDED if layout == "padded" else LAYOUTS[layout]
+    _, metrics, grads = run(model, options, data, backward=True, chunked=chunked)
+    _, metrics_b, grads_b = run(
+        model, options, data, backward=True, chunked=chunked, config={"entropy_coef": coef}
+    )
+    assert "entropy_bonus:sum" not in metrics
+    assert metrics_b["entropy_bonus:sum"] == pytest.approx(-coef * metrics["entropy:mean"])
+    assert metrics_b["loss:sum"] == pytest.approx(metrics["loss:sum"])
+    bonus = entropy_bonus_gradients(model, data, coef)
+    assert_same_gradients(bonus, {n: grads_b[n] - grads[n] for n in bonus})
+
+
+def test_entropy_coef_must_be_a_number(model: torch.nn.Module) -> None:
+    with pytest.raises(DataError, match=r"loss_fn_config\[.entropy_coef.\] is nan") as info:
+        run(model, PADDED, rl_batch(), backward=True, config={"entropy_coef": float("nan")})
+    assert "leave it out for no entropy bonus" in (info.value.fix or "")
+
+
+def near_policy_batch(model: torch.nn.Module) -> list[Datum]:
+    """rl_batch with sampler logprobs the model's own shifted by a few 1e-4 per datum, so that
+    GSPO's sequence ratios fall inside its clip range (3e-4 below 1, 4e-4 above) and out."""
+    data = rl_batch()
+    logprobs, _, _ = run(model, PADDED, data, backward=False)
+    shifts = [1e-4, -2e-4, 2e-3, -1e-3, 3e-4, -5e-3, 0.05, -0.05, 0.0]
+    out = []
+    for datum, lp, shift in zip(data, logprobs, shifts, strict=True):
+        mask = datum.loss_fn_inputs["mask"].to_numpy()
+        sampler = np.where(mask > 0, lp - shift, 0.0).astype(np.float32)
+        inputs = {**datum.loss_fn_inputs, "logprobs": TensorData.from_numpy(sampler)}
+        out.append(Datum(datum.model_input, inputs))
+    return out
+
+
+def test_gspo_on_packed_datums_equals_each_datum_alone(model: torch.nn.Module) -> None:
+    data = near_policy_batch(model)
+    tokens = [np.asarray(d.model_input.to_ints()) for d in data]
+    assert any(len(row.members) > 1 for row in plan_rows(tokens, LAYOUTS["packed"]))
+    _, metrics, grads = run(model, LAYOUTS["packed"], data, backward=True, loss="gspo")
+    assert 0 < metrics["clip_fraction:mean"] < 1
+    loss, summed = 0.0, {n: torch.zeros_like(g) for n, g in grads.items()}
+    for datum in data:
+        _, alone, alone_grads = run(model, PADDED, [datum], backward=True, loss="gspo")
+        loss += alone["loss:sum"]
+        for name, grad in alone_grads.items():
+            summed[name] += grad
+    assert metrics["loss:sum"] == pytest.approx(loss, rel=1e-5)
+    assert_same_gradients(summed, grads)
+    _, padded, padded_grads = run(model, PADDED, data, backward=True, loss="gspo")
+    assert padded["loss:sum"] == pytest.approx(loss, rel=1e-5)
+    assert_same_gradients(padded_grads, grads)

@@ -112,6 +112,25 @@ def test_two_ranks_train_like_one_process(full_vocabulary_model: ResolvedModel) 
         fsdp.close()
 
 
+def test_the_entropy_bonus_is_the_mean_over_the_whole_call(tiny_model: ResolvedModel) -> None:
+    """Each rank holds a share of the call but normalises its entropy bonus by the positions of
+    the whole call: the bonus and the gradient are one process's."""
+    torch_trainer = pytest.importorskip("plait_torch.trainer")
+    data, config = grpo_batch(4), {"entropy_coef": 5.0}
+    reference = torch_trainer.TorchTrainer(tiny_model)
+    expected = reference.forward_backward(data, "gspo", config).metrics
+    expected_norm = reference.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
+    fsdp = FSDP2Trainer(tiny_model, options=OPTIONS)
+    try:
+        actual = fsdp.forward_backward(data, "gspo", config).metrics
+        for key in ("entropy_bonus:sum", "loss:sum"):
+            assert actual[key] == pytest.approx(expected[key], rel=1e-5), key
+        norm = fsdp.optim_step(SMOOTH_ADAM).metrics["grad_norm"]
+        assert norm == pytest.approx(expected_norm, rel=1e-4)
+    finally:
+        fsdp.close()
+
+
 def test_a_checkpoint_saved_on_two_ranks_resumes_identically(
     tiny_model: ResolvedModel, tmp_path: Path
 ) -> None:

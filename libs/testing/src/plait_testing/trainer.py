@@ -48,6 +48,8 @@ RL_LOSSES: dict[str, dict[str, float]] = {
     "ppo": {},
     "cispo": {},
     "dro": {"beta": 0.1},
+    "gspo": {},
+    "ppo_dual_clip": {},
 }
 # Adam with a large eps is close to SGD (update ~ lr * g / eps), so its updates depend smoothly on
 # the gradient: small numerical differences in the gradient give small differences in the weights.

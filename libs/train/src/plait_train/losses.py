@@ -5,8 +5,15 @@ the sampler's, `A = inputs["advantages"]`, `r = exp(lp - q)`. Every loss is a *s
 (normalise through the weights/advantages on the client side), and works on any shape: one datum
 (N,) or a padded batch (B, T) whose padding positions have zero weight/advantage and lp = q = 0.
 
-An optional `mask` input (1 on sampled tokens) is not part of any formula; when present, metrics
-such as the importance-weight max are taken over masked tokens only.
+An optional `mask` input (1 on sampled tokens) is not part of any token-level formula; when
+present, metrics such as the importance-weight max are taken over masked tokens only, and `gspo`
+averages its sequence ratio over masked tokens (over non-zero advantages without a mask).
+
+A sequence is one datum: the last axis. The step runner gives every datum a row of its own
+(`plait_train.layout.MicroBatch`: packing and prefix sharing lay several datums into one row of
+the *model's* input, but logprobs and loss inputs stay (datums, positions)), so a sequence-level
+loss reduces each row of a (B, T) input, or the whole of an (N,) one, and gets the same result
+for a datum alone, padded in a batch or packed with others.
 
 This module imports torch; the core registers the losses lazily, so `import plait` does not.
 """
@@ -35,6 +42,8 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
+    "gspo": ("target_tokens", "logprobs", "advantages"),
+    "ppo_dual_clip": ("target_tokens", "logprobs", "advantages"),
 }
 
 
@@ -59,13 +68,16 @@ def _config(
     return {**defaults, **config}
 
 
+def _sampled(inputs: Mapping[str, Tensor]) -> Tensor:
+    """The sampled tokens: the `mask` input when given, else the non-zero advantages."""
+    mask = inputs.get("mask")
+    return mask > 0 if mask is not None else inputs["advantages"] != 0
+
+
 def _ratio_metrics(lp: Tensor, inputs: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
     q = inputs["logprobs"]
     log_ratio = (lp - q).detach()
-    mask = inputs.get("mask")
-    if mask is None:
-        mask = (inputs["advantages"] != 0).to(lp.dtype)
-    selected = mask > 0
+    selected = _sampled(inputs)
     ratio = torch.exp(lp - q)
     metrics: dict[str, float] = {}
     if bool(selected.any()):
@@ -98,19 +110,96 @@ def importance_sampling(
     return LossOutput(loss, {"loss:sum": float(loss.detach()), **metrics})
 
 
+def _clipped(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """PPO's per-token objective min(r A, clip(r, low, high) A), and where the clip binds."""
+    unclipped, clipped = ratio * adv, torch.clamp(ratio, low, high) * adv
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def _fraction(where: Tensor, adv: Tensor) -> float:
+    """The fraction of the loss's tokens (non-zero advantages) where `where` holds."""
+    active = adv != 0
+    return float((where & active).sum() / active.sum().clamp(min=1))
+
+
 def ppo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
+    """-sum min(r A, clip(r, clip_low_threshold, clip_high_threshold) A).
+
+    DAPO's asymmetric "clip-higher" (Yu et al. 2025) is this loss with clip_low_threshold=0.8,
+    clip_high_threshold=1.28."""
     cfg = _config(config, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "ppo")
     ratio, metrics = _ratio_metrics(lp, inputs)
     adv = inputs["advantages"]
-    clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
-    unclipped_obj, clipped_obj = ratio * adv, clipped * adv
-    loss = -torch.minimum(unclipped_obj, clipped_obj).sum()
-    active = adv != 0
-    clip_fraction = float(
-        ((clipped_obj < unclipped_obj) & active).sum() / active.sum().clamp(min=1)
-    )
+    objective, clipped = _clipped(ratio, adv, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    loss = -objective.sum()
     return LossOutput(
-        loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics}
+        loss,
+        {
+            "loss:sum": float(loss.detach()),
+            "clip_fraction:mean": _fraction(clipped, adv),
+            **metrics,
+        },
+    )
+
+
+def ppo_dual_clip(
+    lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
+) -> LossOutput:
+    """Dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c): `ppo`'s objective, and on tokens with
+    A < 0 at least c A (c = dual_clip): -sum where(A < 0, max(min(r A, clip(r) A), c A),
+    min(r A, clip(r) A)). With A < 0 PPO's objective falls without bound as r grows (a token the
+    sampler found unlikely, now likely); the dual clip bounds it, and its gradient, at r > c."""
+    cfg = _config(
+        config,
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "dual_clip": 3.0},
+        "ppo_dual_clip",
+    )
+    if not cfg["dual_clip"] > 1.0:
+        raise ValueError(
+            f"loss 'ppo_dual_clip' needs loss_fn_config['dual_clip'] > 1 (the bound c on the "
+            f"ratio of negative-advantage tokens; default 3.0), got {cfg['dual_clip']}"
+        )
+    ratio, metrics = _ratio_metrics(lp, inputs)
+    adv = inputs["advantages"]
+    objective, clipped = _clipped(ratio, adv, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    floor = cfg["dual_clip"] * adv
+    negative = adv < 0
+    loss = -torch.where(negative, torch.maximum(objective, floor), objective).sum()
+    return LossOutput(
+        loss,
+        {
+            "loss:sum": float(loss.detach()),
+            "clip_fraction:mean": _fraction(clipped, adv),
+            "dual_clip_fraction:mean": _fraction(negative & (objective < floor), adv),
+            **metrics,
+        },
+    )
+
+
+def gspo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
+    """GSPO (Zheng et al. 2025), in its GSPO-token form: -sum min(s A, clip(s, 1 - clip_low,
+    1 + clip_high) A), where on every token of a sequence (a row, see the module docstring)
+    s_t = sg(s) * exp(lp_t - sg(lp_t)) and s = exp(mean of lp - q over the sequence's sampled
+    tokens). Its value is the sequence ratio s, so the clip is decided per sequence; its
+    gradient is s times that of lp_t, so per-token advantages work. Normalise through the
+    advantages (A / |y| for the paper's per-sequence token mean)."""
+    cfg = _config(config, {"clip_low": 3e-4, "clip_high": 4e-4}, "gspo")
+    _, metrics = _ratio_metrics(lp, inputs)
+    q, adv = inputs["logprobs"], inputs["advantages"]
+    sampled = _sampled(inputs).to(lp.dtype)
+    log_s = ((lp - q).detach() * sampled).sum(-1, keepdim=True) / sampled.sum(
+        -1, keepdim=True
+    ).clamp(min=1)
+    ratio = torch.exp(log_s) * torch.exp(lp - lp.detach())
+    objective, clipped = _clipped(ratio, adv, 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"])
+    loss = -objective.sum()
+    return LossOutput(
+        loss,
+        {
+            "loss:sum": float(loss.detach()),
+            "clip_fraction:mean": _fraction(clipped, adv),
+            **metrics,
+        },
     )
 
 
@@ -120,10 +209,13 @@ def cispo(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float])
     adv = inputs["advantages"]
     clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"]).detach()
     loss = -(clipped * lp * adv).sum()
-    active = adv != 0
-    clip_fraction = float(((ratio.detach() != clipped) & active).sum() / active.sum().clamp(min=1))
     return LossOutput(
-        loss, {"loss:sum": float(loss.detach()), "clip_fraction:mean": clip_fraction, **metrics}
+        loss,
+        {
+            "loss:sum": float(loss.detach()),
+            "clip_fraction:mean": _fraction(ratio.detach() != clipped, adv),
+            **metrics,
+        },
     )
 
 
@@ -143,4 +235,6 @@ BUILTIN_LOSSES: dict[str, LossFn] = {
     "ppo": ppo,
     "cispo": cispo,
     "dro": dro,
+    "gspo": gspo,
+    "ppo_dual_clip": ppo_dual_clip,
 }

@@ -5,6 +5,10 @@ the last hidden states and the output projection, a few dozen positions at a tim
 (tokens x vocab) logits are never materialised. For small models with large vocabularies (Qwen's
 151936) those logits and their gradient are most of a step's memory traffic; chunking keeps each
 piece in cache and recomputes the projection in the backward pass instead of storing it.
+
+Entropies are differentiable too, on this path and the full-logits one (`token_entropy`); their
+gradient is computed only when the entropy reaches the loss (an entropy bonus), and costs nothing
+otherwise.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def head_logprobs(
     targets: torch.Tensor,
     low_rank: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target logprobs (differentiable) and entropies (not) of `hidden @ weight.T`, in float32.
+    """Target logprobs and entropies of `hidden @ weight.T`, in float32, both differentiable.
 
     `hidden` (N, H) final hidden states, `weight` (V, H) the output projection, `targets` (N,).
     `low_rank`: LoRA adapters on the projection, as (rows, u, b): the logits of positions `rows`
@@ -122,13 +126,19 @@ class _HeadLogprobs(torch.autograd.Function):
                 # H = log Z - sum(p * x), shift-invariant; p = exp / Z
                 entropy[start:end] = log_total - (exp * logits).sum(-1) / total
                 lse[start:end] = log_total + shift.squeeze(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse, *flat)
-        ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy, *flat)
+        # An output that reaches no loss gets None, not zeros: the entropy's gradient then costs
+        # nothing.
+        ctx.set_materialize_grads(False)
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: Any) -> Any:
-        hidden, weight, targets, lse, *flat = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> Any:
+        hidden, weight, targets, lse, entropy, *flat = ctx.saved_tensors
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros_like(lse)
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         rows = chunk_rows(weight.shape[0])
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -142,13 +152,19 @@ class _HeadLogprobs(torch.autograd.Function):
                 end = min(start + rows, hidden.shape[0])
                 h = hidden[start:end].float()
                 g = grad_logprobs[start:end].float()
-                # d logprob / d logits = onehot(target) - softmax(logits)
-                grad_logits = (
-                    _chunk_logits(h, w, flat, ctx.runs, start, end)
-                    .sub_(lse[start:end, None])
-                    .exp_()
-                    .mul_(-g[:, None])
-                )
+                logp = _chunk_logits(h, w, flat, ctx.runs, start, end).sub_(lse[start:end, None])
+                # d logprob / d logits = onehot(target) - p; d entropy / d logits = -p (log p + H)
+                if grad_entropy is None:
+                    grad_logits = logp.exp_().mul_(-g[:, None])
+                else:
+                    p = logp.exp()
+                    grad_logits = (
+                        logp.add_(entropy[start:end, None])
+                        .mul_(grad_entropy[start:end, None].float())
+                        .add_(g[:, None])
+                        .mul_(p)
+                        .neg_()
+                    )
                 grad_logits[torch.arange(end - start, device=h.device), targets[start:end]] += g
                 if grad_hidden is not None:
                     grad_hidden[start:end] = (grad_logits @ w).to(hidden.dtype)
@@ -171,11 +187,35 @@ class _HeadLogprobs(torch.autograd.Function):
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Exact entropy of the next-token distribution of each row of `logits` (N, V), a few dozen
-    rows at a time so that the float32 copies stay small."""
-    step = chunk_rows(logits.shape[-1])
-    out = [logits.new_zeros(0, dtype=torch.float32)]
-    for start in range(0, logits.shape[0], step):
-        logp = torch.log_softmax(logits[start : start + step].float(), dim=-1)
-        out.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(out)
+    """Exact entropy of the next-token distribution of each row of `logits` (N, V), in float32,
+    a few dozen rows at a time so that the float32 copies stay small. Differentiable: the
+    backward recomputes each chunk's softmax (and runs only when the entropy reaches a loss)
+    instead of autograd keeping (N, V) intermediates for it."""
+    return _TokenEntropy.apply(logits)
+
+
+class _TokenEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor) -> Any:
+        step = chunk_rows(logits.shape[-1])
+        entropy = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        for start in range(0, logits.shape[0], step):
+            logp = torch.log_softmax(logits[start : start + step].float(), dim=-1)
+            entropy[start : start + step] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(logits, entropy)
+        return entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_entropy: torch.Tensor) -> Any:
+        logits, entropy = ctx.saved_tensors
+        step = chunk_rows(logits.shape[-1])
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], step):
+            end = min(start + step, logits.shape[0])
+            logp = torch.log_softmax(logits[start:end].float(), dim=-1)
+            p = logp.exp()
+            # d entropy / d logits = -p (log p + H)
+            grad_logits[start:end] = p.mul_(logp.add_(entropy[start:end, None])).mul_(
+                -grad_entropy[start:end, None].float()
+            )
+        return grad_logits

@@ -2,7 +2,8 @@
 
 `TokenScorer(model)(input_ids, position_ids, reach, select, targets)` runs the model on rows laid
 out by `plait_train.layout` and returns, for every flat position `select[n]`, the logprob of
-`targets[n]` (differentiable) and the exact entropy of the next-token distribution there (not).
+`targets[n]` and the exact entropy of the next-token distribution there, both differentiable (the
+entropy's backward runs only when it reaches the loss: an entropy bonus).
 
 Models whose logits are exactly `decoder(x) @ head.weight.T` take the chunked output head
 (`plait_train.ops.head_logprobs`), which runs only at the selected positions and never holds
@@ -118,10 +119,9 @@ class TokenScorer(torch.nn.Module):
                 ],
             )
         logits = self.model(**kwargs).logits
-        picked = logits.reshape(-1, logits.shape[-1])[select]
-        with torch.no_grad():
-            entropy = token_entropy(picked.detach())
-        return target_logprobs(picked, targets), entropy
+        # One float32 copy that both outputs' backward passes keep (and nothing more).
+        picked = logits.reshape(-1, logits.shape[-1])[select].float()
+        return target_logprobs(picked, targets), token_entropy(picked)
 
     def _mask(self, reach: torch.Tensor) -> torch.Tensor:
         allowed = attention_mask(reach)

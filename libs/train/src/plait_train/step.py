@@ -9,11 +9,17 @@ across processes merges them exactly as one process would (`to_output`).
 A backward pass needs logprobs only where the loss acts (the `mask` input when given, else
 non-zero weights/advantages), so the output head runs only there; a forward pass scores every
 position.
+
+The entropy bonus works with every loss: `entropy_coef` in loss_fn_config (taken out before the
+loss sees its config) adds -entropy_coef * (sum of the next-token entropy over the positions the
+loss acts on) / (their number in the whole call) to the loss, reported as "entropy_bonus:sum".
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -38,6 +44,10 @@ from plait_train.scorer import TokenScorer
 ROUTED_EXPERTS = "routed_experts"
 """The loss input that carries the sampler's MoE routing, (positions, layers, top_k) per datum."""
 _ROUTING_SUMS = ("routing_agreed:sum", "routing_natural_agreed:sum", "routing_compared:sum")
+ENTROPY_COEF = "entropy_coef"
+"""The loss_fn_config key of the entropy bonus, which the step runner applies for every loss."""
+# Where a loss acts, by precedence: the `mask` input, else non-zero weights, else advantages.
+_ACTIVE_TESTS = (("mask", operator.gt), ("weights", operator.ne), ("advantages", operator.ne))
 
 
 def lookup_loss(name: str) -> Any:
@@ -80,6 +90,19 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
     return keys
 
 
+def split_loss_config(loss_fn_config: Mapping[str, float] | None) -> tuple[dict[str, float], float]:
+    """The loss's own config, and the entropy bonus coefficient (0 without one), which is not the
+    loss's to validate."""
+    config = dict(loss_fn_config or {})
+    coef = config.pop(ENTROPY_COEF, 0.0)
+    if not isinstance(coef, int | float) or not math.isfinite(coef):
+        raise DataError(
+            f"loss_fn_config[{ENTROPY_COEF!r}] is {coef!r}, not a finite number",
+            fix=f"set {ENTROPY_COEF} to a number (e.g. 0.001); leave it out for no entropy bonus",
+        )
+    return config, float(coef)
+
+
 def check_loss_config(
     loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None
 ) -> Any:
@@ -87,10 +110,11 @@ def check_loss_config(
     the loss rejects fails before any forward pass (which, split across processes, could not be
     abandoned halfway)."""
     loss = lookup_loss(loss_fn)
+    config = split_loss_config(loss_fn_config)[0]
     zero = torch.zeros(1)
     trial = {k: zero.long() if k in INT_INPUTS else zero for k in keys}
     try:
-        loss(zero, trial, dict(loss_fn_config or {}))
+        loss(zero, trial, config)
     except (ValueError, KeyError) as exc:
         raise DataError(
             f"loss {loss_fn!r} rejected its inputs: {exc}",
@@ -112,16 +136,29 @@ def check_token_ids(ids: Any, vocab_rows: int, what: str) -> None:
         )
 
 
+def _active(inputs: Mapping[str, Any]) -> Any:
+    """Where the loss acts in `inputs` (numpy arrays or tensors); None: at every position."""
+    for key, test in _ACTIVE_TESTS:
+        if key in inputs:
+            return test(inputs[key], 0)
+    return None
+
+
 def active_positions(batch: MicroBatch) -> torch.Tensor:
     """Positions the loss acts on: the `mask` input if given, else non-zero weights/advantages."""
-    for key, test in (
-        ("mask", lambda t: t > 0),
-        ("weights", lambda t: t != 0),
-        ("advantages", lambda t: t != 0),
-    ):
-        if key in batch.inputs:
-            return test(batch.inputs[key]) & batch.valid
-    return batch.valid
+    active = _active(batch.inputs)
+    return batch.valid if active is None else active & batch.valid
+
+
+def loss_positions(data: Sequence[Datum]) -> int:
+    """How many positions the loss acts on in `data` (as `active_positions`): the entropy bonus of
+    a call is normalised by this count of the whole call, also where processes share the call."""
+    total = 0
+    for datum in data:
+        inputs = datum.loss_fn_inputs
+        active = _active({k: inputs[k].to_numpy() for k, _ in _ACTIVE_TESTS if k in inputs})
+        total += datum.model_input.length if active is None else int(active.sum())
+    return total
 
 
 def _in_group_order(
@@ -147,9 +184,9 @@ class AdapterRouter(Protocol):
     ) -> contextlib.AbstractContextManager[None]: ...
 
 
-class _Outcome(dict[int, tuple[LossOutput, float, int]]):
-    """A micro-batch's logprobs (rows x positions) and, per group: its loss output, the entropy
-    summed over its loss-active positions, and their number."""
+class _Outcome(dict[int, tuple[dict[str, float], float, int]]):
+    """A micro-batch's logprobs (rows x positions) and, per group: its loss metrics (the entropy
+    bonus included), the entropy summed over its loss-active positions, and their number."""
 
     def __init__(self, logprobs: torch.Tensor) -> None:
         super().__init__()
@@ -236,10 +273,13 @@ class StepRunner:
         *,
         backward: bool,
         agree_on_passes: Callable[[int], int] | None = None,
+        call_positions: int | None = None,
     ) -> ShardResult:
         """`agree_on_passes(n)`: for processes that must run forward passes in lockstep (FSDP):
         given this process's number of micro-batches, the number every process runs; the missing
-        ones are run on a one-token dummy whose loss is zero."""
+        ones are run on a one-token dummy whose loss is zero. `call_positions`: where `data` is a
+        share of a call, `loss_positions` of the whole call (which normalises the entropy bonus);
+        by default those of `data`."""
         return self.run_groups(
             data,
             [0] * len(data),
@@ -247,6 +287,7 @@ class StepRunner:
             loss_fn_config,
             backward=backward,
             agree_on_passes=agree_on_passes,
+            call_positions=None if call_positions is None else [call_positions],
         )[0]
 
     def run_groups(
@@ -260,15 +301,24 @@ class StepRunner:
         router: AdapterRouter | None = None,
         adapters: Sequence[str] = (),
         agree_on_passes: Callable[[int], int] | None = None,
+        call_positions: Sequence[int] | None = None,
     ) -> list[ShardResult]:
         """Several callers' data in the same passes: datum i belongs to group `groups[i]` (0..G-1),
         and each group gets the result it would get alone (its logprobs, its loss metrics, its
         token counts), its loss reduced over its own tokens. With `router`, each group's tokens go
         through adapter `adapters[group]` (`plait_train.lora.LoraBank.routing`); the groups then
         share rows (packing) but no prefixes, and the routing stays set through the backward pass
-        (activation checkpointing recomputes the forward there)."""
-        config = dict(loss_fn_config or {})
+        (activation checkpointing recomputes the forward there). `call_positions`: per group, as
+        in `run`."""
+        config, entropy_coef = split_loss_config(loss_fn_config)
         count = max(groups, default=-1) + 1
+        if call_positions is None:
+            call_positions = [
+                loss_positions([d for d, g in zip(data, groups, strict=True) if g == group])
+                for group in range(count)
+            ]
+        # The entropy bonus per unit of entropy, per group: the call's mean, not a micro-batch's.
+        entropy_scales = [-entropy_coef / n if entropy_coef and n else 0.0 for n in call_positions]
         # A process of a lockstep group may get no data at all; it still runs its share of passes.
         keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
         routing = self._routing(data, keys)
@@ -316,12 +366,13 @@ class StepRunner:
             batch = MicroBatch.build(rows, tokens, inputs, self.device, routing)
             member_groups = [groups[index] for index in batch.indices]
             with self._adapters(batch, member_groups, router, adapters):
-                outcome = self._micro_batch(batch, member_groups, loss, loss_fn, config, backward)
+                outcome = self._micro_batch(
+                    batch, member_groups, loss, loss_fn, config, entropy_scales, backward
+                )
             if batch.routing is not None:
                 for key, value in self._routing_agreement(batch).items():
                     results[0].totals[key] += value
-            for group, (out, entropy_sum, active) in outcome.items():
-                chunk_metrics = dict(out.metrics)
+            for group, (chunk_metrics, entropy_sum, active) in outcome.items():
                 if active:
                     chunk_metrics["entropy:mean"] = entropy_sum / active
                 results[group].parts.append((chunk_metrics, active))
@@ -404,6 +455,7 @@ class StepRunner:
         loss: Any,
         loss_name: str,
         config: dict[str, float],
+        entropy_scales: Sequence[float],
         backward: bool,
     ) -> _Outcome:
         active = active_positions(batch)
@@ -436,8 +488,14 @@ class StepRunner:
                     fix="give every datum the loss_fn_inputs and loss_fn_config the loss documents",
                 ) from exc
             counted = active[rows, cols] & mine[rows]
-            outcome[group] = (out, float(entropy[counted].sum()), int(active[mine].sum()))
-            total = out.loss if total is None else total + out.loss
+            entropy_sum = entropy[counted].sum()
+            metrics, group_loss = dict(out.metrics), out.loss
+            if entropy_scales[group]:
+                bonus = entropy_scales[group] * entropy_sum
+                metrics["entropy_bonus:sum"] = float(bonus.detach())
+                group_loss = group_loss + bonus
+            outcome[group] = (metrics, float(entropy_sum.detach()), int(active[mine].sum()))
+            total = group_loss if total is None else total + group_loss
         if backward and total is not None:
             total.backward()
         return outcome

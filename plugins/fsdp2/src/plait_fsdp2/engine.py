@@ -39,7 +39,13 @@ from plait_fsdp2.rank import META_FILE, STATE_FORMAT, RankInfo, RankSetup
 from plait_train.layout import LayoutOptions, split_for_ranks
 from plait_train.perf import FlopsModel
 from plait_train.state import check_same_parameters, fsync_tree, replace_dir, temporary_sibling
-from plait_train.step import check_data, check_loss_config, check_token_ids, to_output
+from plait_train.step import (
+    check_data,
+    check_loss_config,
+    check_token_ids,
+    loss_positions,
+    to_output,
+)
 from plait_train.workers import WorkerGroup, tensor_from_wire
 
 log = structlog.get_logger("plait_fsdp2")
@@ -216,9 +222,11 @@ class FSDP2Trainer:
         )
         config = dict(loss_fn_config or {})
         shares = split_for_ranks(tokens, self.layout, self.options.world_size)
+        # Every rank normalises the entropy bonus by the whole call's positions, not its share's.
+        positions = loss_positions(data)
         results = self._group.call_each(
             method,
-            [([data[i] for i in share], loss_fn, config) for share in shares],
+            [([data[i] for i in share], loss_fn, config, positions) for share in shares],
             timeout_s=self.options.call_timeout_s,
         )
         return to_output(loss_fn, len(data), list(zip(shares, results, strict=True)))

@@ -155,18 +155,37 @@ class FSDP2Rank:
     # -- calls from the engine ------------------------------------------------------------------
 
     def forward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        call_positions: int,
     ) -> ShardResult:
         with torch.no_grad():
             return self.runner.run(
-                data, loss_fn, loss_fn_config, backward=False, agree_on_passes=self._most
+                data,
+                loss_fn,
+                loss_fn_config,
+                backward=False,
+                agree_on_passes=self._most,
+                call_positions=call_positions,
             )
 
     def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        call_positions: int,
     ) -> ShardResult:
+        """`call_positions`: `plait_train.step.loss_positions` of the whole call."""
         return self.runner.run(
-            data, loss_fn, loss_fn_config, backward=True, agree_on_passes=self._most
+            data,
+            loss_fn,
+            loss_fn_config,
+            backward=True,
+            agree_on_passes=self._most,
+            call_positions=call_positions,
         )
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
