@@ -1,4 +1,5 @@
-"""plait-sdk's plugin: the "ors" environment (any ORS server) and the `plait env` commands."""
+"""plait-sdk's plugin: the "ors" environment (any ORS server), "skyrl_gym" (skyrl-gym
+environments) and the `plait env` commands."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def plait_register_envs(register: RegisterEnv) -> None:
         "plait_sdk.client:ORSEnvironment.from_options",
         options="plait_sdk.client:ORSOptions",
         description="any Open Reward Standard server (options: url, env_name, api_key, splits)",
+    )
+    register(
+        "skyrl_gym",
+        "plait_sdk.skyrl:make_env",
+        options="plait_sdk.skyrl:SkyRLGymOptions",
+        description="a skyrl-gym environment on SkyRL dataset rows (options: env, data, "
+        "env_config, max_turns; needs plait-sdk[skyrl])",
     )
 
 

@@ -53,14 +53,10 @@ class MathOptions(Protocol):
     def wrong_format_reward(self) -> float: ...
 
 
-class MathEnvironment(Environment):
-    """Base: the prompt comes from the task; the final text goes to the `final_answer` terminal
-    tool."""
+class GeneratedTasks(Environment):
+    """Base of environments whose tasks are made on demand from (split, index) by `make_task`,
+    under options bound to the class by `bind`."""
 
-    options: ClassVar[MathOptions]
-    """The validated options object, bound by `bind`."""
-    robust: ClassVar[bool] = False
-    """Read answers robustly (word problems) rather than strictly (arithmetic)."""
     split_types: ClassVar[Mapping[str, str]] = {"train": "train", "test": "test"}
 
     @classmethod
@@ -86,6 +82,16 @@ class MathEnvironment(Environment):
     @classmethod
     def make_task(cls, split: str, index: int) -> dict[str, Any]:
         raise NotImplementedError
+
+
+class MathEnvironment(GeneratedTasks):
+    """Base: the prompt comes from the task; the final text goes to the `final_answer` terminal
+    tool."""
+
+    options: ClassVar[MathOptions]
+    """The validated options object, bound by `bind`."""
+    robust: ClassVar[bool] = False
+    """Read answers robustly (word problems) rather than strictly (arithmetic)."""
 
     def setup(self) -> None:
         missing = [k for k in TASK_KEYS if k not in self.task_spec]
@@ -130,7 +136,7 @@ class MathEnvironment(Environment):
         return self.judge(text, self.task_spec["answer_format"])
 
 
-def bind(env_cls: type[MathEnvironment], options: MathOptions, name: str) -> LocalEnvironment:
+def bind(env_cls: type[GeneratedTasks], options: object, name: str) -> LocalEnvironment:
     """A LocalEnvironment over a subclass of `env_cls` with `options` bound."""
     short = name.rsplit(".", 1)[-1]
     bound = type(short, (env_cls,), {"options": options, "__module__": env_cls.__module__})

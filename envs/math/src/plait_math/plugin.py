@@ -26,6 +26,11 @@ ENVS = {
         "two roles: a proposer writes a sum for a target, a solver solves it "
         "(multi-policy, self-play)",
     ),
+    "reasoning_gym": (
+        "plait_math.reasoning_gym_env",
+        "ReasoningGymOptions",
+        "reasoning-gym's procedural datasets, one or a weighted mixture, scored by reasoning-gym",
+    ),
 }
 
 
