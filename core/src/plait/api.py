@@ -14,6 +14,7 @@ from plait.components import (
 )
 from plait.config import (
     OffPolicySection as OffPolicySection,
+    RLSection as RLSection,
     RunConfig as RunConfig,
     apply_overrides as apply_overrides,
     load_config as load_config,
@@ -43,12 +44,14 @@ from plait.kinds import (
     WEIGHT_SYNC as WEIGHT_SYNC,
     AdvantageBatch as AdvantageBatch,
     AdvantageEstimator as AdvantageEstimator,
+    BatchPreparer as BatchPreparer,
     EnvFactory as EnvFactory,
     InferenceEngineFactory as InferenceEngineFactory,
     Kind as Kind,
     LossFunction as LossFunction,
     MetricSinkFactory as MetricSinkFactory,
     RegisterAdvantage as RegisterAdvantage,
+    RegisterBatchPreparer as RegisterBatchPreparer,
     RegisterEnv as RegisterEnv,
     RegisterInferenceEngine as RegisterInferenceEngine,
     RegisterLoss as RegisterLoss,
@@ -130,6 +133,7 @@ from plait.trajectory import (
     Trajectory as Trajectory,
     Turn as Turn,
     merge_turns as merge_turns,
+    trajectory_to_datums as trajectory_to_datums,
 )
 from plait.types import (
     AdamParams as AdamParams,

@@ -140,6 +140,7 @@ def validate_components(config: RunConfig) -> None:
     for check in [*checks, (kinds.ENV, config.env.name, config.env.options, "env")]:
         _checked(registry, *check)
     _lookup(registry, kinds.LOSS, config.rl.loss)
+    _lookup(registry, kinds.BATCH_PREPARER, config.rl.batch_preparer)
     _lookup(registry, kinds.ADVANTAGE, config.rl.advantage).validate_options(
         config.rl.advantage_options, "rl.advantage_options"
     )

@@ -96,7 +96,26 @@ class RLSection:
     rloo, reinforce++, reinforce++_baseline, gae."""
     advantage_options: dict[str, Any] = attrs.field(factory=dict)
     """The estimator's options (e.g. gae's `gamma`, `lam`), checked against its options class."""
+    batch_preparer: str = "standard"
+    """A registered batch preparer, which makes the datums of the groups (plait-algorithms')."""
     remove_constant_reward_groups: bool = True
+    loss_aggregation: Literal["token_mean", "sequence_mean", "sequence_sum"] = "token_mean"
+    """How each trained token's loss is weighed (the advantages carry it: losses are token sums).
+    token_mean: 1 / the batch's action tokens (DAPO); sequence_mean: 1 / (its sample's action
+    tokens x the batch's samples) (GRPO's and GSPO's); sequence_sum: 1 / the batch's samples."""
+    overlong: Literal["keep", "mask", "penalty"] = "keep"
+    """Samples a length limit cut (a response stopped at max_tokens or at what max_episode_tokens
+    left). mask: not trained on, though their rewards still count in their group's advantages
+    (TRL's mask_truncated_completions); penalty: DAPO's soft overlong punishment is added to every
+    reward first: 0 up to max_tokens - overlong_buffer tokens (the episode's longest response),
+    falling linearly to -1 at max_tokens, -1 for a cut one."""
+    overlong_buffer: int = attrs.field(default=0, validator=non_negative)
+    """penalty: the tokens below max_tokens over which the penalty grows (1 .. max_tokens)."""
+    dynamic_sampling: bool = False
+    """DAPO (sync schedule): groups whose rewards are all equal are left out and made up for by
+    groups of the next prompts, until groups_per_batch groups are left or max_sampling_rounds."""
+    max_sampling_rounds: int = attrs.field(default=3, validator=positive)
+    """dynamic_sampling: rounds of sampling a step may take, the first included."""
     max_tokens: int = attrs.field(default=64, validator=positive)
     temperature: float = attrs.field(default=1.0, validator=non_negative)
     top_p: float = 1.0
@@ -118,6 +137,18 @@ class RLSection:
     """Datums per forward_backward call. The trainer bounds activation memory itself (plait-torch:
     trainer.options.micro_batch_tokens); prefixes are shared only within a call."""
 
+    def __attrs_post_init__(self) -> None:
+        if self.overlong == "penalty" and not 0 < self.overlong_buffer <= self.max_tokens:
+            raise ValueError(
+                f"overlong_buffer must be in [1, max_tokens = {self.max_tokens}] with "
+                f"overlong = 'penalty', got {self.overlong_buffer}"
+            )
+        if self.dynamic_sampling and self.schedule == "async":
+            raise ValueError(
+                "dynamic_sampling needs schedule = 'sync' (async samples its batches ahead); "
+                "under async, remove_constant_reward_groups leaves such groups out instead"
+            )
+
 
 def _at_least_one(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
     if value != 0 and value < 1:
@@ -131,13 +162,9 @@ def _at_most_one(_inst: Any, attribute: attrs.Attribute, value: float) -> None:
 
 @attrs.frozen
 class OffPolicySection:
-    """How far behind the policy training data may be, and how it is corrected for that.
-
-    The importance weight of a sampled token is w = pi_train / pi_rollout, with pi_train the
-    trainer's probability at the weights about to be updated (one extra forward pass per step)
-    and pi_rollout the sampler's. With a correction, advantages are multiplied by w (truncated
-    at `truncate`), tokens or sequences whose w falls outside [mask_below, mask_above] are left
-    out, and the loss's own ratio starts from pi_train (decoupled PPO / TIS)."""
+    """How far behind the policy training data may be, and how it is corrected for that: by
+    importance weights pi_train / pi_rollout, truncated and masked (`plait_algorithms.off_policy`
+    has the formulas; pi_train costs one extra forward pass per step)."""
 
     max_staleness: int = attrs.field(default=1, validator=non_negative)
     """async: the most weight versions a sampled token may lag the policy that trains on it

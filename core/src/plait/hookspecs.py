@@ -23,6 +23,7 @@ import pluggy
 
 from plait.kinds import (
     RegisterAdvantage,
+    RegisterBatchPreparer,
     RegisterEnv,
     RegisterInferenceEngine,
     RegisterLoss,
@@ -76,6 +77,11 @@ def plait_register_advantages(register: RegisterAdvantage) -> None:
 @hookspec
 def plait_register_off_policy_corrections(register: RegisterOffPolicyCorrection) -> None:
     """Register off-policy corrections (the `off_policy.correction` names besides "none")."""
+
+
+@hookspec
+def plait_register_batch_preparers(register: RegisterBatchPreparer) -> None:
+    """Register batch preparers (the `rl.batch_preparer` names)."""
 
 
 @hookspec

@@ -15,10 +15,11 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import numpy as np
 
-from plait.config import OffPolicySection
+from plait.config import OffPolicySection, RLSection
 from plait.metrics import MetricSink
 from plait.models import ModelSource, ResolvedModel
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
+from plait.trajectory import Trajectory
 from plait.types import Datum
 
 F = TypeVar("F")
@@ -80,6 +81,19 @@ OffPolicyCorrection = Callable[
 """(datums, the trainer's logprobs of each, options) -> the corrected datums and metrics."""
 
 
+class BatchPreparer(Protocol):
+    """How a step's groups of trajectories (each the samples of one prompt) become training data,
+    before the run's off-policy correction: `prepare` turns one policy's groups into datums with
+    advantages and `data/*` metrics; `has_signal` says whether a group would train
+    (`rl.dynamic_sampling` samples until enough do). plait-algorithms' is `standard`."""
+
+    def prepare(
+        self, rl: RLSection, groups: Sequence[Sequence[Trajectory]]
+    ) -> tuple[list[Datum], dict[str, float]]: ...
+
+    def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool: ...
+
+
 class Register(Protocol[F_contra]):
     """The callback a register hook receives.
 
@@ -126,6 +140,9 @@ ADVANTAGE: Kind[AdvantageEstimator] = Kind("advantage", "plait_register_advantag
 OFF_POLICY_CORRECTION: Kind[OffPolicyCorrection] = Kind(
     "off_policy_correction", "plait_register_off_policy_corrections", "off_policy.correction"
 )
+BATCH_PREPARER: Kind[BatchPreparer] = Kind(
+    "batch_preparer", "plait_register_batch_preparers", "rl.batch_preparer"
+)
 METRIC_SINK: Kind[MetricSinkFactory] = Kind(
     "metric_sink", "plait_register_metric_sinks", "metrics.sinks"
 )
@@ -140,6 +157,7 @@ KINDS: tuple[Kind[Any], ...] = (
     LOSS,
     ADVANTAGE,
     OFF_POLICY_CORRECTION,
+    BATCH_PREPARER,
     METRIC_SINK,
     MODEL,
 )
@@ -153,5 +171,6 @@ RegisterEnv = Register[EnvFactory]
 RegisterLoss = Register[LossFunction]
 RegisterAdvantage = Register[AdvantageEstimator]
 RegisterOffPolicyCorrection = Register[OffPolicyCorrection]
+RegisterBatchPreparer = Register[BatchPreparer]
 RegisterMetricSink = Register[MetricSinkFactory]
 RegisterModel = Register[ModelSource]

@@ -47,6 +47,7 @@ def checkpoint_state(run: Run, held: Sequence[TrainedSample]) -> dict[str, objec
         "attempt": s.attempt,
         "weight_versions": {p.name: p.trainer.weight_version for p in run.components.policies},
         "eval_history": s.eval_history,
+        "extra_prompts": s.extra_prompts,
         "completed": [
             {
                 "position": h.position,
@@ -108,6 +109,7 @@ def load_checkpoint(run: Run) -> list[TrainedSample] | None:
     s.samples_seen = int(state["samples_seen"])
     s.attempt = int(state.get("attempt", 0)) + 1
     s.eval_history = [(int(step), float(acc)) for step, acc in state.get("eval_history", [])]
+    s.extra_prompts = int(state.get("extra_prompts", 0))
     for name in (METRICS_FILE, LEDGER_FILE):
         _truncate_records(run.run_dir / name, s.step)
     held = [

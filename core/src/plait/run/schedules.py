@@ -39,7 +39,7 @@ from plait.errors import EngineError, PlaitError
 from plait.protocols import InferenceEngine
 from plait.run.checkpoint import crash_point
 from plait.run.state import Batch, Run, TrainedSample
-from plait.run.steps import collect, publish, sample_episode
+from plait.run.steps import collect, publish, sample_groups
 
 log = structlog.get_logger("plait.run")
 
@@ -78,6 +78,7 @@ class SyncSchedule:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.metrics: dict[str, float] = {}  # dynamic sampling's, of the step's batch
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -85,7 +86,7 @@ class SyncSchedule:
 
     async def batch(self, step: int) -> tuple[Batch, float]:
         start = time.perf_counter()
-        batch = await collect(self.run, step)
+        batch, self.metrics = await collect(self.run, step)
         crash_point("rollout", step)
         return batch, time.perf_counter() - start
 
@@ -96,7 +97,7 @@ class SyncSchedule:
         return await publish(self.run.components)
 
     def done(self, step: int) -> dict[str, float]:
-        return {}
+        return self.metrics
 
     def held(self) -> list[TrainedSample]:
         return []
@@ -156,12 +157,14 @@ class AsyncSchedule:
         task_index = run.sampler.index(position)
         start = time.perf_counter()
         try:
-            trajectory = await sample_episode(
-                run,
+            [[trajectory]] = await sample_groups(
+                run.config,
+                run.components,
                 run.config.env.train_split,
-                task_index,
+                [task_index],
+                1,
                 run.config.rl.temperature,
-                run.seed(position, index),
+                lambda _g, _j: run.seed(position, index),
             )
         except asyncio.CancelledError:
             raise

@@ -66,7 +66,7 @@ class TrainedSample:
     """One sample of a batch, and where it came from (for the ledger and for resume)."""
 
     position: int
-    """The prompt's place in the run's task order; group g of step s is s * groups_per_batch + g."""
+    """The prompt's place in the run's task order (`Run.positions`)."""
     index: int
     """Its number within the prompt's group."""
     task_index: int
@@ -97,6 +97,8 @@ class RunState:
     """0 for a fresh start, else the loaded checkpoint's attempt + 1: a sample whose attempt is
     lower than the process's was sampled before the checkpoint it resumed from."""
     eval_history: list[tuple[int, float]] = attrs.field(factory=list)
+    extra_prompts: int = 0
+    """Prompts `rl.dynamic_sampling` took beyond groups_per_batch a step, over the steps done."""
 
 
 @attrs.define
@@ -110,9 +112,10 @@ class Run:
     sampler: TaskSampler
 
     def positions(self, step: int) -> range:
-        """The task-order positions of `step`'s prompts."""
-        per_step = self.config.rl.groups_per_batch
-        return range(step * per_step, (step + 1) * per_step)
+        """The task-order positions of `step`'s prompts (with dynamic sampling, its first ones:
+        it may go on to the next)."""
+        start = step * self.config.rl.groups_per_batch + self.state.extra_prompts
+        return range(start, start + self.config.rl.groups_per_batch)
 
     def seed(self, position: int, index: int) -> int:
         """The sampling seed of sample `index` of the prompt at `position`."""

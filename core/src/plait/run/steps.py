@@ -22,13 +22,13 @@ import structlog
 from plait import kinds
 from plait.components import Components, Policy
 from plait.config import RLSection, RunConfig
-from plait.errors import DataError, EnvironmentError_, WeightSyncError
+from plait.errors import EnvironmentError_, WeightSyncError
 from plait.metrics import mean, merge_metrics
 from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
-from plait.trajectory import Trajectory, trajectory_to_datums
+from plait.trajectory import Trajectory
 from plait.types import AdamParams, Datum, SamplingParams
 
 log = structlog.get_logger("plait.run")
@@ -45,20 +45,6 @@ def episode_config(rl: RLSection, temperature: float, seed: int) -> EpisodeConfi
         reward_reduce=rl.reward_reduce,
         env_timeout_s=rl.env_timeout_s,
         max_episode_tokens=rl.max_episode_tokens,
-    )
-
-
-async def sample_episode(
-    run: Run, split: str, task_index: int, temperature: float, seed: int
-) -> Trajectory:
-    c = run.components
-    task = await c.env.get_task(split, task_index)
-    return await run_episode(
-        c.env,
-        task,
-        *c.policies[0].actor,
-        episode_config(run.config.rl, temperature, seed),
-        c.roles(),
     )
 
 
@@ -104,10 +90,36 @@ async def sample_groups(
     return [list(flat[g * group_size : (g + 1) * group_size]) for g in range(len(tasks))]
 
 
-async def collect(run: Run, step: int) -> Batch:
-    """Sample `step`'s batch now: every prompt of the step, `group_size` times."""
+async def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
+    """Sample `step`'s batch now: every prompt of the step, `group_size` times. With
+    `rl.dynamic_sampling`, groups whose rewards are all equal are made up for by groups of the
+    next prompts in task order, round after round, until `groups_per_batch` groups have unequal
+    rewards or `rl.max_sampling_rounds` rounds have run. The batch holds every group sampled
+    (`prepare_groups` leaves the equal ones out); the metrics say how the sampling went."""
     rl = run.config.rl
-    positions = run.positions(step)
+    start, missing, rounds = run.positions(step).start, rl.groups_per_batch, 0
+    preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
+    batch: Batch = []
+    while missing and rounds < rl.max_sampling_rounds:
+        groups = await sample_positions(
+            run, range(start + len(batch), start + len(batch) + missing)
+        )
+        batch, rounds = batch + groups, rounds + 1
+        signal = sum(preparer.has_signal(rl, [s.trajectory for s in group]) for group in groups)
+        missing = missing - signal if rl.dynamic_sampling else 0
+    if not rl.dynamic_sampling:
+        return batch, {}
+    run.state.extra_prompts += len(batch) - rl.groups_per_batch
+    return batch, {
+        "data/sampling_rounds": float(rounds),
+        "data/resampled_groups": float(len(batch) - rl.groups_per_batch),
+        "data/sampling_capped": float(missing > 0),  # so the step trains on fewer groups
+    }
+
+
+async def sample_positions(run: Run, positions: range) -> Batch:
+    """`group_size` samples of the prompt at each of `positions` of the run's task order."""
+    rl = run.config.rl
     indices = [run.sampler.index(p) for p in positions]
     groups = await sample_groups(
         run.config,
@@ -168,62 +180,23 @@ def policy_groups(
 def prepare_groups(
     config: RunConfig, policy: Policy, groups: Sequence[Sequence[Trajectory]]
 ) -> Prepared:
-    """Advantages of the whole batch at once (`rl.advantage`; constant-reward groups left out),
-    token-level mean scaling, and the off-policy correction (`off_policy.correction`)."""
-    rl = config.rl
-    samples: list[list[list[Datum]]] = []  # per group and sample, its datums
-    batch_rewards: list[np.ndarray] = []
-    kept = constant = 0
-    for group in groups:
-        valid = [t for t in group if t.error is None]
-        rewards = np.asarray([t.reward for t in valid], dtype=np.float64)
-        if rl.remove_constant_reward_groups and (rewards.size == 0 or np.ptp(rewards) == 0):
-            constant += 1
-            continue
-        kept += 1
-        if valid:  # advantages go in once the estimator has seen the whole batch
-            samples.append([trajectory_to_datums(t, 0.0) for t in valid])
-            batch_rewards.append(rewards)
-    counts = [np.asarray([_action_tokens(s) for s in group], dtype=np.int64) for group in samples]
-    action_tokens = float(sum(c.sum() for c in counts))
-    estimator = get_registry().get(kinds.ADVANTAGE, rl.advantage)
-    options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
-    batch = kinds.AdvantageBatch(batch_rewards, counts)
-    advantages = estimator.load()(batch, options=options) if samples else []
-    # Token-level mean (DAPO-style): the losses are token sums, so scale advantages once.
-    scale = 1.0 / max(action_tokens, 1.0)  # without action tokens every advantage is 0 anyway
-    datums = [
-        datum
-        for group, group_advantages in zip(samples, advantages, strict=True)
-        for sample, sample_advantages in zip(group, group_advantages, strict=True)
-        for datum in _with_advantages(sample, sample_advantages, scale)
-    ]
-    metrics = {
-        "data/datums": float(len(datums)),
-        "data/action_tokens": action_tokens,
-        "data/groups_kept": float(kept),
-        "data/groups_constant": float(constant),
-    }
-    datums, correction = correct_off_policy(config, policy, datums)
-    return Prepared(datums, {**metrics, **correction})
-
-
-def correct_off_policy(
-    config: RunConfig, policy: Policy, datums: Sequence[Datum]
-) -> tuple[list[Datum], dict[str, float]]:
-    """The configured correction with the trainer's logprobs from one forward pass at the weights
-    about to be updated; the data as they are when `off_policy.correction` is "none"."""
-    if config.off_policy.correction == "none" or not datums:
-        return list(datums), {}
-    rl = config.rl
+    """One policy's groups as datums with advantages (`rl.batch_preparer`), then the configured
+    off-policy correction (`off_policy.correction`, "none": none) with the trainer's logprobs from
+    one forward pass at the weights about to be updated."""
+    rl, correction = config.rl, config.off_policy.correction
+    preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
+    datums, metrics = preparer.prepare(rl, groups)
+    if correction == "none" or not datums:
+        return Prepared(datums, metrics)
     train_logprobs: list[np.ndarray] = []
     for start in range(0, len(datums), rl.micro_batch_size):
         out = policy.trainer.forward(
             datums[start : start + rl.micro_batch_size], rl.loss, rl.loss_config
         )
         train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
-    correct = get_registry().get(kinds.OFF_POLICY_CORRECTION, config.off_policy.correction)
-    return correct.load()(datums, train_logprobs, config.off_policy)
+    correct = get_registry().get(kinds.OFF_POLICY_CORRECTION, correction).load()
+    datums, corrected = correct(datums, train_logprobs, config.off_policy)
+    return Prepared(datums, {**metrics, **corrected})
 
 
 def train_prepared(
@@ -338,58 +311,16 @@ def write_samples(run: Run, groups: Sequence[Sequence[Trajectory]], per_step: in
     """A few decoded samples per step in samples.jsonl, for reading what the model does."""
     c = run.components
     with (run.run_dir / "samples.jsonl").open("a") as f:
-        for group in groups[:per_step]:
-            t = group[0]
+        for t in (group[0] for group in groups[:per_step]):
             if not t.turns:
                 continue
             players = {r: next(p for p in c.policies if c.plays(p, r)) for r in t.acting_roles()}
-            f.write(
-                json.dumps(
-                    {
-                        "step": run.state.step,
-                        "task": t.task,
-                        "reward": t.reward,
-                        "correct": t.correct,
-                        "error": t.error,
-                        "completion": [
-                            players[turn.role].renderer.tokenizer.decode(
-                                list(turn.completion.tokens)
-                            )
-                            for turn in t.turns
-                        ],
-                        **(
-                            {
-                                "roles": [turn.role for turn in t.turns],
-                                "role_rewards": t.role_rewards,
-                            }
-                            if t.role_rewards
-                            else {}
-                        ),
-                    },
-                    default=str,
-                )
-                + "\n"
-            )
-
-
-def _action_tokens(datums: Sequence[Datum]) -> int:
-    return sum(int(d.loss_fn_inputs["mask"].to_numpy().sum()) for d in datums)
-
-
-def _with_advantages(datums: Sequence[Datum], advantages: np.ndarray, scale: float) -> list[Datum]:
-    """One sample's datums with `advantages` (one per action token, across the datums in order)
-    on their action tokens, times `scale`."""
-    if len(advantages) != _action_tokens(datums):
-        raise DataError(
-            f"the advantage estimator (rl.advantage) gave {len(advantages)} advantages to a "
-            f"sample of {_action_tokens(datums)} action tokens",
-            fix="return one advantage per action token of each sample (the batch's action_tokens)",
-        )
-    out, start = [], 0
-    for datum in datums:
-        mask = datum.loss_fn_inputs["mask"].to_numpy() > 0
-        placed = np.zeros(mask.shape, np.float32)
-        placed[mask] = advantages[start : start + mask.sum()]
-        start += mask.sum()
-        out.append(Datum(datum.model_input, {**datum.loss_fn_inputs, "advantages": placed * scale}))
-    return out
+            completions = [
+                players[turn.role].renderer.tokenizer.decode(list(turn.completion.tokens))
+                for turn in t.turns
+            ]
+            sample = {"step": run.state.step, "task": t.task, "reward": t.reward}
+            sample |= {"correct": t.correct, "error": t.error, "completion": completions}
+            if t.role_rewards:
+                sample |= {"roles": [turn.role for turn in t.turns], "role_rewards": t.role_rewards}
+            f.write(json.dumps(sample, default=str) + "\n")

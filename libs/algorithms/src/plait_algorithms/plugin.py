@@ -1,9 +1,23 @@
-"""plait-algorithms' plugin module: its advantage estimators and off-policy corrections, by lazy
-targets."""
+"""plait-algorithms' plugin module: its batch preparer, advantage estimators and off-policy
+corrections, by lazy targets."""
 
 from __future__ import annotations
 
-from plait.api import RegisterAdvantage, RegisterOffPolicyCorrection, hookimpl
+from plait.api import (
+    RegisterAdvantage,
+    RegisterBatchPreparer,
+    RegisterOffPolicyCorrection,
+    hookimpl,
+)
+
+
+@hookimpl
+def plait_register_batch_preparers(register: RegisterBatchPreparer) -> None:
+    register(
+        "standard",
+        "plait_algorithms.batch:standard",
+        description="constant groups out, rl.overlong, rl.advantage, rl.loss_aggregation",
+    )
 
 
 @hookimpl

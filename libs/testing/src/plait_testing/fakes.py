@@ -56,6 +56,7 @@ from plait.api import (
     TrainOnWhat,
     WeightUpdate,
     hookimpl,
+    positive,
     prompt_token_ids,
 )
 
@@ -318,11 +319,14 @@ class FakeEnvOptions:
     fail_fraction: float = 0.0
     """The tasks whose index is below this fraction of `tasks` raise when graded, as an
     environment whose server died does."""
+    signal_every: int = attrs.field(default=1, validator=positive)
+    """Only the tasks whose index is a multiple of this reward a right answer; the others reward
+    every answer 0, so that each of their groups has equal rewards (dynamic sampling's case)."""
 
 
 class _LettersSession:
-    def __init__(self, task: Mapping[str, Any], fails: bool) -> None:
-        self.task, self.fails = task, fails
+    def __init__(self, task: Mapping[str, Any], fails: bool, rewarded: bool = True) -> None:
+        self.task, self.fails, self.rewarded = task, fails, rewarded
 
     async def prompt(self) -> list[Any]:
         return [TextBlock(f"task {self.task['index']}: answer with c")]
@@ -339,7 +343,7 @@ class _LettersSession:
     async def call(self, name: str, input: Mapping[str, Any]) -> ToolOutput:
         if self.fails:
             raise ConnectionError("environment server closed the connection")
-        correct = str(input.get("answer", "")).startswith("c")
+        correct = self.rewarded and str(input.get("answer", "")).startswith("c")
         return ToolOutput(reward=float(correct), finished=True)
 
     async def close(self) -> None:
@@ -347,7 +351,8 @@ class _LettersSession:
 
 
 class LettersEnv:
-    """Every task asks for an answer that starts with "c"."""
+    """Every task asks for an answer that starts with "c" (`FakeEnvOptions.signal_every`: only
+    some reward it)."""
 
     name = "fake.letters"
 
@@ -367,7 +372,7 @@ class LettersEnv:
         self, task: Mapping[str, Any], secrets: Mapping[str, str] | None = None
     ) -> _LettersSession:
         fails = task["index"] < self.options.fail_fraction * self.options.tasks
-        return _LettersSession(task, fails)
+        return _LettersSession(task, fails, task["index"] % self.options.signal_every == 0)
 
     async def close(self) -> None:
         """Holds nothing."""
