@@ -1,11 +1,13 @@
 """The losses against hand-written references of their formulas (token sums), values and
 gradients with respect to the trainer's logprobs."""
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from plait_train.losses import BUILTIN_LOSSES, check_inputs  # noqa: E402
+from plait_train.losses import BUILTIN_LOSSES, KL_ESTIMATORS, check_inputs  # noqa: E402
 
 CONFIGS = {"dro": {"beta": 0.1}}
 
@@ -243,3 +245,35 @@ def test_padding_contributes_nothing():
     for name, fn in BUILTIN_LOSSES.items():
         short = fn(lp[:, :2], short_inputs, CONFIGS.get(name, {})).loss
         assert torch.allclose(full[name], short), name
+
+
+KL_LP = [-0.3, -2.0, -1.1, -0.05, -4.0]
+KL_REF = [-0.3, -1.0, -2.5, -0.2, -3.5]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "grad"),
+    [
+        ("k1", lambda d, lp, ref: d, lambda d, lp, ref: 1.0),
+        ("k2", lambda d, lp, ref: 0.5 * d * d, lambda d, lp, ref: d),
+        (
+            "k3",
+            lambda d, lp, ref: math.exp(ref - lp) - 1 + d,
+            lambda d, lp, ref: 1 - math.exp(ref - lp),
+        ),
+    ],
+)
+def test_kl_estimators(name, value, grad):
+    """Per token, against Schulman's formulas (d = lp - ref), and d/dlp by hand."""
+    lp = torch.tensor(KL_LP, dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor(KL_REF, dtype=torch.float64)
+    kl = KL_ESTIMATORS[name](lp, ref)
+    kl.sum().backward()
+    pairs = list(zip(KL_LP, KL_REF, strict=True))
+    expected = [value(a - b, a, b) for a, b in pairs]
+    expected_grad = [grad(a - b, a, b) for a, b in pairs]
+    torch.testing.assert_close(kl.detach(), torch.tensor(expected, dtype=torch.float64))
+    torch.testing.assert_close(lp.grad, torch.tensor(expected_grad, dtype=torch.float64))
+    assert kl[0] == 0  # lp == ref: no divergence, by any estimator
+    if name != "k1":
+        assert bool((kl >= 0).all())

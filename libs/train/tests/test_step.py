@@ -22,7 +22,7 @@ from plait_train.checkpointing import apply_activation_checkpointing, decoder_la
 from plait_train.layout import LayoutOptions, plan_rows  # noqa: E402
 from plait_train.perf import FlopsModel  # noqa: E402
 from plait_train.scorer import TokenScorer  # noqa: E402
-from plait_train.step import StepRunner, to_output  # noqa: E402
+from plait_train.step import StepRunner, split_loss_config, to_output  # noqa: E402
 
 VOCAB = 97
 PADDED = LayoutOptions(64)
@@ -93,7 +93,7 @@ def run(
     backward: bool,
     chunked: bool = True,
     loss: str = "ppo",
-    config: Mapping[str, float] | None = None,
+    config: Mapping[str, float | str] | None = None,
     **kwargs: object,
 ) -> tuple[list[np.ndarray], dict[str, float], dict[str, torch.Tensor]]:
     runner = StepRunner(
@@ -258,6 +258,88 @@ def test_entropy_coef_must_be_a_number(model: torch.nn.Module) -> None:
     with pytest.raises(DataError, match=r"loss_fn_config\[.entropy_coef.\] is nan") as info:
         run(model, PADDED, rl_batch(), backward=True, config={"entropy_coef": float("nan")})
     assert "leave it out for no entropy bonus" in (info.value.fix or "")
+
+
+def hand_kl(lp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Schulman's estimators written out (d = lp - ref), independently of plait_train.losses."""
+    d = lp - ref
+    return {"k1": d, "k2": 0.5 * d**2, "k3": torch.exp(-d) - 1 + d}[estimator]
+
+
+def with_ref_logprobs(model: torch.nn.Module, data: list[Datum]) -> list[Datum]:
+    """rl_batch with a reference policy's logprobs: the model's own, shifted by up to +-0.5 per
+    token on the trained positions, 0 elsewhere."""
+    logprobs, _, _ = run(model, PADDED, data, backward=False)
+    rng = np.random.default_rng(7)
+    out = []
+    for datum, lp in zip(data, logprobs, strict=True):
+        mask = datum.loss_fn_inputs["mask"].to_numpy()
+        ref = np.where(mask > 0, lp + rng.uniform(-0.5, 0.5, lp.shape), 0.0).astype(np.float32)
+        out.append(Datum(datum.model_input, {**datum.loss_fn_inputs, "ref_logprobs": ref}))
+    return out
+
+
+def kl_penalty_reference(
+    model: torch.nn.Module, data: list[Datum], coef: float, estimator: str
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """The mean estimated KL over the loss's positions, and the gradient of coef * (its sum) /
+    (their number in all of `data`), by autograd through each datum's full logits, alone."""
+    positions = sum(int((d.loss_fn_inputs["mask"].to_numpy() > 0).sum()) for d in data)
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for datum in data:
+        logits = model(input_ids=torch.tensor([datum.model_input.to_ints()])).logits[0]
+        targets = torch.from_numpy(datum.loss_fn_inputs["target_tokens"].to_numpy()).long()
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])[:, 0]
+        ref = torch.from_numpy(datum.loss_fn_inputs["ref_logprobs"].to_numpy()).float()
+        mask = torch.from_numpy(datum.loss_fn_inputs["mask"].to_numpy()) > 0
+        kl = hand_kl(lp[mask], ref[mask], estimator).sum()
+        total += float(kl.detach())
+        (coef * kl / positions).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return total / positions, grads
+
+
+@pytest.mark.parametrize(
+    ("layout", "estimator"), [("padded", "k1"), ("padded", "k2"), ("packed+shared", "k3")]
+)
+def test_kl_coef_adds_the_kl_penalty_gradient(
+    model: torch.nn.Module, layout: str, estimator: str
+) -> None:
+    """kl_coef * (sum of the estimated KL over the loss's positions) / (their number in the whole
+    call), over several micro-batches; kl_ref:mean is reported with ref_logprobs alone too."""
+    data, coef = with_ref_logprobs(model, rl_batch()), 0.4
+    options = PADDED if layout == "padded" else LAYOUTS[layout]
+    config: dict[str, float | str] = {"kl_estimator": estimator}
+    _, metrics, grads = run(model, options, data, backward=True, config=config)
+    _, metrics_kl, grads_kl = run(
+        model, options, data, backward=True, config={**config, "kl_coef": coef}
+    )
+    mean, penalty = kl_penalty_reference(model, data, coef, estimator)
+    assert "kl_penalty:sum" not in metrics
+    assert metrics["kl_ref:mean"] == pytest.approx(mean, rel=1e-4, abs=1e-6)
+    assert metrics_kl["kl_ref:mean"] == pytest.approx(mean, rel=1e-4, abs=1e-6)
+    assert metrics_kl["kl_penalty:sum"] == pytest.approx(coef * mean, rel=1e-4, abs=1e-6)
+    assert metrics_kl["loss:sum"] == pytest.approx(metrics["loss:sum"])
+    assert_same_gradients(penalty, {n: grads_kl[n] - grads[n] for n in penalty})
+
+
+def test_kl_coef_needs_ref_logprobs(model: torch.nn.Module) -> None:
+    with pytest.raises(DataError, match=r"kl_coef.*loss_fn_inputs\['ref_logprobs'\]") as info:
+        run(model, PADDED, rl_batch(), backward=True, config={"kl_coef": 0.1})
+    assert "reference policy's logprob of each target token" in (info.value.fix or "")
+
+
+def test_kl_estimator_must_be_known(model: torch.nn.Module) -> None:
+    data = with_ref_logprobs(model, rl_batch()[:2])
+    with pytest.raises(DataError, match=r"loss_fn_config\[.kl_estimator.\] is 'k4'") as info:
+        run(model, PADDED, data, backward=True, config={"kl_coef": 0.1, "kl_estimator": "k4"})
+    assert "'k1', 'k2' or 'k3'" in (info.value.fix or "")
+    with pytest.raises(DataError, match=r"loss_fn_config\[.kl_coef.\] is nan"):
+        run(model, PADDED, data, backward=True, config={"kl_coef": float("nan")})
+    assert split_loss_config({"kl_coef": 0.1, "kl_estimator": 2})[1].kl_estimator == "k2"
+    assert split_loss_config({"ppo_x": 1.0})[1].kl_estimator == "k3"
 
 
 def near_policy_batch(model: torch.nn.Module) -> list[Datum]:

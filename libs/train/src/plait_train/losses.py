@@ -229,6 +229,34 @@ def dro(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -
     return LossOutput(loss, {"loss:sum": float(loss.detach()), **metrics})
 
 
+def kl_k1(lp: Tensor, ref: Tensor) -> Tensor:
+    """Schulman's k1 estimate of KL(pi || ref) per token: log_ratio = lp - ref (unbiased, can be
+    negative). Gradient with respect to lp: 1."""
+    return lp - ref
+
+
+def kl_k2(lp: Tensor, ref: Tensor) -> Tensor:
+    """Schulman's k2 estimate per token: 0.5 * (lp - ref)^2 (biased, low variance, >= 0).
+    Gradient with respect to lp: lp - ref."""
+    return 0.5 * (lp - ref) ** 2
+
+
+def kl_k3(lp: Tensor, ref: Tensor) -> Tensor:
+    """Schulman's k3 estimate per token (verl's "low_var_kl", unclamped): r - 1 - log r with
+    r = exp(ref - lp) (unbiased, >= 0). Gradient with respect to lp: 1 - exp(ref - lp)."""
+    log_r = ref - lp
+    return torch.exp(log_r) - 1 - log_r
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+"""Per-token estimators of KL(pi || ref) from the sampled tokens' logprobs (Schulman,
+"Approximating KL divergence"), by name: the step runner's `kl_estimator`."""
+
+
 BUILTIN_LOSSES: dict[str, LossFn] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,

@@ -13,6 +13,10 @@ position.
 The entropy bonus works with every loss: `entropy_coef` in loss_fn_config (taken out before the
 loss sees its config) adds -entropy_coef * (sum of the next-token entropy over the positions the
 loss acts on) / (their number in the whole call) to the loss, reported as "entropy_bonus:sum".
+The KL penalty to a reference policy likewise: `kl_coef` (and `kl_estimator`, "k3" by default)
+adds kl_coef * (sum of the estimated KL(pi || ref) over those positions, from the `ref_logprobs`
+loss input) / (their number in the whole call), reported as "kl_penalty:sum", and "kl_ref:mean"
+whenever the data carry ref_logprobs.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from plait_train.layout import (
     build_row,
     plan_micro_batches,
 )
-from plait_train.losses import LossOutput, check_inputs
+from plait_train.losses import KL_ESTIMATORS, LossOutput, check_inputs
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, same_experts
 from plait_train.scorer import TokenScorer
@@ -46,6 +50,12 @@ ROUTED_EXPERTS = "routed_experts"
 _ROUTING_SUMS = ("routing_agreed:sum", "routing_natural_agreed:sum", "routing_compared:sum")
 ENTROPY_COEF = "entropy_coef"
 """The loss_fn_config key of the entropy bonus, which the step runner applies for every loss."""
+KL_COEF = "kl_coef"
+"""The loss_fn_config key of the KL penalty to a reference policy (every loss)."""
+KL_ESTIMATOR = "kl_estimator"
+"""The loss_fn_config key of the KL penalty's estimator: "k1", "k2" or "k3" (1, 2, 3 also do)."""
+REF_LOGPROBS = "ref_logprobs"
+"""The loss input of the KL penalty: the reference policy's logprob of each target token."""
 # Where a loss acts, by precedence: the `mask` input, else non-zero weights, else advantages.
 _ACTIVE_TESTS = (("mask", operator.gt), ("weights", operator.ne), ("advantages", operator.ne))
 
@@ -90,27 +100,64 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> list[str]:
     return keys
 
 
-def split_loss_config(loss_fn_config: Mapping[str, float] | None) -> tuple[dict[str, float], float]:
-    """The loss's own config, and the entropy bonus coefficient (0 without one), which is not the
-    loss's to validate."""
-    config = dict(loss_fn_config or {})
-    coef = config.pop(ENTROPY_COEF, 0.0)
+@attrs.frozen
+class Penalties:
+    """What the step runner adds to every loss, from the generic loss_fn_config keys."""
+
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+
+
+def _coef(config: dict[str, Any], key: str, example: str, off: str) -> float:
+    coef = config.pop(key, 0.0)
     if not isinstance(coef, int | float) or not math.isfinite(coef):
         raise DataError(
-            f"loss_fn_config[{ENTROPY_COEF!r}] is {coef!r}, not a finite number",
-            fix=f"set {ENTROPY_COEF} to a number (e.g. 0.001); leave it out for no entropy bonus",
+            f"loss_fn_config[{key!r}] is {coef!r}, not a finite number",
+            fix=f"set {key} to a number (e.g. {example}); leave it out for {off}",
         )
-    return config, float(coef)
+    return float(coef)
+
+
+def split_loss_config(
+    loss_fn_config: Mapping[str, float | str] | None,
+) -> tuple[dict[str, float], Penalties]:
+    """The loss's own config, and the penalties (entropy bonus, KL penalty; 0: off), which are not
+    the loss's to validate."""
+    config: dict[str, Any] = dict(loss_fn_config or {})
+    entropy_coef = _coef(config, ENTROPY_COEF, "0.001", "no entropy bonus")
+    kl_coef = _coef(config, KL_COEF, "0.001", "no KL penalty")
+    estimator = config.pop(KL_ESTIMATOR, "k3")
+    # A number names an estimator too: some transports carry only numbers in loss_fn_config.
+    name = (
+        f"k{int(estimator)}"
+        if isinstance(estimator, int | float) and estimator in (1, 2, 3)
+        else estimator
+    )
+    if not isinstance(name, str) or name not in KL_ESTIMATORS:
+        raise DataError(
+            f"loss_fn_config[{KL_ESTIMATOR!r}] is {estimator!r}, "
+            f"not one of {sorted(KL_ESTIMATORS)}",
+            fix=f"set {KL_ESTIMATOR} to 'k1', 'k2' or 'k3' (or 1, 2, 3); leave it out for k3",
+        )
+    return config, Penalties(entropy_coef, kl_coef, name)
 
 
 def check_loss_config(
-    loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float] | None
+    loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float | str] | None
 ) -> Any:
     """The loss function, after a trial run on one zero token: an unknown loss name or a config
     the loss rejects fails before any forward pass (which, split across processes, could not be
     abandoned halfway)."""
     loss = lookup_loss(loss_fn)
-    config = split_loss_config(loss_fn_config)[0]
+    config, penalties = split_loss_config(loss_fn_config)
+    if penalties.kl_coef and REF_LOGPROBS not in keys:
+        raise DataError(
+            f"loss_fn_config[{KL_COEF!r}] is set, but the data carry no "
+            f"loss_fn_inputs[{REF_LOGPROBS!r}]; they have {sorted(keys)}",
+            fix=f"give every datum {REF_LOGPROBS}: the reference policy's logprob of each target "
+            f"token (0 where the loss does not act), or leave {KL_COEF} out",
+        )
     zero = torch.zeros(1)
     trial = {k: zero.long() if k in INT_INPUTS else zero for k in keys}
     try:
@@ -269,7 +316,7 @@ class StepRunner:
         self,
         data: Sequence[Datum],
         loss_fn: str,
-        loss_fn_config: Mapping[str, float] | None,
+        loss_fn_config: Mapping[str, float | str] | None,
         *,
         backward: bool,
         agree_on_passes: Callable[[int], int] | None = None,
@@ -295,7 +342,7 @@ class StepRunner:
         data: Sequence[Datum],
         groups: Sequence[int],
         loss_fn: str,
-        loss_fn_config: Mapping[str, float] | None,
+        loss_fn_config: Mapping[str, float | str] | None,
         *,
         backward: bool,
         router: AdapterRouter | None = None,
@@ -310,20 +357,23 @@ class StepRunner:
         share rows (packing) but no prefixes, and the routing stays set through the backward pass
         (activation checkpointing recomputes the forward there). `call_positions`: per group, as
         in `run`."""
-        config, entropy_coef = split_loss_config(loss_fn_config)
+        config, penalties = split_loss_config(loss_fn_config)
         count = max(groups, default=-1) + 1
         if call_positions is None:
             call_positions = [
                 loss_positions([d for d, g in zip(data, groups, strict=True) if g == group])
                 for group in range(count)
             ]
-        # The entropy bonus per unit of entropy, per group: the call's mean, not a micro-batch's.
+        # The entropy bonus per unit of entropy, per group: the call's mean, not a micro-batch's;
+        # the KL penalty per unit of KL likewise.
+        entropy_coef, kl_coef = penalties.entropy_coef, penalties.kl_coef
         entropy_scales = [-entropy_coef / n if entropy_coef and n else 0.0 for n in call_positions]
+        kl_scales = [kl_coef / n if kl_coef and n else 0.0 for n in call_positions]
         # A process of a lockstep group may get no data at all; it still runs its share of passes.
         keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
         routing = self._routing(data, keys)
         keys = [k for k in keys if k != ROUTED_EXPERTS]
-        loss = check_loss_config(loss_fn, keys, config) if keys else lookup_loss(loss_fn)
+        loss = check_loss_config(loss_fn, keys, loss_fn_config) if keys else lookup_loss(loss_fn)
         tokens = [np.asarray(d.model_input.to_ints(), dtype=np.int64) for d in data]
         inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
         if data:
@@ -367,7 +417,14 @@ class StepRunner:
             member_groups = [groups[index] for index in batch.indices]
             with self._adapters(batch, member_groups, router, adapters):
                 outcome = self._micro_batch(
-                    batch, member_groups, loss, loss_fn, config, entropy_scales, backward
+                    batch,
+                    member_groups,
+                    loss,
+                    loss_fn,
+                    config,
+                    entropy_scales,
+                    (kl_scales, penalties.kl_estimator),
+                    backward,
                 )
             if batch.routing is not None:
                 for key, value in self._routing_agreement(batch).items():
@@ -456,8 +513,12 @@ class StepRunner:
         loss_name: str,
         config: dict[str, float],
         entropy_scales: Sequence[float],
+        kl: tuple[Sequence[float], str],
         backward: bool,
     ) -> _Outcome:
+        """`kl`: the KL penalty's scale per group, and its estimator."""
+        kl_scales, kl_estimator = kl[0], KL_ESTIMATORS[kl[1]]
+        ref = batch.inputs.get(REF_LOGPROBS)
         active = active_positions(batch)
         rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
         replay = (
@@ -494,6 +555,16 @@ class StepRunner:
                 bonus = entropy_scales[group] * entropy_sum
                 metrics["entropy_bonus:sum"] = float(bonus.detach())
                 group_loss = group_loss + bonus
+            if ref is not None:
+                # The estimate over the loss's positions; differentiable only when penalised.
+                lp = flat[counted] if kl_scales[group] else flat[counted].detach()
+                kl_sum = kl_estimator(lp.float(), ref[rows, cols][counted].float()).sum()
+                if counted.any():
+                    metrics["kl_ref:mean"] = float(kl_sum.detach()) / int(counted.sum())
+                if kl_scales[group]:
+                    penalty = kl_scales[group] * kl_sum
+                    metrics["kl_penalty:sum"] = float(penalty.detach())
+                    group_loss = group_loss + penalty
             outcome[group] = (metrics, float(entropy_sum.detach()), int(active[mine].sum()))
             total = group_loss if total is None else total + group_loss
         if backward and total is not None:
