@@ -120,6 +120,8 @@ from plait.run.loop import (
 from plait.run.report import policy_metrics as policy_metrics
 from plait.run.schedules import engines_paused as engines_paused
 from plait.run.steps import (
+    all_or_none as all_or_none,
+    episode_config as episode_config,
     evaluate_held_out as evaluate_held_out,
     prepare_groups as prepare_groups,
     publish_policy as publish_policy,

@@ -140,3 +140,58 @@ def plait_register_commands(cli: click.Group) -> None:
 
         for factory in get_registry().all(ENV):
             click.echo(f"{factory.name:<24} {factory.description}  [{factory.plugin}]")
+
+    @cli.command(name="eval")
+    @click.argument("source", metavar="CONFIG_OR_CHECKPOINT", type=click.Path(path_type=Path))
+    @click.option("--env", "env_name", default=None, help="Evaluate on this env (env.name).")
+    @click.option(
+        "--env-option",
+        "env_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An option of the env (env.options), e.g. --env-option tasks=8.",
+    )
+    @click.option("--split", default=None, help="The split to evaluate on (env.eval_split).")
+    @click.option(
+        "--tasks", type=click.IntRange(min=1), default=None, help="The first N tasks (eval.tasks)."
+    )
+    @click.option(
+        "--samples",
+        type=click.IntRange(min=1),
+        default=None,
+        help="k of pass@k: sampled episodes per task beside the greedy one "
+        "(eval.samples_per_task; 1: greedy only).",
+    )
+    @click.option(
+        "--temperature",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Temperature of the k samples (eval.temperature).",
+    )
+    @click.option(
+        "--output",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write one JSONL row per task here.",
+    )
+    def eval_command(
+        source: Path,
+        env_name: str | None,
+        env_options: tuple[str, ...],
+        split: str | None,
+        tasks: int | None,
+        samples: int | None,
+        temperature: float | None,
+        output: Path | None,
+    ) -> None:
+        """Evaluate a model on an env: mean reward, pass@1 (greedy) and pass@k.
+
+        CONFIG_OR_CHECKPOINT is a run config (.toml; its model), a run directory (its newest
+        checkpoint) or a checkpoint (RUN_DIR/checkpoints/step_N), evaluated with the run's own
+        config.toml. The flags override the config's env and eval settings.
+        """
+        from plait_sdk.evaluate import EvalSettings, run_eval, summary_line
+
+        settings = EvalSettings(env_name, env_options, split, tasks, samples, temperature)
+        config, summary = run_eval(source, settings, output)
+        click.echo(summary_line(config, summary) + (f"; rows in {output}" if output else ""))
