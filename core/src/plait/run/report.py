@@ -19,6 +19,8 @@ _TRAINER_METRICS = {
     "mismatch_kl_k1:mean": "policy/mismatch_kl",
     "mismatch_kl_k2:mean": "policy/mismatch_kl_k2",
     "clip_fraction:mean": "optim/clip_fraction",
+    "kl_ref:mean": "policy/kl_ref",
+    "kl_penalty:sum": "optim/kl_penalty",
     "routing_agreement:mean": "policy/routing_agreement",
     "routing_natural_agreement:mean": "policy/routing_natural_agreement",
     "routing_bytes_per_token:mean": "data/routing_bytes_per_token",

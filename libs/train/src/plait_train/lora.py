@@ -237,6 +237,17 @@ class LoraBank:
         return parts
 
     @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        """Within the block, the base model alone: no adapter, default or routed (the reference
+        policy of a LoRA trainer: the base is the initial policy)."""
+        default, routed = self.default, self._adapter_of
+        self.default = self._adapter_of = None
+        try:
+            yield
+        finally:
+            self.default, self._adapter_of = default, routed
+
+    @contextlib.contextmanager
     def routing(self, adapter_of_token: torch.Tensor, names: Sequence[str]) -> Iterator[None]:
         """Within the block, the token at each position of the model's input goes through adapter
         `names[adapter_of_token[position]]` (-1: the base alone). `adapter_of_token` is shaped

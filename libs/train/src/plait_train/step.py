@@ -16,7 +16,9 @@ loss acts on) / (their number in the whole call) to the loss, reported as "entro
 The KL penalty to a reference policy likewise: `kl_coef` (and `kl_estimator`, "k3" by default)
 adds kl_coef * (sum of the estimated KL(pi || ref) over those positions, from the `ref_logprobs`
 loss input) / (their number in the whole call), reported as "kl_penalty:sum", and "kl_ref:mean"
-whenever the data carry ref_logprobs.
+whenever the data carry ref_logprobs. A runner given a `reference` scorer supplies ref_logprobs
+itself where a call sets kl_coef and its data carry none: the reference policy's logprobs at the
+positions the policy is scored at, micro-batch by micro-batch, under torch.no_grad().
 """
 
 from __future__ import annotations
@@ -144,19 +146,26 @@ def split_loss_config(
 
 
 def check_loss_config(
-    loss_fn: str, keys: Sequence[str], loss_fn_config: Mapping[str, float | str] | None
+    loss_fn: str,
+    keys: Sequence[str],
+    loss_fn_config: Mapping[str, float | str] | None,
+    *,
+    reference: bool = False,
 ) -> Any:
     """The loss function, after a trial run on one zero token: an unknown loss name or a config
     the loss rejects fails before any forward pass (which, split across processes, could not be
-    abandoned halfway)."""
+    abandoned halfway). `reference`: the engine supplies ref_logprobs where the data lack them."""
     loss = lookup_loss(loss_fn)
     config, penalties = split_loss_config(loss_fn_config)
+    if penalties.kl_coef and REF_LOGPROBS not in keys and reference:
+        keys = [*keys, REF_LOGPROBS]
     if penalties.kl_coef and REF_LOGPROBS not in keys:
         raise DataError(
             f"loss_fn_config[{KL_COEF!r}] is set, but the data carry no "
             f"loss_fn_inputs[{REF_LOGPROBS!r}]; they have {sorted(keys)}",
             fix=f"give every datum {REF_LOGPROBS}: the reference policy's logprob of each target "
-            f"token (0 where the loss does not act), or leave {KL_COEF} out",
+            f"token (0 where the loss does not act), or let the trainer compute them "
+            f"(trainer.options.reference = true, plait-torch), or leave {KL_COEF} out",
         )
     zero = torch.zeros(1)
     trial = {k: zero.long() if k in INT_INPUTS else zero for k in keys}
@@ -206,6 +215,13 @@ def loss_positions(data: Sequence[Datum]) -> int:
         active = _active({k: inputs[k].to_numpy() for k, _ in _ACTIVE_TESTS if k in inputs})
         total += datum.model_input.length if active is None else int(active.sum())
     return total
+
+
+def scored_positions(batch: MicroBatch, backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the datum positions a pass scores: where the loss acts for a backward
+    pass, every real position for a forward pass."""
+    rows, cols = (active_positions(batch) if backward else batch.valid).nonzero(as_tuple=True)
+    return rows, cols
 
 
 def _in_group_order(
@@ -296,9 +312,12 @@ class StepRunner:
         autocast_dtype: torch.dtype | None = None,
         routing: RoutingHooks | None = None,
         routing_replay: bool = False,
+        reference: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         """`routing`: the model's router hooks (MoE models), which compare the trainer's routing
-        with the sampler's routed_experts and, with `routing_replay`, force the sampler's."""
+        with the sampler's routed_experts and, with `routing_replay`, force the sampler's.
+        `reference`: the reference policy as a scorer (`TokenScorer`'s signature), which supplies
+        ref_logprobs to calls that set kl_coef without them (see the module doc)."""
         if routing_replay and routing is None:
             raise ValueError(
                 "routing replay needs the model's router hooks (a mixture-of-experts model)"
@@ -311,6 +330,7 @@ class StepRunner:
         self.flops = flops
         self.vocab_rows = vocab_rows
         self.autocast_dtype = autocast_dtype
+        self.reference = reference
 
     def run(
         self,
@@ -373,7 +393,13 @@ class StepRunner:
         keys = check_data(data, loss_fn) if data or agree_on_passes is None else []
         routing = self._routing(data, keys)
         keys = [k for k in keys if k != ROUTED_EXPERTS]
-        loss = check_loss_config(loss_fn, keys, loss_fn_config) if keys else lookup_loss(loss_fn)
+        supply = bool(penalties.kl_coef and keys and REF_LOGPROBS not in keys)
+        supply = supply and self.reference is not None
+        loss = (
+            check_loss_config(loss_fn, keys, loss_fn_config, reference=self.reference is not None)
+            if keys
+            else lookup_loss(loss_fn)
+        )
         tokens = [np.asarray(d.model_input.to_ints(), dtype=np.int64) for d in data]
         inputs = [{k: d.loss_fn_inputs[k].to_numpy() for k in keys} for d in data]
         if data:
@@ -415,6 +441,8 @@ class StepRunner:
         for rows in plans:
             batch = MicroBatch.build(rows, tokens, inputs, self.device, routing)
             member_groups = [groups[index] for index in batch.indices]
+            if supply:
+                batch.inputs[REF_LOGPROBS] = self._reference_logprobs(batch, backward)
             with self._adapters(batch, member_groups, router, adapters):
                 outcome = self._micro_batch(
                     batch,
@@ -500,6 +528,22 @@ class StepRunner:
             "routing_compared:sum": float(recorded.shape[0] * recorded.shape[1]),
         }
 
+    def _reference_logprobs(self, batch: MicroBatch, backward: bool) -> torch.Tensor:
+        """(B, L) the reference policy's logprob of each target token of `batch` where the pass
+        scores the policy (`scored_positions`), 0 elsewhere; no grad."""
+        assert self.reference is not None
+        rows, cols = scored_positions(batch, backward)
+        with torch.no_grad(), self._autocast():
+            flat, _ = self.reference(
+                batch.input_ids,
+                batch.position_ids,
+                batch.reach,
+                batch.slots[rows, cols],
+                batch.inputs["target_tokens"][rows, cols],
+            )
+        zeros = torch.zeros(batch.valid.shape, dtype=torch.float32, device=flat.device)
+        return zeros.index_put((rows, cols), flat.float())
+
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -520,7 +564,7 @@ class StepRunner:
         kl_scales, kl_estimator = kl[0], KL_ESTIMATORS[kl[1]]
         ref = batch.inputs.get(REF_LOGPROBS)
         active = active_positions(batch)
-        rows, cols = (active if backward else batch.valid).nonzero(as_tuple=True)
+        rows, cols = scored_positions(batch, backward)
         replay = (
             self.routing.forced(batch.routing)
             if self.routing_replay and self.routing is not None and batch.routing is not None

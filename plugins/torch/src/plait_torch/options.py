@@ -70,6 +70,13 @@ class TorchTrainerOptions:
     lora: LoraOptions | None = None
     """LoRA adapters to train instead of the whole model (None = full fine-tuning). Weight
     export (and so weight sync) sends the merged weights, base + adapter, under the base's names."""
+    reference: bool = False
+    """Keep the reference policy, the initial weights, and compute a call's ref_logprobs (the
+    KL penalty's input) when its loss_fn_config sets kl_coef and its data carry none: with
+    `lora`, the same model with the adapters off (no extra memory); without, a frozen copy of the
+    initial model made at construction, which costs one more copy of the weights (in the
+    parameter dtype). A resumed trainer keeps the initial weights as its reference (the copy is
+    made from model.path before load_state)."""
 
 
 @attrs.frozen

@@ -12,6 +12,7 @@ until `optim_step`.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,13 @@ class TorchTrainer(SingleProcessEngine):
         )
         loading.check_tokenizer_fits(self.tokenizer, self.model, model)
         self.model.config.use_cache = False
+        # The reference policy without LoRA: a frozen copy of the initial weights (taken before
+        # any hook or adapter is attached; the model source, so a resumed trainer has it too).
+        frozen = (
+            copy.deepcopy(self.model).requires_grad_(False)
+            if self.options.reference and self.options.lora is None
+            else None
+        )
         checkpointing = self.options.activation_checkpointing
         if checkpointing:
             apply_activation_checkpointing(
@@ -88,6 +96,12 @@ class TorchTrainer(SingleProcessEngine):
             self.scorer.head_adapters = self.lora.unembedding_adapters
         layout = _layout(self.options, self.scorer)
         routing = RoutingHooks(self.model) if moe_shape(self.model) else None
+        self.reference: TokenScorer | _BaseScorer | None = None
+        """The reference policy with trainer.options.reference (`TorchTrainerOptions.reference`)."""
+        if frozen is not None:
+            self.reference = TokenScorer(frozen)
+        elif self.options.reference and self.lora is not None:
+            self.reference = _BaseScorer(self.lora, self.scorer)
         if self.options.routing_replay and routing is None:
             raise ConfigError(
                 "trainer.options.routing_replay",
@@ -110,6 +124,7 @@ class TorchTrainer(SingleProcessEngine):
             autocast_dtype=autocast_dtype,
             routing=routing,
             routing_replay=self.options.routing_replay,
+            reference=self.reference,
         )
         # Tied parameters appear once; with LoRA only the adapters train.
         trained = (
@@ -215,6 +230,19 @@ class TorchTrainer(SingleProcessEngine):
     def close(self) -> None:
         self._close_training()
         self.model = None
+        self.reference = self._runner.reference = None
+
+
+class _BaseScorer:
+    """A LoRA trainer's reference policy: its scorer with every adapter off (the base model)."""
+
+    def __init__(self, bank: LoraBank, scorer: TokenScorer) -> None:
+        self.bank, self.scorer = bank, scorer
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.bank.off():
+            result: tuple[torch.Tensor, torch.Tensor] = self.scorer(*args)
+        return result
 
 
 class LoraRun(SingleProcessEngine):
