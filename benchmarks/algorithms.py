@@ -1,0 +1,177 @@
+"""Which RL algorithm learns fastest, on the same model, tasks and budget: every algorithm x task
+x seed is a real `plait run` (SmolLM2-135M-Instruct by default), and its held-out accuracy is
+recorded against training steps, samples and seconds.
+
+The grid is resumable: runs already in the JSON are skipped, so it can be filled over several
+sittings (each run takes a few minutes on 2 CPU cores). Every algorithm runs the same number of
+steps of the same batch (groups_per_batch x group_size samples); dynamic sampling (dapo) samples
+more per step, which its curve against samples shows. Writes
+benchmarks/results/algorithms.json (one row per run: algorithm, task, seed, curve) and
+benchmarks/results/algorithms.png (held-out accuracy against samples and against seconds, the
+mean over seeds, one panel pair per task).
+
+    python benchmarks/algorithms.py [--algorithms grpo dr_grpo ...] [--tasks sums ...]
+        [--seeds 0 1] [--steps 30]
+
+Needs plait-torch, plait-math and plait-algorithms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DEMO = ROOT / "examples" / "arith_smollm2.toml"
+
+ALGORITHMS: dict[str, list[str]] = {
+    "grpo": ["rl.advantage=grpo"],
+    "dr_grpo": ["rl.advantage=dr_grpo"],
+    "rloo": ["rl.advantage=rloo"],
+    "reinforce++": ['rl.advantage="reinforce++"'],
+    "gspo": ["rl.loss=gspo", "rl.loss_aggregation=sequence_mean"],
+    "dapo": [
+        "rl.loss=ppo",
+        "rl.loss_config.clip_low_threshold=0.8",
+        "rl.loss_config.clip_high_threshold=1.28",
+        "rl.dynamic_sampling=true",
+        "rl.loss_aggregation=token_mean",
+    ],
+    "grpo+kl": [
+        "rl.loss_config.kl_coef=0.1",
+        "rl.loss_config.kl_estimator=3",
+        "trainer.options.reference=true",
+    ],
+}
+"""Each algorithm as overrides of the task's config (`plait run -s`)."""
+
+TASKS: dict[str, tuple[Path, list[str]]] = {
+    # Single-digit a + b after three worked examples (the demo): held-out accuracy starts at 0.19.
+    "sums": (DEMO, []),
+    # Numbers of one or two digits: the same format, held-out accuracy starts at 0.08.
+    "sums_2digit": (DEMO, ["env.options.max_digits=2"]),
+}
+"""Each task as a run config and overrides."""
+
+
+def run_one(algorithm: str, task: str, seed: int, steps: int) -> dict[str, Any]:
+    """One `plait run` and its held-out accuracy curve (eval steps: before training and every
+    `eval.every` steps)."""
+    config, task_overrides = TASKS[task]
+    with tempfile.TemporaryDirectory() as out:
+        overrides = [
+            *task_overrides,
+            *ALGORITHMS[algorithm],
+            f"rl.steps={steps}",
+            f"run.seed={seed}",
+            f"run.out_dir={out}",
+        ]
+        command = [sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume"]
+        for override in overrides:
+            command += ["-s", override]
+        began = time.time()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            raise RuntimeError(
+                f"{algorithm} on {task} (seed {seed}) failed:\n{done.stderr[-3000:]}"
+            )
+        rows = [
+            json.loads(line) for path in Path(out).glob("*/metrics.jsonl") for line in path.open()
+        ]
+    curve, samples, seconds = [], 0.0, 0.0
+    for row in sorted(rows, key=lambda r: r.get("step", 0)):
+        samples = row.get("progress/samples", samples)
+        seconds += row.get("time/total", 0.0)
+        if "eval/accuracy" in row:
+            curve.append(
+                {
+                    "step": row.get("step", 0),
+                    "samples": samples,
+                    "train_seconds": seconds,
+                    "accuracy": row["eval/accuracy"],
+                }
+            )
+    return {
+        "algorithm": algorithm,
+        "task": task,
+        "seed": seed,
+        "steps": steps,
+        "overrides": overrides[:-1],  # not the temporary directory
+        "curve": curve,
+        "final_accuracy": curve[-1]["accuracy"] if curve else None,
+        "wall_seconds": time.time() - began,
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows})
+    figure, axes = plt.subplots(len(tasks), 2, figsize=(11, 4 * len(tasks)), squeeze=False)
+    for row_axes, task in zip(axes, tasks, strict=True):
+        for algorithm in ALGORITHMS:
+            runs = [r for r in rows if r["task"] == task and r["algorithm"] == algorithm]
+            if not runs:
+                continue
+            points = min(len(r["curve"]) for r in runs)
+            accuracy = [
+                statistics.fmean(r["curve"][i]["accuracy"] for r in runs) for i in range(points)
+            ]
+            for ax, key in zip(row_axes, ("samples", "train_seconds"), strict=True):
+                x = [statistics.fmean(r["curve"][i][key] for r in runs) for i in range(points)]
+                ax.plot(x, accuracy, marker="o", label=f"{algorithm} ({len(runs)} seeds)")
+        for ax, label in zip(row_axes, ("samples", "seconds of training steps"), strict=True):
+            ax.set_title(f"{task}: held-out accuracy against {label}")
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out accuracy (greedy)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    output = RESULTS / "algorithms.json"
+    rows: list[dict[str, Any]] = json.loads(output.read_text())["runs"] if output.exists() else []
+    done = {(r["algorithm"], r["task"], r["seed"], r["steps"]) for r in rows}
+    grid = [
+        (a, t, s)
+        for s in args.seeds
+        for t in args.tasks
+        for a in args.algorithms
+        if (a, t, s, args.steps) not in done
+    ]
+    print(f"{len(grid)} runs to go ({len(done)} in {output.name} already)", flush=True)
+    for n, (algorithm, task, seed) in enumerate(grid, 1):
+        row = run_one(algorithm, task, seed, args.steps)
+        rows.append(row)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps({"what": __doc__.split("\n\n")[0], "runs": rows}, indent=1))
+        plot(rows, RESULTS / "algorithms.png")
+        start = row["curve"][0]["accuracy"] if row["curve"] else float("nan")
+        print(
+            f"[{n}/{len(grid)}] {algorithm} on {task}, seed {seed}: held-out accuracy "
+            f"{start:.2f} -> {row['final_accuracy']:.2f} in {row['wall_seconds']:.0f} s",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
