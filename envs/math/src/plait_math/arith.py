@@ -163,10 +163,6 @@ class ArithEnvironment(MathEnvironment):
     options: ClassVar[ArithOptions]
 
     @classmethod
-    def split_size(cls, split: str) -> int:
-        return cls.options.train_size if split == "train" else cls.options.test_size
-
-    @classmethod
     def prompt_for(cls, problem: Problem, answer_format: str) -> str:
         if cls.options.knob("prompt_style") == "bare":
             return f"{problem.expression} ="

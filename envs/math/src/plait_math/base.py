@@ -58,6 +58,8 @@ class GeneratedTasks(Environment):
     under options bound to the class by `bind`."""
 
     split_types: ClassVar[Mapping[str, str]] = {"train": "train", "test": "test"}
+    options: ClassVar[Any]
+    """Bound by `bind`; `split_size` reads its train_size and test_size unless overridden."""
 
     @classmethod
     def list_splits(cls) -> Sequence[Split]:
@@ -77,7 +79,7 @@ class GeneratedTasks(Environment):
 
     @classmethod
     def split_size(cls, split: str) -> int:
-        raise NotImplementedError
+        return int(cls.options.train_size if split == "train" else cls.options.test_size)
 
     @classmethod
     def make_task(cls, split: str, index: int) -> dict[str, Any]:

@@ -121,10 +121,6 @@ class ReasoningGymEnvironment(GeneratedTasks):
     options: ClassVar[ReasoningGymOptions]
 
     @classmethod
-    def split_size(cls, split: str) -> int:
-        return cls.options.train_size if split == "train" else cls.options.test_size
-
-    @classmethod
     @functools.cache
     def mixture(cls, split: str) -> Any:
         """The split's CompositeDataset (made once per bound class and split)."""

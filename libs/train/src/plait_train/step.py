@@ -224,6 +224,19 @@ def scored_positions(batch: MicroBatch, backward: bool) -> tuple[torch.Tensor, t
     return rows, cols
 
 
+def _score(
+    scorer: Any, batch: MicroBatch, rows: torch.Tensor, cols: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scorer`'s (logprob, entropy) of each target token of `batch` at positions (rows, cols)."""
+    return scorer(
+        batch.input_ids,
+        batch.position_ids,
+        batch.reach,
+        batch.slots[rows, cols],
+        batch.inputs["target_tokens"][rows, cols],
+    )
+
+
 def _in_group_order(
     rows: Sequence[RowPlan], tokens: Sequence[np.ndarray], groups: Sequence[int]
 ) -> list[RowPlan]:
@@ -534,13 +547,7 @@ class StepRunner:
         assert self.reference is not None
         rows, cols = scored_positions(batch, backward)
         with torch.no_grad(), self._autocast():
-            flat, _ = self.reference(
-                batch.input_ids,
-                batch.position_ids,
-                batch.reach,
-                batch.slots[rows, cols],
-                batch.inputs["target_tokens"][rows, cols],
-            )
+            flat, _ = _score(self.reference, batch, rows, cols)
         zeros = torch.zeros(batch.valid.shape, dtype=torch.float32, device=flat.device)
         return zeros.index_put((rows, cols), flat.float())
 
@@ -571,13 +578,7 @@ class StepRunner:
             else contextlib.nullcontext()
         )
         with self._autocast(), replay:
-            flat, entropy = self.scorer(
-                batch.input_ids,
-                batch.position_ids,
-                batch.reach,
-                batch.slots[rows, cols],
-                batch.inputs["target_tokens"][rows, cols],
-            )
+            flat, entropy = _score(self.scorer, batch, rows, cols)
         logprobs = flat.new_zeros(batch.valid.shape).index_put((rows, cols), flat)
         group_of_row = torch.tensor(member_groups, device=logprobs.device)
         outcome = _Outcome(logprobs.detach())
