@@ -364,16 +364,18 @@ def test_guess_number(
 ) -> None:
     """Its default model (Qwen/Qwen3.5-4B, qwen3_5_disable_thinking), 2 groups of 4 games a batch
     (32 of 8 by default): the primed model guesses in the game's format half the time, and each
-    unparsed guess costs 1; the RL run learns to keep to the format."""
+    unparsed guess costs 1; the RL run learns to keep to the format. At 3e-3 over 5 steps it
+    learned in some runs and fell apart in others (last steps at -6.8 from -4.6); at 1.5e-3 over 8
+    steps two runs climbed steadily, -5.0 -> -2.5 and -5.25 -> -2.75."""
     seconds = run_recipe(
         cookbook,
         "multiplayer_rl.guess_number.train",
         [
             "batch_size=2",
             "group_size=4",
-            "learning_rate=3e-3",
+            "learning_rate=1.5e-3",
             "max_tokens=16",
-            "max_steps=5",
+            "max_steps=8",
             "eval_every=0",
             "save_every=0",
             f"log_path={tmp_path / 'run'}",
@@ -383,4 +385,4 @@ def test_guess_number(
     )
     reward = metrics(tmp_path / "run", "env/all/reward/total")
     print(f"guess_number ({seconds:.0f} s) env/all/reward/total:", [round(v, 3) for v in reward])
-    assert len(reward) == 5 and mean(reward[-2:]) > mean(reward[:2]) + 1.0, reward
+    assert len(reward) == 8 and mean(reward[-3:]) > mean(reward[:2]) + 1.0, reward

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import structlog
 
-from plait.api import AdamParams, ModelInput, ResolvedModel, SamplingParams, WeightUpdate
+from plait.api import (
+    AdamParams,
+    AdvantageBatch,
+    ModelInput,
+    ResolvedModel,
+    SamplingParams,
+    WeightUpdate,
+)
 from plait_algorithms.advantages import grpo
 from plait_testing.trainer import datum_logprobs, random_tokens, rl_datum, sft_datum
 from plait_weights.broadcast import broadcast, open_group, tensor_metas
@@ -165,13 +172,15 @@ def test_grpo_engine_logprobs_track_the_trainer_after_every_sync(engine, trainer
                     rewards = [
                         float(np.mean([t % 2 == 0 for t in s.tokens])) for s in response.sequences
                     ]
-                    for seq, advantage in zip(
-                        response.sequences, grpo(np.asarray(rewards)), strict=True
-                    ):
+                    batch = AdvantageBatch([np.asarray(rewards)], [np.full(group_size, max_tokens)])
+                    for seq, advantage in zip(response.sequences, grpo(batch)[0], strict=True):
                         assert seq.versions() == (trainer.weight_version,) * max_tokens
                         datums.append(
                             rl_datum(
-                                [*prompt, *seq.tokens], len(prompt), seq.logprobs, float(advantage)
+                                [*prompt, *seq.tokens],
+                                len(prompt),
+                                seq.logprobs,
+                                float(advantage[0]),
                             )
                         )
                         sampled_lp.extend(seq.logprobs)
