@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up what the SDK's interop tests (pytest -m interop) need: one venv per official ORS SDK,
 # kept apart from plait's own environment because openreward pins sse-starlette and pulls in
-# LLM-vendor SDKs. Idempotent; works on a fresh Debian 12 machine as root.
+# LLM-vendor SDKs, and one for OpenEnv (openenv-core). Idempotent; works on a fresh Debian 12 machine as root.
 #   ORS_VENVS (default .venvs/ in the repository) is where the venvs go; the tests read the same variable.
 set -euo pipefail
 venvs=${ORS_VENVS:-$(cd "$(dirname "$0")/../.." && pwd)/.venvs}
@@ -27,3 +27,6 @@ make_venv() {  # make_venv NAME "PIP SPEC..." IMPORT-CHECK
 
 make_venv ors-sdk "ors-sdk==0.1.0" "import ors, ors.client"
 make_venv openreward "openreward==0.1.167" "import openreward.environments, openreward.api.environments.client"
+# OpenEnv's core (pytest -m interop, sdk/tests/test_openenv.py): its own venv because it pins
+# gradio, which wants older pillow and tomlkit than plait's .venv has
+make_venv openenv "openenv-core==0.3.0" "import openenv.core.env_server, openenv.core.generic_client"

@@ -1,5 +1,5 @@
 """plait-sdk's plugin: the "ors" environment (any ORS server), "skyrl_gym" (skyrl-gym
-environments) and the `plait env` commands."""
+environments), "openenv" (any OpenEnv server) and the `plait env` commands."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ def plait_register_envs(register: RegisterEnv) -> None:
         options="plait_sdk.skyrl:SkyRLGymOptions",
         description="a skyrl-gym environment on SkyRL dataset rows (options: env, data, "
         "env_config, max_turns; needs plait-sdk[skyrl])",
+    )
+    register(
+        "openenv",
+        "plait_sdk.openenv_client:OpenEnvEnvironment.from_options",
+        options="plait_sdk.openenv_client:OpenEnvOptions",
+        description="an OpenEnv (openenv-core) server, reached by url or started from app / "
+        "command (options: url, app, command, action_field, action_extra, splits, ...; needs "
+        "plait-sdk[openenv])",
     )
 
 
@@ -64,7 +72,7 @@ def build_environment(
 def plait_register_commands(cli: click.Group) -> None:
     @cli.group()
     def env() -> None:
-        """Environments: serve them over ORS, scaffold new ones."""
+        """Environments: serve them over ORS or OpenEnv, scaffold new ones."""
 
     @env.command()
     @click.argument("name")
@@ -83,6 +91,14 @@ def plait_register_commands(cli: click.Group) -> None:
         help="Address to bind; anything but loopback needs --api-key.",
     )
     @click.option("--port", default=8080, show_default=True, type=int)
+    @click.option(
+        "--protocol",
+        type=click.Choice(["ors", "openenv"]),
+        default="ors",
+        show_default=True,
+        help="The wire: ORS, or OpenEnv (openenv-core's EnvClient over /ws; loopback only, no "
+        "API key or session TTL, needs plait-sdk[openenv]).",
+    )
     @click.option(
         "--api-key",
         envvar="PLAIT_ORS_API_KEY",
@@ -103,13 +119,24 @@ def plait_register_commands(cli: click.Group) -> None:
         option_pairs: tuple[str, ...],
         host: str,
         port: int,
+        protocol: str,
         api_key: str | None,
         session_ttl: float,
     ) -> None:
-        """Serve environment NAME (a registered name, or module:Class) over ORS."""
+        """Serve environment NAME (a registered name, or module:Class) over ORS or OpenEnv."""
         from plait_sdk.server import Server, ServerOptions
 
         environment = build_environment(name, _options(option_pairs))
+        if protocol == "openenv":
+            from plait_sdk.openenv_server import OpenEnvServer
+
+            if api_key:
+                raise click.UsageError(
+                    "--api-key (or PLAIT_ORS_API_KEY): OpenEnv's wire has no API key; serve on "
+                    "loopback without one, or use --protocol ors"
+                )
+            OpenEnvServer(environment).run(host, port)
+            return
         Server(
             [environment], options=ServerOptions(api_key=api_key, session_ttl_s=session_ttl)
         ).run(host, port)
