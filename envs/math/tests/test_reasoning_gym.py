@@ -100,6 +100,30 @@ def test_rewards_are_reasoning_gyms_scores() -> None:
         assert rewards[0] == 1.0 and 0.0 < rewards[1] < 1.0 and rewards[2:] == [0.0, 0.0]
 
 
+def test_the_prompt_is_a_named_or_written_system_prompt_and_worked_examples() -> None:
+    """`system_prompt` names one of reasoning-gym's or is the text itself; `few_shot` puts the
+    first train items, answered in tags, before the question."""
+    env = make(train_size=20, system_prompt="Answer in tags.", few_shot=2)
+    task = asyncio.run(env.get_task("test", 3))
+    first, second = tasks(env, "train")[:2]
+
+    async def messages() -> list[Message]:
+        session = await env.open(task)
+        try:
+            return await session.messages()
+        finally:
+            await session.close()
+
+    assert asyncio.run(messages()) == [
+        Message("system", "Answer in tags."),
+        Message("user", first["question"]),
+        Message("assistant", f"<answer>{first['answer']}</answer>"),
+        Message("user", second["question"]),
+        Message("assistant", f"<answer>{second['answer']}</answer>"),
+        Message("user", task["question"]),
+    ]
+
+
 def test_a_scorer_that_raises_on_a_malformed_answer_gives_zero() -> None:
     env = build("env", "reasoning_gym", options={"datasets": {"prime_factorization": {}}})
     output = answer(env, asyncio.run(env.get_task("train", 0)), "<answer>garbage</answer>")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 from typing import Any, ClassVar
 
 import attrs
@@ -70,14 +71,17 @@ class ReasoningGymOptions:
     train_size: int = attrs.field(default=10_000, validator=positive)
     test_size: int = attrs.field(default=500, validator=positive)
     system_prompt: str = "default"
-    """A key of reasoning-gym's SYSTEM_PROMPTS."""
+    """A key of reasoning-gym's SYSTEM_PROMPTS (one word), or the system prompt's own text."""
+    few_shot: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Worked examples before the question, as earlier chat turns: the first `few_shot` items of
+    the train split, each answered `<answer>...</answer>` (a small model learns the format)."""
 
     def __attrs_post_init__(self) -> None:
         _reasoning_gym()
         from reasoning_gym.factory import DATASETS
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
-        if self.system_prompt not in SYSTEM_PROMPTS:
+        if self.system_prompt not in SYSTEM_PROMPTS and re.fullmatch(r"\w+", self.system_prompt):
             raise ValueError(
                 f"system_prompt: {self.system_prompt!r} is not one of reasoning-gym's "
                 f"SYSTEM_PROMPTS: {', '.join(SYSTEM_PROMPTS)}"
@@ -177,8 +181,18 @@ class ReasoningGymEnvironment(GeneratedTasks):
     async def get_messages(self) -> list[Message]:
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
+        prompt = self.options.system_prompt
+        shots = [self.entry("train", i) for i in range(self.options.few_shot)]
         return [
-            Message("system", SYSTEM_PROMPTS[self.options.system_prompt]),
+            Message("system", SYSTEM_PROMPTS.get(prompt, prompt)),
+            *(
+                message
+                for shot in shots
+                for message in (
+                    Message("user", shot["question"]),
+                    Message("assistant", f"<answer>{shot['answer']}</answer>"),
+                )
+            ),
             Message("user", self.item["question"]),
         ]
 
