@@ -258,6 +258,9 @@ def test_bad_options_fail_naming_the_key(tmp_path: Path) -> None:
     assert "env.options.splits.train[0]: expected an integer" in config_error(
         {"url": "http://a", "splits": {"train": ["a"]}}
     )
+    assert "split_reset.tset: no such split" in config_error(
+        {"url": "http://a", "split_reset": {"tset": {"split": "test"}}}
+    )
 
 
 def test_missing_websockets_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:

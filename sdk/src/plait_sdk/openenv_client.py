@@ -88,6 +88,9 @@ class OpenEnvOptions:
     """Split name -> the seeds its episodes reset with."""
     reset_extra: dict[str, Any] = attrs.field(factory=dict)
     """Fixed fields added to every reset (the environment's reset keyword arguments)."""
+    split_reset: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """Per split, more reset fields: for a server with splits of its own, such as `plait env
+    serve --protocol openenv`, `{ test = { split = "test" } }` keeps held-out seeds held out."""
     start_timeout_s: float = attrs.field(default=120.0, validator=positive)
     message_timeout_s: float = attrs.field(default=300.0, validator=positive)
     """Longest wait for the answer to one reset or step."""
@@ -122,6 +125,11 @@ class OpenEnvOptions:
             )
         if not self.splits or not all(self.splits.values()):
             raise ValueError("splits: give each split at least one seed, e.g. { train = [0, 1] }")
+        for split in self.split_reset:
+            if split not in self.splits:
+                raise ValueError(
+                    f"split_reset.{split}: no such split in splits {sorted(self.splits)}"
+                )
         require_websockets(f'environment "{NAME}"')
 
 
@@ -270,7 +278,7 @@ class OpenEnvEnvironment:
             raise IndexError(
                 f"task index {index} is out of range for split {split!r} ({len(seeds)} tasks)"
             )
-        return {"seed": seeds[index]}
+        return {"seed": seeds[index], "split": split}
 
     async def _base(self) -> str:
         """The server's base URL, starting it (and checking its action schema) the first time."""
@@ -325,7 +333,8 @@ class OpenEnvEnvironment:
         base = await self._base()
         session = OpenEnvSession(self, base, dict(task))
         try:
-            await session.start({**self.options.reset_extra, "seed": seed})
+            split_reset = self.options.split_reset.get(task.get("split", ""), {})
+            await session.start({**self.options.reset_extra, **split_reset, "seed": seed})
         except BaseException:
             await session.close()
             raise
