@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import skyrl_gym
 from omegaconf import DictConfig
+from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 from plait.api import (
     ConfigError,
@@ -200,3 +201,38 @@ def test_missing_skyrl_gym_names_the_install(
     monkeypatch.setitem(sys.modules, "skyrl_gym", None)  # import skyrl_gym now raises
     message = config_error({"env": "gsm8k", "data": gsm8k_data})
     assert "pip install 'plait-sdk[skyrl]' (skyrl-gym==0.4.0)" in message
+
+
+class _Broken(BaseTextEnv):
+    """A skyrl-gym environment with bugs: its reward is not a number, or its step raises."""
+
+    def __init__(self, env_config: Any = None, extras: Any = None) -> None:
+        super().__init__()
+        self.mode = (extras or {}).get("mode")
+
+    def step(self, action: str) -> Any:
+        if self.mode == "raise":
+            raise RuntimeError("the grader crashed")
+        return {"observations": [], "reward": "high", "done": True, "metadata": {}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        (
+            "reward",
+            "skyrl-gym environment 'plait_test_broken' returned reward 'high', not a number",
+        ),
+        ("raise", "RuntimeError: the grader crashed"),
+    ],
+)
+def test_an_environment_bug_costs_the_episode_and_says_what_it_was(
+    tmp_path: Path, mode: str, message: str
+) -> None:
+    if "plait_test_broken" not in skyrl_gym.registry:
+        skyrl_gym.register("plait_test_broken", entry_point=_Broken)
+    data = {"train": write_rows(tmp_path / "rows.jsonl", [row("plait_test_broken", "1", 0)])}
+    env = build("env", "skyrl_gym", options={"env": "plait_test_broken", "data": data})
+    task = asyncio.run(env.get_task("train", 0))
+    trajectory = play(env, {**task, "mode": mode}, Replies("one"))
+    assert trajectory.error is not None and message in trajectory.error, trajectory.error

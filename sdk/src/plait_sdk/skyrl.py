@@ -158,9 +158,15 @@ class SkyRLGymEnvironment(Environment):
         metadata = _jsonable(out.get("metadata") or {})
         if not out["done"]:
             metadata[ROLE_KEY] = self.task_spec.get(ROLE_KEY, "")  # the same role goes on
+        reward = out.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise ValueError(
+                f"skyrl-gym environment {self.options.env!r} returned reward {reward!r}, not a "
+                "number: its step() must return a float reward"
+            )
         return ToolOutput(
             blocks=[TextBlock(observation)],
-            reward=float(out["reward"]),
+            reward=float(reward),
             finished=bool(out["done"]),
             metadata=metadata,
         )
