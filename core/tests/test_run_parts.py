@@ -1,5 +1,6 @@
 """Run pieces that need no engines: task order, seeds, timing, rollout metrics."""
 
+import attrs
 import pytest
 
 from plait.errors import PlaitError
@@ -49,6 +50,16 @@ def test_rollout_metrics():
     assert m["reward/k"] == 2
     assert m["reward/pass@k"] == 1.0  # only the group that kept all its samples counts
     assert m["data/response_tokens"] == 2
+
+
+def test_rollout_metrics_average_the_environments_own_over_the_episodes_that_report_them():
+    scored = [
+        attrs.evolve(traj(True, 1), metrics={"env/reward/a": 1.0, "env/reward/b": 0.5}),
+        attrs.evolve(traj(False, 0), metrics={"env/reward/a": 0.0}),
+        attrs.evolve(traj(False, 0, error="boom"), metrics={"env/reward/a": 7.0}),
+    ]
+    m = rollout_metrics([scored])
+    assert (m["env/reward/a"], m["env/reward/b"]) == (0.5, 0.5)
 
 
 def test_sample_seeds_are_those_recorded_runs_used_and_distinct():

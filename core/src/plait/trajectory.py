@@ -35,7 +35,7 @@ class Turn:
 
 @attrs.frozen
 class Trajectory:
-    """One episode of one task."""
+    """One episode of one task; `metrics` are its environment's own (e.g. env/reward/<name>)."""
 
     task: dict[str, Any]
     turns: tuple[Turn, ...] = attrs.field(converter=tuple[Turn, ...])
@@ -57,6 +57,7 @@ class Trajectory:
     """Each role's reward (reduced like `reward`) in an episode whose environment names roles."""
     engine_retries: int = 0
     """Requests the inference engine failed and was sent again (`engine/retries`)."""
+    metrics: dict[str, float] = attrs.field(factory=dict)
 
     def acting_roles(self) -> list[str]:
         """The roles that made a call, in order of their first call ([""] without roles)."""

@@ -55,9 +55,7 @@ def rollout_metrics(
         f"{prefix}/pass@1": mean([float(t.correct) for t in valid]),
     }
     valid_groups = [[t for t in g if t.error is None] for g in groups]
-    k = max(
-        (len(g) for g in groups), default=0
-    )  # the group size; groups that lost samples to errors are left out
+    k = max((len(g) for g in groups), default=0)  # groups that lost samples to errors: left out
     if k > 1 and any(len(v) >= k for v in valid_groups):
         metrics[f"{prefix}/pass@k"] = mean(
             [pass_at_k(len(v), sum(t.correct for t in v), k) for v in valid_groups if len(v) >= k]
@@ -72,6 +70,8 @@ def rollout_metrics(
     metrics["env/truncated"] = mean([float(t.truncated) for t in valid])
     metrics["data/prompt_tokens"] = mean([t.prompt_tokens for t in valid])
     metrics["data/response_tokens"] = mean([t.completion_tokens for t in valid])
+    for key in sorted({key for t in valid for key in t.metrics}):
+        metrics[key] = mean([t.metrics[key] for t in valid if key in t.metrics])
     return metrics
 
 
