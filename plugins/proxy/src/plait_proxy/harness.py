@@ -14,7 +14,8 @@ The program brings its own tools (a harness's tools are its business); the task 
 provides the prompt and the verifier. The run's sampling settings (temperature, top_p, top_k,
 max_tokens, a seed per call) replace what the program asks for, as RL needs; `max_turns` caps
 its model calls. A program that fails having made no model call costs its episode (recorded as
-an error); one that fails after calls is scored on what it printed.
+an error); one that fails after calls is scored on what it printed. The engine failing on one of
+its calls raises EngineError: plait's own failure, not the episode's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import attrs
 import structlog
 
 from plait.api import (
+    DataError,
+    EngineError,
     Environment,
     EnvSession,
     EpisodeConfig,
@@ -50,10 +53,88 @@ from plait.api import (
     terminal_argument,
 )
 from plait_proxy.app import ProxyApp, ServeOptions
+from plait_proxy.chat import ChatRequest, Completion, RequestError
 from plait_proxy.proxy import Limits, Proxy
-from plait_proxy.store import RolloutStore, SessionPolicy
+from plait_proxy.store import ProxySession, RolloutStore, SessionPolicy
 
 log = structlog.get_logger("plait.proxy.harness")
+
+
+class _WatchedProxy(Proxy):
+    """A proxy that remembers, per session, a failure of the engine or renderer: the client only
+    sees a 502, but the episode must not pass it off as the environment's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures: dict[str, Exception] = {}
+
+    async def complete(self, session: ProxySession, request: ChatRequest, api: str) -> Completion:
+        try:
+            return await super().complete(session, request, api)
+        except (RequestError, DataError):  # the request's fault, answered to the client
+            raise
+        except Exception as exc:
+            self.failures[session.id] = exc
+            raise
+
+
+class EpisodeProxy:
+    """What an environment whose episodes are programs needs: one proxy per (engine, renderer),
+    started on first use in the episodes' event loop, and a recorded session per episode."""
+
+    def __init__(self, model_name: str, max_context_tokens: int) -> None:
+        self.model_name = model_name
+        self.max_context_tokens = max_context_tokens
+        for chatty in ("httpx", "httpx2"):  # HTTP clients log every request at INFO
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+        self.store = RolloutStore(auto_create=False)
+        self._proxies: list[_WatchedProxy] = []
+        self._served: dict[tuple[int, int], str] = {}
+        self._servers: contextlib.AsyncExitStack | None = None
+        self._starting = asyncio.Lock()  # a batch's episodes all ask for the proxy at once
+
+    async def url(self, engine: InferenceEngine, renderer: Renderer) -> str:
+        """The proxy serving `engine` with `renderer`, started on first use (in this event loop)."""
+        key = (id(engine), id(renderer))
+        async with self._starting:
+            if key not in self._served:
+                if self._servers is None:
+                    self._servers = contextlib.AsyncExitStack()
+                proxy = _WatchedProxy(
+                    engine,
+                    renderer,
+                    self.model_name,
+                    Limits(max_context_tokens=self.max_context_tokens),
+                )
+                self._proxies.append(proxy)
+                app = ProxyApp(proxy, self.store, ServeOptions(port=0, any_model=True))
+                self._served[key] = await self._servers.enter_async_context(app.serving())
+        return self._served[key]
+
+    @contextlib.asynccontextmanager
+    async def session(self, config: EpisodeConfig) -> AsyncIterator[ProxySession]:
+        """An episode's session under the run's sampling and budget of calls, gone afterwards;
+        raises EngineError if the engine failed on one of its calls."""
+        session = self.store.open()
+        session.policy = SessionPolicy(config.sampling, config.max_turns)
+        try:
+            yield session
+        finally:
+            self.store.discard(session.id)
+            failures = [
+                p.failures.pop(session.id) for p in self._proxies if session.id in p.failures
+            ]
+            if failures:  # outranks whatever the program made of the 502 it got
+                raise EngineError(
+                    f"the inference engine failed: {type(failures[0]).__name__}: {failures[0]}"
+                ) from failures[0]
+
+    async def close(self) -> None:
+        if self._servers is not None:
+            await self._servers.aclose()
+            self._servers = None
+            self._served.clear()
+            self._proxies.clear()
 
 
 @attrs.frozen(kw_only=True)
@@ -109,12 +190,8 @@ class HarnessEnvironment:
             options_path="env.options.task_options",
         )
         self.name = f"proxy.harness({self.tasks.name})"
-        for chatty in ("httpx", "httpx2"):  # HTTP clients log every request at INFO
-            logging.getLogger(chatty).setLevel(logging.WARNING)
-        self.store = RolloutStore(auto_create=False)
-        self._served: dict[tuple[int, int], str] = {}
-        self._servers: contextlib.AsyncExitStack | None = None
-        self._starting = asyncio.Lock()  # a batch's episodes all ask for the proxy at once
+        self.proxy = EpisodeProxy(options.model_name, options.max_context_tokens)
+        self.store = self.proxy.store
 
     async def splits(self) -> list[Split]:
         return await self.tasks.splits()
@@ -131,27 +208,8 @@ class HarnessEnvironment:
         return await self.tasks.open(task, secrets)
 
     async def close(self) -> None:
-        if self._servers is not None:
-            await self._servers.aclose()
-            self._servers = None
+        await self.proxy.close()
         await self.tasks.close()
-
-    async def _proxy_url(self, engine: InferenceEngine, renderer: Renderer) -> str:
-        """The proxy serving `engine` with `renderer`, started on first use (in this event loop)."""
-        key = (id(engine), id(renderer))
-        async with self._starting:
-            if key not in self._served:
-                if self._servers is None:
-                    self._servers = contextlib.AsyncExitStack()
-                proxy = Proxy(
-                    engine,
-                    renderer,
-                    self.options.model_name,
-                    Limits(max_context_tokens=self.options.max_context_tokens),
-                )
-                app = ProxyApp(proxy, self.store, ServeOptions(port=0, any_model=True))
-                self._served[key] = await self._servers.enter_async_context(app.serving())
-        return self._served[key]
 
     async def run_episode(
         self,
@@ -160,7 +218,7 @@ class HarnessEnvironment:
         renderer: Renderer,
         config: EpisodeConfig,
     ) -> Trajectory:
-        url = await self._proxy_url(engine, renderer)
+        url = await self.proxy.url(engine, renderer)
         outcome: dict[str, Any] = {
             "rewards": [],
             "correct": False,
@@ -181,6 +239,8 @@ class HarnessEnvironment:
                     error = failure
                 else:
                     await self._score(env_session, answer, config, outcome)
+        except EngineError:  # plait's own part failed, not the episode's
+            raise
         except Exception as exc:  # the task environment failed: this episode only
             error = f"{type(exc).__name__}: {exc}"
             log.warning("harness episode failed", error=error)
@@ -199,14 +259,12 @@ class HarnessEnvironment:
     async def _episode(
         self, task: Mapping[str, Any], config: EpisodeConfig
     ) -> AsyncIterator[tuple[str, EnvSession]]:
-        session = self.store.open()
-        session.policy = SessionPolicy(config.sampling, config.max_turns)
         env_session: EnvSession | None = None
         try:
-            env_session = await asyncio.wait_for(self.tasks.open(task), config.env_timeout_s)
-            yield session.id, env_session
+            async with self.proxy.session(config) as session:
+                env_session = await asyncio.wait_for(self.tasks.open(task), config.env_timeout_s)
+                yield session.id, env_session
         finally:
-            self.store.discard(session.id)
             if env_session is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(env_session.close(), config.env_timeout_s)

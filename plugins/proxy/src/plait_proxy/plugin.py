@@ -1,4 +1,4 @@
-"""plait-proxy's plugin: the `proxy.harness` environment, `plait serve proxy` and
+"""plait-proxy's plugin: the `proxy.harness` and `verifiers` environments, `plait serve proxy` and
 `plait serve online`."""
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ def plait_register_envs(register: RegisterEnv) -> None:
         options="plait_proxy.harness:HarnessOptions",
         description="tasks of another environment played by an unmodified agent program "
         "through the proxy (options: tasks, command)",
+    )
+    register(
+        "verifiers",
+        "plait_proxy.verifiers:make_verifiers_env",
+        options="plait_proxy.verifiers:VerifiersOptions",
+        description="a verifiers (0.1.x) environment, unmodified: its tasks, rollout and rubric, "
+        "its model calls through the proxy (options: environment, args; the venv of "
+        "scripts/ci/verifiers.sh)",
     )
 
 
