@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +284,91 @@ def test_failures_cost_the_episode_or_stop_the_run_with_the_fix(
         "verifiers(broken_env)"
     )
     assert "Could not import 'vf-not-installed'" in seen["environment"]
+
+
+RG_CONFIG = REPO / "examples" / "reasoning_gym_smollm2.toml"
+EVAL_TASKS = 16
+
+
+def test_plait_eval_agrees_with_vf_eval_at_temperature_zero(
+    verifiers_python: str, tmp_path: Path
+) -> None:
+    """examples/reasoning_gym_smollm2.toml's model (SmolLM2-135M-Instruct) on vf-reasoning-gym,
+    its held-out tasks greedy: `plait eval` through the `verifiers` environment, and verifiers'
+    own `vf-eval` against `plait serve proxy` serving the same config, give the same reward per
+    task and the same pass@1 (verifiers' rule: reward >= its pass_threshold)."""
+    env = tomllib.loads(RG_CONFIG.read_text())["env"]["options"]
+    args = {
+        "datasets": env["datasets"],
+        "seed": env["seed"],
+        "num_train_examples": env["train_size"],
+        "num_eval_examples": env["test_size"],
+        "system_prompt": env["system_prompt"],
+        "few_shot": env["few_shot"],
+    }
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve = [sys.executable, "-m", "plait.cli", "serve", "proxy", str(RG_CONFIG)]
+    server = subprocess.Popen([*serve, "--port", str(port)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not _answers(f"http://127.0.0.1:{port}/v1/models"):
+            assert server.poll() is None and time.monotonic() < deadline, "plait serve proxy died"
+            time.sleep(1)
+        subprocess.run(
+            [
+                str(Path(verifiers_python).with_name("vf-eval")),
+                "vf-reasoning-gym",
+                *("-a", json.dumps(args), "-b", f"http://127.0.0.1:{port}/v1"),
+                *("-k", "OPENAI_API_KEY", "-m", "smollm2-135m-instruct"),
+                *("-n", str(EVAL_TASKS), "-r", "2", "-T", "0", "-t", "16"),
+                *("--disable-tui", "-s", "-o", str(tmp_path / "vf")),
+            ],
+            env={**os.environ, "OPENAI_API_KEY": "none"},
+            check=True,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+        )
+    finally:
+        server.terminate()
+        server.wait(30)
+    (run,) = (tmp_path / "vf" / "evals").glob("*/*")
+    vf_meta = json.loads((run / "metadata.json").read_text())
+    vf_rows = [json.loads(line) for line in (run / "results.jsonl").open()]
+    vf_rewards = [r["reward"] for r in sorted(vf_rows, key=lambda r: r["example_id"])][::2]
+
+    plait_eval = [
+        sys.executable, "-m", "plait.cli", "eval", str(RG_CONFIG), "--env", "verifiers",
+        "--env-option", 'environment="vf-reasoning-gym"',
+        "--env-option", f"python={json.dumps(verifiers_python)}",
+        "--env-option", f"args={_toml(args)}",
+        "--tasks", str(EVAL_TASKS), "--output", str(tmp_path / "plait.jsonl"),
+    ]  # fmt: skip
+    summary = subprocess.run(
+        plait_eval, cwd=REPO, check=True, capture_output=True, text=True, timeout=TIMEOUT_S
+    ).stdout
+    rows = [json.loads(line) for line in (tmp_path / "plait.jsonl").open()]
+    plait_rewards = [r["rewards"][0] for r in sorted(rows, key=lambda r: r["index"])]
+    plait_pass = sum(r["correct"][0] for r in rows) / len(rows)
+
+    assert plait_rewards == vf_rewards, (plait_rewards, vf_rewards)
+    assert 0 < plait_pass < 1 and plait_pass == pytest.approx(vf_meta["pass_at_k"]["1"])
+    assert f"pass@1 {plait_pass:.4f}" in summary, summary
+
+
+def _toml(value: Any) -> str:
+    """`value` as a TOML inline value (what `--env-option KEY=VALUE` takes)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)  # strings, numbers and booleans are written alike
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
