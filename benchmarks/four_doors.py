@@ -96,6 +96,7 @@ def door_options(door: str, ors_url: str | None) -> tuple[str, dict[str, Any]]:
             "command": serve_command("openenv", "{port}"),
             "splits": {split: list(range(n)) for split, n in sizes.items()},
             "split_reset": {"test": {"split": "test"}},
+            "messages_field": "messages",
         }
     return "verifiers", {
         "environment": "vf-reasoning-gym",

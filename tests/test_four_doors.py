@@ -119,6 +119,7 @@ def doors() -> Iterator[dict[str, Any]]:
                     "command": serve_command("openenv"),
                     "splits": {"test": list(range(TASKS))},
                     "split_reset": {"test": {"split": "test"}},
+                    "messages_field": "messages",
                 },
             ),
             "verifiers": build(

@@ -164,6 +164,28 @@ def test_plait_env_served_over_openenv_plays_multi_step_episodes() -> None:
     asyncio.run(main())
 
 
+def test_messages_field_shows_the_served_environments_chat_messages() -> None:
+    async def main() -> None:
+        async with served(GuessEnv) as url:
+            options = {"url": url, "splits": {"train": [1]}, "instructions": "Be brief."}
+            chat = build("env", "openenv", options={**options, "messages_field": "messages"})
+            wrong = build("env", "openenv", options={**options, "messages_field": "text"})
+            try:
+                engine = Replies("7")
+                trajectory = await play(chat, await chat.get_task("train", 0), engine)
+                assert list(trajectory.rewards) == [1.0]
+                assert engine.prompts[0] == "system: Be brief.\nuser: Guess my number (0-9).\n"
+                failed = await play(wrong, await wrong.get_task("train", 0), Replies("7"))
+                assert failed.error is not None and "'text' (env.options.messages_field)" in (
+                    failed.error
+                )
+            finally:
+                await chat.close()
+                await wrong.close()
+
+    asyncio.run(main())
+
+
 def test_the_wire_is_openenvs() -> None:
     """The frames OpenEnv's EnvClient sends and parses (openenv-core 0.3.0 env_client.py)."""
 

@@ -80,8 +80,14 @@ class OpenEnvOptions:
     observation_field: str | None = None
     """The observation's field shown to the model; default its only non-empty text field, or
     else the whole observation as JSON."""
+    messages_field: str | None = None
+    """An observation field holding the opening chat messages (`[{role, content}, ...]`), which
+    the model is then shown as they are instead of the observation's text: `"messages"` for
+    `plait env serve --protocol openenv`, whose environments open with a system prompt or
+    earlier turns."""
     instructions: str = ""
-    """Put before the reset observation in the prompt."""
+    """Put before the reset observation in the prompt (as a system message with
+    `messages_field`)."""
     splits: dict[str, list[int]] = attrs.field(
         factory=lambda: {"train": list(range(1000)), "test": list(range(1000, 1100))}
     )
@@ -358,6 +364,7 @@ class OpenEnvSession:
         self.task = task
         self.ws: Any = None
         self.prompt_text = ""
+        self.prompt_messages: list[Message] = []
         self.finished = False
         self.closed = False
         self.lost: str | None = None
@@ -422,9 +429,18 @@ class OpenEnvSession:
             delay = min(delay * 2, 5.0)
         try:
             text = self._observation_text(result)
+            opening = self._opening_messages(result)
         except _BadAnswer as exc:
             raise EnvironmentError_(f'environment "{NAME}": reset: {exc}') from None
         self.prompt_text = f"{self.options.instructions}\n\n{text}".strip()
+        if opening is None:
+            self.prompt_messages = [Message("user", self.prompt_text)]
+        else:
+            instructions = self.options.instructions
+            self.prompt_messages = [
+                *([Message("system", instructions)] * bool(instructions)),
+                *opening,
+            ]
 
     def _lost_error(self, what: str, exc: BaseException) -> EnvironmentError_:
         return EnvironmentError_(
@@ -452,11 +468,32 @@ class OpenEnvSession:
             return texts[0]
         return json.dumps(observation, sort_keys=True, default=repr)
 
+    def _opening_messages(self, result: Mapping[str, Any]) -> list[Message] | None:
+        field = self.options.messages_field
+        if field is None:
+            return None
+        value = result["observation"].get(field)
+        if not (
+            isinstance(value, list)
+            and value
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in value
+            )
+        ):
+            raise _BadAnswer(
+                f"the observation's {field!r} (env.options.messages_field) is not a non-empty list "
+                f"of {{role, content}} messages: {value!r:.200}"
+            )
+        return [Message(m["role"], m["content"]) for m in value]
+
     async def prompt(self) -> list[TextBlock]:
         return [TextBlock(self.prompt_text)]
 
     async def messages(self) -> list[Message]:
-        return [Message("user", self.prompt_text)]
+        return list(self.prompt_messages)
 
     async def tools(self) -> list[ToolSpec]:
         return []
