@@ -21,7 +21,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,6 @@ from plait.api import (
     ConfigError,
     EnvironmentError_,
     EpisodeConfig,
-    Message,
-    ModelInput,
-    ParseTermination,
-    SampledSequence,
-    SampleResponse,
     SamplingParams,
     ToolError,
     build,
@@ -47,6 +42,7 @@ from plait.api import (
 from plait_sdk import Environment, Split, TextBlock, ToolOutput, terminal
 from plait_sdk.openenv_server import OpenEnvServer
 from plait_sdk.server import serving
+from plait_testing.replies import BytesRenderer, Replies
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openenv" / "reverse_word"
@@ -84,43 +80,6 @@ class GuessEnv(Environment):
         return ToolOutput(
             blocks=[TextBlock(hint)], reward=0.0, finished=self.tries >= 3, metadata={ROLE_KEY: ""}
         )
-
-
-class BytesRenderer:
-    """Each message as "role: text\\n" in bytes; a response is its bytes."""
-
-    tokenizer = None
-    has_extension_property = False
-
-    def build_generation_prompt(self, messages: Sequence[Message], **_: Any) -> ModelInput:
-        return ModelInput.from_ints(
-            list("".join(f"{m.role}: {m.content}\n" for m in messages).encode())
-        )
-
-    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]:
-        return Message("assistant", bytes(tokens).decode()), ParseTermination.EOS
-
-    def bridge_to_next_turn(self, *_: Any) -> None:
-        return None
-
-    def stop_sequences(self) -> list[int]:
-        return []
-
-
-class Replies:
-    """An engine that gives `replies` in turn, and keeps the prompts it saw."""
-
-    weight_version = 0
-
-    def __init__(self, *replies: str) -> None:
-        self.replies, self.prompts = list(replies), []
-
-    async def sample(
-        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
-    ) -> SampleResponse:
-        self.prompts.append(bytes(prompt.to_ints()).decode())
-        tokens = list(self.replies.pop(0).encode())
-        return SampleResponse([SampledSequence(tokens, [-0.5] * len(tokens), "stop")])
 
 
 async def play(env: Any, task: dict[str, Any], engine: Replies, max_turns: int = 4) -> Any:

@@ -18,16 +18,12 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv
 from plait.api import (
     ConfigError,
     EpisodeConfig,
-    Message,
-    ModelInput,
-    ParseTermination,
-    SampledSequence,
-    SampleResponse,
     SamplingParams,
     build,
     run_episode,
 )
 from plait_sdk.testing import check_sdk_environment
+from plait_testing.replies import BytesRenderer, Replies
 
 QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
@@ -60,43 +56,6 @@ def gsm8k_data(tmp_path: Path) -> dict[str, str]:
         ),
         "test": write_rows(tmp_path / "test.jsonl", [row("gsm8k", "10", 0)]),
     }
-
-
-class BytesRenderer:
-    """Each message as "role: text\\n" in bytes; a response is its bytes."""
-
-    tokenizer = None
-    has_extension_property = False
-
-    def build_generation_prompt(self, messages: Sequence[Message], **_: Any) -> ModelInput:
-        return ModelInput.from_ints(
-            list("".join(f"{m.role}: {m.content}\n" for m in messages).encode())
-        )
-
-    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, ParseTermination]:
-        return Message("assistant", bytes(tokens).decode()), ParseTermination.EOS
-
-    def bridge_to_next_turn(self, *_: Any) -> None:
-        return None
-
-    def stop_sequences(self) -> list[int]:
-        return []
-
-
-class Replies:
-    """An engine that gives `replies` in turn, and keeps the prompts it saw."""
-
-    weight_version = 0
-
-    def __init__(self, *replies: str) -> None:
-        self.replies, self.prompts = list(replies), []
-
-    async def sample(
-        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
-    ) -> SampleResponse:
-        self.prompts.append(bytes(prompt.to_ints()).decode())
-        tokens = list(self.replies.pop(0).encode())
-        return SampleResponse([SampledSequence(tokens, [-0.5] * len(tokens), "stop")])
 
 
 def skyrl_rewards(env_id: str, task: dict[str, Any], replies: Sequence[str], **extras: Any) -> list:
