@@ -1,11 +1,12 @@
-"""plait-algorithms' plugin module: its batch preparer, advantage estimators and off-policy
-corrections, by lazy targets."""
+"""plait-algorithms' plugin module: its batch preparer, advantage estimators, off-policy
+corrections and the `judge` environment (rewards from a model), by lazy targets."""
 
 from __future__ import annotations
 
 from plait.api import (
     RegisterAdvantage,
     RegisterBatchPreparer,
+    RegisterEnv,
     RegisterOffPolicyCorrection,
     hookimpl,
 )
@@ -54,4 +55,15 @@ def plait_register_off_policy_corrections(register: RegisterOffPolicyCorrection)
         "sequence",
         "plait_algorithms.off_policy:sequence",
         description="truncated importance weight per sequence (product of its tokens')",
+    )
+
+
+@hookimpl
+def plait_register_envs(register: RegisterEnv) -> None:
+    register(
+        "judge",
+        "plait_algorithms.judge:make_judge",
+        options="plait_algorithms.judge:JudgeOptions",
+        description="any environment's episodes graded again by a model against a rubric "
+        "(options: env, env_options, rubric, scale, env_weight, judge_weight, grader)",
     )
