@@ -131,8 +131,8 @@ class JudgeEnvironment:
             if self._grader is None:
                 registry = get_registry()
                 model = resolve_model(grader.model)
-                engine_factory = registry.get("inference_engine", grader.engine)
-                renderer_factory = registry.get("renderer", grader.renderer)
+                engine_factory: Any = registry.get("inference_engine", grader.engine)
+                renderer_factory: Any = registry.get("renderer", grader.renderer)
                 self._grader = (
                     engine_factory.load()(
                         model, options=engine_factory.validate_options(None, "grader"), seed=0

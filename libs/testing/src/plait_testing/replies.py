@@ -48,7 +48,8 @@ class Replies:
     weight_version = 0
 
     def __init__(self, *replies: str) -> None:
-        self.replies, self.prompts = list(replies), []
+        self.replies = list(replies)
+        self.prompts: list[str] = []
 
     async def sample(
         self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
