@@ -16,6 +16,11 @@ venv, package not installed, `load_environment` raising) stops the run with the 
 failing on a call of the episode is plait's own failure and raises EngineError. A rollout cut off
 by the run's `max_turns` (the proxy refuses further calls) is scored on what it has and marked
 truncated.
+
+`api = "v1"` runs a verifiers 0.4.0 (`verifiers.v1`) taskset instead (`environment` its id, `args`
+its config), in the venv scripts/ci/verifiers_v1.sh builds, under `verifiers_v1_driver.py`: the
+same protocol, its episodes the taskset's own rollouts (the `null` harness in a subprocess,
+its streaming model calls forwarded by verifiers' interception proxy to the session) and scores.
 """
 
 from __future__ import annotations
@@ -47,27 +52,44 @@ from plait_proxy.harness import EpisodeProxy
 
 log = structlog.get_logger("plait.proxy.verifiers")
 
-DRIVER = Path(__file__).with_name("verifiers_driver.py")
-SETUP = "scripts/ci/verifiers.sh"
+Api = Literal["0.1", "v1"]
+DRIVERS: dict[str, Path] = {
+    "0.1": Path(__file__).with_name("verifiers_driver.py"),
+    "v1": Path(__file__).with_name("verifiers_v1_driver.py"),
+}
+SETUPS = {"0.1": "scripts/ci/verifiers.sh", "v1": "scripts/ci/verifiers_v1.sh"}
+VENVS = {
+    "0.1": ("PLAIT_VERIFIERS_VENV", "verifiers"),
+    "v1": ("PLAIT_VERIFIERS_V1_VENV", "verifiers-v1"),
+}
+WHAT = {"0.1": "verifiers 0.1.x", "v1": "verifiers 0.4.0"}
 SPLIT_TYPES: dict[str, Literal["train", "validation", "test"]] = {"train": "train", "test": "test"}
 READY = 0
 """The request id of the driver's first line (its splits, or why it could not start)."""
 
 
-def default_python() -> str:
-    """$PLAIT_VERIFIERS_VENV's interpreter, else that of .venvs/verifiers in this checkout."""
+def default_python(api: Api = "0.1") -> str:
+    """The interpreter of `api`'s venv: $PLAIT_VERIFIERS_VENV's, else .venvs/verifiers's in this
+    checkout (0.1); $PLAIT_VERIFIERS_V1_VENV's, else .venvs/verifiers-v1's (v1)."""
     repo = Path(__file__).resolve().parents[4]
-    venv = os.environ.get("PLAIT_VERIFIERS_VENV") or str(repo / ".venvs" / "verifiers")
+    variable, folder = VENVS[api]
+    venv = os.environ.get(variable) or str(repo / ".venvs" / folder)
     return str(Path(venv) / "bin" / "python")
 
 
 @attrs.frozen(kw_only=True)
 class VerifiersOptions:
     environment: str
-    """The verifiers environment: a module or installed package with `load_environment`."""
+    """The verifiers environment: a module or installed package with `load_environment` (0.1),
+    or a `verifiers.v1` taskset id, as `vf-eval` takes it (v1)."""
     args: dict[str, Any] = attrs.field(factory=dict)
-    """Keyword arguments of `load_environment` (JSON values)."""
-    python: str = attrs.field(factory=default_python)
+    """Keyword arguments of `load_environment` (0.1), or the taskset's config (v1; JSON values)."""
+    api: Api = "0.1"
+    """Which verifiers: "0.1" (0.1.x, `verifiers_driver.py`) or "v1" (0.4.0's `verifiers.v1`,
+    `verifiers_v1_driver.py`)."""
+    python: str = attrs.field(
+        default=attrs.Factory(lambda self: default_python(self.api), takes_self=True)
+    )
     """The interpreter of the venv that has verifiers and the environment installed."""
     timeout_s: float = 600.0
     """Per episode: its rollout and scoring."""
@@ -78,6 +100,8 @@ class VerifiersOptions:
     def __attrs_post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.api not in DRIVERS:
+            raise ValueError(f"api must be one of {sorted(DRIVERS)}, got {self.api!r}")
 
 
 class _Driver:
@@ -97,16 +121,17 @@ class _Driver:
     @classmethod
     async def start(cls, options: VerifiersOptions) -> tuple[_Driver, dict[str, int]]:
         """The running driver and the environment's split sizes."""
+        setup = SETUPS[options.api]
         if not Path(options.python).is_file():
             raise ConfigError(
                 "env.options.python",
                 f"no verifiers venv interpreter at {options.python}",
-                fix=f"run {SETUP} (or set PLAIT_VERIFIERS_VENV, or env.options.python)",
+                fix=f"run {setup} (or set {VENVS[options.api][0]}, or env.options.python)",
             )
         process = await asyncio.create_subprocess_exec(
             options.python,
             "-P",  # not the driver's folder on sys.path: this module would shadow verifiers
-            str(DRIVER),
+            str(DRIVERS[options.api]),
             options.environment,
             json.dumps(options.args),
             stdin=asyncio.subprocess.PIPE,
@@ -123,8 +148,8 @@ class _Driver:
                 "env.options.environment",
                 f"the verifiers environment {options.environment!r} could not be loaded with "
                 f"{options.python}: {ready['fatal']}",
-                fix=f"install it and verifiers 0.1.x into that venv ({SETUP} installs the "
-                "examples), or fix its load_environment arguments (env.options.args)",
+                fix=f"install it and {WHAT[options.api]} into that venv ({setup} installs the "
+                "examples), or fix its arguments (env.options.args)",
             )
         return driver, dict(ready["splits"])
 
