@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 NEWLINE = 198  # the last token of a Qwen generation prompt ("<|im_start|>assistant\n")
-TASKS = 12
+TASKS = 8
 TASK = {
     "datasets": {
         "basic_arithmetic": {
@@ -60,7 +60,7 @@ COMPLETIONS = {
     "wrong": "<answer>\n7</answer>",
     "untagged": "The sum is 6.",
 }
-"""Replies every door must score alike: right for the tasks whose sum is 6 (two of the twelve),
+"""Replies every door must score alike: right for the tasks whose sum is 6 (two of the eight),
 wrong for all, and one with no answer tag, which reasoning-gym scores 0. (A script's tokens must
 be distinct and the vocabulary has one ">" alone, so the first tag ends in ">\n".)"""
 TAGS = {"<answer>": ["<", "answer"], "</answer>": ["</", "ans", "wer"]}
