@@ -107,14 +107,13 @@ def test_bad_options_name_the_key() -> None:
 
 
 def test_another_model_grades_when_one_is_named(tmp_path: Any) -> None:
-    """A grader of its own (tiny-qwen3, random weights: it writes no score, which costs the
-    episode); the policy's engine is asked only for the answer."""
-    pytest.importorskip("plait_torch")
-    pytest.importorskip("plait_qwen")
-    from plait_testing.models import materialize_model
+    """A grader of its own (plait-testing's fake engine and renderer on a model directory of
+    their own: it writes letters, no score, which costs the episode); the policy's engine is
+    asked only for the answer."""
+    from plait_testing.fakes import fake_model_dir
 
-    model = materialize_model("tiny-qwen3", tmp_path / "tiny-qwen3")
-    env = judge(grader={"model": str(model.path), "renderer": "qwen3"}, max_tokens=4)
+    model = fake_model_dir(tmp_path / "grader")
+    env = judge(grader={"model": str(model), "engine": "fake", "renderer": "fake"}, max_tokens=4)
     engine = Replies("c")
     trajectory = play(env, engine)
     assert len(engine.prompts) == 1
