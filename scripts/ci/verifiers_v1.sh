@@ -13,6 +13,8 @@
 # (~/.cache/uv) for the chat program; 1 min 40 s to build here (2 cores, busy). verifiers and uv
 # are pinned; their dependencies (and the chat program's) resolve at build time.
 set -euo pipefail
+# uv trusts the system's certificates (a machine behind a TLS proxy adds its CA there), as pip does
+export UV_NATIVE_TLS=${UV_NATIVE_TLS:-1}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${PLAIT_VERIFIERS_V1_VENV:-$repo/.venvs/verifiers-v1}
 python=${PYTHON:-python3}

@@ -138,6 +138,9 @@ class _Driver:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=2**26,  # a task's row is one line
+            # uv (v1's null harness runs its chat program with it) trusts the system's
+            # certificates, as pip does, rather than its own bundle
+            env={"UV_NATIVE_TLS": "1", **os.environ},
         )
         driver = cls(process, options.environment)
         ready = await driver._pending[READY]
