@@ -29,7 +29,6 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("plait_qwen", reason="needs the Qwen renderers (plait-qwen)")
 
 REPO = Path(__file__).resolve().parents[3]
-NEWLINE = 198  # the last token of every Qwen generation prompt ("<|im_start|>assistant\n")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 TIMEOUT_S = 240  # the first rollout has uv install the chat program's dependencies
 ARGS = {"num_tasks": 8}
@@ -72,13 +71,10 @@ def verifiers_v1_python() -> str:
 
 def scripted(base: ResolvedModel, name: str, text: str) -> tuple[ResolvedModel, list[int]]:
     """tiny-qwen3 whose greedy completion of any prompt is `text`, and its ids."""
-    from plait_hf.chat_template import load_tokenizer
-    from plait_testing.scripted import build_scripted_qwen3, script_tokens
+    from plait_testing.scripted import scripted_qwen3
 
-    ids = script_tokens(load_tokenizer(base.path), text, avoid=[NEWLINE])
-    dest = base.path.parent / f"verifiers-v1-{name}"
-    build_scripted_qwen3(base.path, dest, NEWLINE, ids)
-    return ResolvedModel(name, dest, dest), ids
+    model, ids = scripted_qwen3(base.path, base.path.parent / f"verifiers-v1-{name}", text)
+    return model, ids
 
 
 def test_a_v1_taskset_trains_on_what_the_engine_sampled_and_its_task_scores(

@@ -141,3 +141,21 @@ def build_scripted_qwen3(base: Path, dest: Path, start: int, script: Sequence[in
     for name in TOKENIZER_FILES:
         if (Path(base) / name).is_file() and not (dest / name).exists():
             shutil.copyfile(Path(base) / name, dest / name)
+
+
+QWEN_GENERATION_END = 198
+"""The last token of every Qwen generation prompt ("<|im_start|>assistant\\n"): a script's start."""
+
+
+def scripted_qwen3(
+    base: Path, dest: Path, text: str, split: Mapping[str, Sequence[str]] | None = None
+) -> tuple[Any, list[int]]:
+    """A copy of the Qwen3 checkpoint `base` in `dest` whose greedy reply to any chat prompt is
+    `text` (`script_tokens` of it), as a `ResolvedModel` named after `dest`, and the script's
+    ids."""
+    from plait.api import ResolvedModel
+    from plait_hf.chat_template import load_tokenizer
+
+    ids = script_tokens(load_tokenizer(base), text, avoid=[QWEN_GENERATION_END], split=split)
+    build_scripted_qwen3(base, dest, QWEN_GENERATION_END, ids)
+    return ResolvedModel(dest.name, dest, dest), ids
