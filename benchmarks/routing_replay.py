@@ -42,8 +42,8 @@ from plait.models import ResolvedModel
 from plait.plugins import build
 from plait.rollout import EpisodeConfig, run_episode
 from plait.run.loop import run_training
-from plait.trajectory import trajectory_to_datums
 from plait.types import Datum, SamplingParams
+from plait_algorithms.datums import trajectory_to_datums
 from plait_torch.options import TorchTrainerOptions
 from plait_torch.trainer import TorchTrainer
 

@@ -30,8 +30,9 @@ from typing import Any
 from plait.models import ResolvedModel
 from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
-from plait.trajectory import Trajectory, trajectory_to_datums
+from plait.trajectory import Trajectory
 from plait.types import Datum, SamplingParams
+from plait_algorithms.datums import trajectory_to_datums
 from plait_hf.chat_template import load_tokenizer
 from plait_testing.scripted import build_scripted_qwen3, script_tokens
 

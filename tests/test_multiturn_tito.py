@@ -30,8 +30,9 @@ from plait.models import ResolvedModel
 from plait.plugins import get_registry
 from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
-from plait.trajectory import Trajectory, trajectory_to_datums
+from plait.trajectory import Trajectory
 from plait.types import Datum, SamplingParams
+from plait_algorithms.datums import trajectory_to_datums
 from plait_hf.chat_template import load_tokenizer
 from plait_sdk import Environment, LocalEnvironment, Split, TextBlock, ToolOutput, terminal, tool
 from plait_testing.models import materialize_model

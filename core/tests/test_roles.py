@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plait.rollout import REWARDS_KEY, ROLE_KEY, EpisodeConfig, run_episode
-from plait.trajectory import trajectory_to_datums
 from plait.types import (
     Message,
     ModelInput,
@@ -137,10 +136,8 @@ def test_each_role_plays_with_its_own_actor_and_conversation_and_earns_its_own_r
     )
     as_proposer = trajectory.for_role("proposer")
     assert as_proposer.reward == 0.5 and not as_proposer.correct
-    (datum,) = trajectory_to_datums(
-        as_proposer, as_proposer.reward
-    )  # only the proposer's tokens train it
-    assert bytes(datum.model_input.to_ints()).decode().startswith("user: Write a sum for 7.\n")
+    (turn,) = as_proposer.turns  # only the proposer's tokens train it
+    assert bytes(turn.prompt).decode().startswith("user: Write a sum for 7.\n")
 
 
 def test_one_actor_plays_every_role_it_is_not_told_otherwise_self_play():

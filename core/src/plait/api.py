@@ -134,8 +134,6 @@ from plait.trajectory import (
     PromptSource as PromptSource,
     Trajectory as Trajectory,
     Turn as Turn,
-    merge_turns as merge_turns,
-    trajectory_to_datums as trajectory_to_datums,
 )
 from plait.types import (
     AdamParams as AdamParams,

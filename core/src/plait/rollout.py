@@ -455,7 +455,7 @@ def _next_prompt(
     """Extend the sampled tokens verbatim when the renderer can; otherwise re-render.
 
     A re-rendered prompt that does not extend the previous prompt + completion token for token
-    starts a new datum in `plait.trajectory.merge_turns` (checked there, never assumed here).
+    starts a new datum in `plait_algorithms.datums.merge_turns` (checked there, never assumed here).
     """
     previous = [*prompt.to_ints(), *completion]
     bridged = renderer.bridge_to_next_turn(prompt.to_ints(), list(completion), new_messages)

@@ -1,20 +1,17 @@
-"""Trajectories (what a rollout produced) and their conversion to training data.
+"""Trajectories: what a rollout produced.
 
 Token-in-token-out: a trajectory keeps every prompt the sampler was given and every completion
-exactly as the engine returned it (ids, logprobs, weight versions). Text is never re-tokenized.
-Turns are merged into one datum while each turn's prompt extends the previous turn's
-prompt + completion token for token; where that breaks, a new datum begins — never a silent merge.
+exactly as the engine returned it (ids, logprobs, weight versions). Text is never re-tokenized;
+`plait_algorithms.datums` makes training data of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
-import numpy as np
 
-from plait.types import Datum, ModelInput, SampledSequence, TensorData
+from plait.types import SampledSequence
 
 PromptSource = Literal["render", "bridge"]
 
@@ -97,83 +94,3 @@ class Trajectory:
     @property
     def bridged_turns(self) -> int:
         return sum(turn.prompt_source == "bridge" for turn in self.turns)
-
-
-@attrs.define
-class TokenSegments:
-    """A merged token sequence with, per token, the sampler logprob and whether it was sampled."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    sampled: list[bool]
-    versions: list[int]
-    routing: TensorData | None = None
-    """The experts that routed every token but the last (MoE samplers asked for them)."""
-
-
-def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
-    """Group consecutive turns whose prompts extend the previous sequence; one segment per group."""
-    segments: list[TokenSegments] = []
-    current: TokenSegments | None = None
-    for turn in turns:
-        prompt = list(turn.prompt)
-        if current is not None and prompt[: len(current.tokens)] == current.tokens:
-            tail = prompt[len(current.tokens) :]
-        else:
-            if current is not None:
-                segments.append(current)
-            current = TokenSegments([], [], [], [])
-            tail = prompt
-        current.tokens.extend(tail)
-        current.logprobs.extend([0.0] * len(tail))
-        current.sampled.extend([False] * len(tail))
-        current.versions.extend([-1] * len(tail))
-        completion = turn.completion
-        current.tokens.extend(completion.tokens)
-        current.logprobs.extend(completion.logprobs)
-        current.sampled.extend([True] * len(completion.tokens))
-        current.versions.extend(completion.versions())
-        # A turn's routing covers its whole prompt (the engine ran it), so the last turn's wins.
-        routing = completion.routed_experts
-        current.routing = (
-            routing if routing is not None and len(routing) == len(current.tokens) - 1 else None
-        )
-    if current is not None:
-        segments.append(current)
-    return segments
-
-
-def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float]) -> Datum:
-    """Next-token-aligned datum: input = tokens[:-1], targets = tokens[1:].
-
-    Loss inputs: target_tokens, logprobs (the sampler's, 0 on prompt positions), advantages (on
-    sampled positions only), mask (1 on sampled positions) and, when sampled, routed_experts.
-    """
-    tokens = np.asarray(segment.tokens, dtype=np.int64)
-    sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
-    advantages = np.asarray(advantage, dtype=np.float32)
-    advantages = (
-        np.full(len(tokens) - 1, float(advantages), np.float32)
-        if advantages.ndim == 0
-        else advantages[1:]
-    )
-    inputs: dict[str, Any] = {
-        "target_tokens": tokens[1:],
-        "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
-        "advantages": advantages * sampled,
-        "mask": sampled,
-    }
-    if segment.routing is not None:
-        inputs["routed_experts"] = segment.routing
-    return Datum(model_input=ModelInput.from_ints(tokens[:-1].tolist()), loss_fn_inputs=inputs)
-
-
-def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum]:
-    """Training data of one trajectory with one advantage for all its sampled tokens."""
-    if trajectory.error is not None:
-        return []
-    return [
-        segment_to_datum(seg, advantage)
-        for seg in merge_turns(trajectory.turns)
-        if len(seg.tokens) > 1
-    ]

@@ -77,7 +77,7 @@ def per_sample(datums, counts):
 def todays_datums(groups):
     """What prepare_groups made before issue 30 (grpo, constant groups left out, every token
     1 / the batch's action tokens), written out: (model input ids, loss inputs) per datum."""
-    from plait.trajectory import trajectory_to_datums
+    from plait_algorithms.datums import trajectory_to_datums
 
     kept = []
     for group in groups:

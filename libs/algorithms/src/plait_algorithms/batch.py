@@ -22,8 +22,8 @@ from plait.api import (
     RLSection,
     Trajectory,
     get_registry,
-    trajectory_to_datums,
 )
+from plait_algorithms.datums import trajectory_to_datums
 
 
 class Standard:

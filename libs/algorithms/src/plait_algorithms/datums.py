@@ -1,0 +1,96 @@
+"""Trajectories as training data, token in, token out.
+
+Turns are merged into one datum while each turn's prompt extends the previous turn's
+prompt + completion token for token; where that breaks, a new datum begins, never a silent merge
+(the renderer's bridge keeps a conversation's history token-exact: `plait.rollout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from plait.api import Datum, ModelInput, TensorData, Trajectory, Turn
+
+
+@attrs.define
+class TokenSegments:
+    """A merged token sequence with, per token, the sampler logprob and whether it was sampled."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    sampled: list[bool]
+    versions: list[int]
+    routing: TensorData | None = None
+    """The experts that routed every token but the last (MoE samplers asked for them)."""
+
+
+def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
+    """Group consecutive turns whose prompts extend the previous sequence; one segment per group."""
+    segments: list[TokenSegments] = []
+    current: TokenSegments | None = None
+    for turn in turns:
+        prompt = list(turn.prompt)
+        if current is not None and prompt[: len(current.tokens)] == current.tokens:
+            tail = prompt[len(current.tokens) :]
+        else:
+            if current is not None:
+                segments.append(current)
+            current = TokenSegments([], [], [], [])
+            tail = prompt
+        current.tokens.extend(tail)
+        current.logprobs.extend([0.0] * len(tail))
+        current.sampled.extend([False] * len(tail))
+        current.versions.extend([-1] * len(tail))
+        completion = turn.completion
+        current.tokens.extend(completion.tokens)
+        current.logprobs.extend(completion.logprobs)
+        current.sampled.extend([True] * len(completion.tokens))
+        current.versions.extend(completion.versions())
+        # A turn's routing covers its whole prompt (the engine ran it), so the last turn's wins.
+        routing = completion.routed_experts
+        current.routing = (
+            routing if routing is not None and len(routing) == len(current.tokens) - 1 else None
+        )
+    if current is not None:
+        segments.append(current)
+    return segments
+
+
+def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float]) -> Datum:
+    """Next-token-aligned datum: input = tokens[:-1], targets = tokens[1:].
+
+    Loss inputs: target_tokens, logprobs (the sampler's, 0 on prompt positions), advantages (on
+    sampled positions only), mask (1 on sampled positions) and, when sampled, routed_experts.
+    """
+    tokens = np.asarray(segment.tokens, dtype=np.int64)
+    sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
+    advantages = np.asarray(advantage, dtype=np.float32)
+    advantages = (
+        np.full(len(tokens) - 1, float(advantages), np.float32)
+        if advantages.ndim == 0
+        else advantages[1:]
+    )
+    inputs: dict[str, Any] = {
+        "target_tokens": tokens[1:],
+        "logprobs": np.asarray(segment.logprobs[1:], dtype=np.float32) * sampled,
+        "advantages": advantages * sampled,
+        "mask": sampled,
+    }
+    if segment.routing is not None:
+        inputs["routed_experts"] = segment.routing
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1].tolist()), loss_fn_inputs=inputs)
+
+
+def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum]:
+    """Training data of one trajectory with one advantage for all its sampled tokens."""
+    if trajectory.error is not None:
+        return []
+    return [
+        segment_to_datum(seg, advantage)
+        for seg in merge_turns(trajectory.turns)
+        if len(seg.tokens) > 1
+    ]
