@@ -47,6 +47,13 @@ ALGORITHMS: dict[str, list[str]] = {
         "rl.loss_config.kl_estimator=3",
         "trainer.options.reference=true",
     ],
+    "ppo+critic": [
+        "rl.loss=ppo",
+        "rl.advantage=gae",
+        "rl.remove_constant_reward_groups=false",
+        "critic.trainer.options.value_head=true",
+        "critic.trainer.learning_rate=1e-4",
+    ],
 }
 """Each algorithm as overrides of the task's config (`plait run -s`)."""
 

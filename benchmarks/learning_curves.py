@@ -14,10 +14,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+TRACKED = ("reward/mean", "critic/explained_variance")
+"""Step metrics kept per step beside the curve, where a run reports them."""
+
+
 def run_curve(config: Path, overrides: list[str], what: str) -> dict[str, Any]:
     """`plait run config -s override...` in a temporary run directory: the held-out accuracy
     at every evaluation (before training and every `eval.every` steps) with the samples and
-    seconds of training steps so far, and the run's wall time. `what` names the run in errors."""
+    seconds of training steps so far, the TRACKED metrics of every step, and the run's wall
+    time. `what` names the run in errors."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume"]
         for override in [*overrides, f"run.out_dir={out}"]:
@@ -30,7 +35,11 @@ def run_curve(config: Path, overrides: list[str], what: str) -> dict[str, Any]:
             json.loads(line) for path in Path(out).glob("*/metrics.jsonl") for line in path.open()
         ]
     curve, samples, seconds = [], 0.0, 0.0
+    tracked: dict[str, list[float]] = {key: [] for key in TRACKED}
     for row in sorted(rows, key=lambda r: r.get("step", 0)):
+        for key in TRACKED:
+            if key in row:
+                tracked[key].append(row[key])
         samples = row.get("progress/samples", samples)
         seconds += row.get("time/total", 0.0)
         if "eval/accuracy" in row:
@@ -44,6 +53,7 @@ def run_curve(config: Path, overrides: list[str], what: str) -> dict[str, Any]:
             )
     return {
         "curve": curve,
+        "per_step": {key: values for key, values in tracked.items() if values},
         "final_accuracy": curve[-1]["accuracy"] if curve else None,
         "wall_seconds": time.time() - began,
     }

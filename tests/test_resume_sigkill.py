@@ -12,7 +12,9 @@ each, and the samples of positions 0..N*groups_per_batch-1 once each. In the asy
 samples a checkpoint held (completed, not yet trained) are trained as sampled, after a resume too,
 which the ledger's attempt numbers show (how many a checkpoint holds depends on timing), routing
 included: the ledger's digest covers each sample's routed experts, and a held sample's digest,
-recomputed from the checkpoint, is the one that was trained.
+recomputed from the checkpoint, is the one that was trained. The async run is PPO with a critic
+(a value head on a copy of the model, `[critic]`): every checkpoint holds the critic's state, and
+the critic, resumed with the policy, has taken one training step per step of the run.
 """
 
 from __future__ import annotations
@@ -55,7 +57,15 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
+CRITIC = """
+[critic.trainer]
+options = { value_head = true }
+"""
+PPO = 'advantage = "gae"\nremove_constant_reward_groups = false'
+
+
 def write_config(path: Path, model: Path, out_dir: Path, schedule: str) -> Path:
+    with_critic = schedule == "async"
     path.write_text(f"""
 [run]
 name = "resume-{schedule}"
@@ -79,6 +89,7 @@ schedule = "{schedule}"
 groups_per_batch = {GROUPS}
 group_size = {GROUP_SIZE}
 max_tokens = 8
+{PPO if with_critic else ""}
 [off_policy]
 max_staleness = 2
 correction = "token"
@@ -89,7 +100,7 @@ samples_per_task = 1
 [checkpoint]
 every = 2
 keep = {STEPS}
-""")
+{CRITIC if with_critic else ""}""")
     return path
 
 
@@ -184,10 +195,13 @@ def test_sigkill_anywhere_trains_every_sample_exactly_once(schedule, tiny_moe, t
                 )  # routing as sampled
         print(f"held samples with routing across checkpoints: {held_routing}")
 
-    metric_steps = [
-        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert metric_steps == list(range(STEPS + 1))  # step 0: the evaluation before training
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(STEPS + 1))  # 0: the evaluation before
+    if schedule == "async":
+        assert all("critic/explained_variance" in m for m in metrics[1:])
+        for checkpoint in checkpoints:  # the critic trained once a step, across every resume
+            meta = run_dir / "checkpoints" / checkpoint / "critic" / "plait_trainer.json"
+            assert json.loads(meta.read_text())["weight_version"] == int(checkpoint[5:])
 
 
 def _num_train_tasks() -> int:

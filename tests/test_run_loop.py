@@ -98,6 +98,44 @@ def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path, schedule)
         assert [m.get(key) for m in resumed] == [m.get(key) for m in expected], key
 
 
+CRITIC = {"trainer": {"engine": "fake.critic", "learning_rate": 1.0}}
+PPO = ("rl.advantage=gae", "rl.remove_constant_reward_groups=false")
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_ppo_with_a_critic_learns_and_the_critic_explains_more_of_the_returns(tmp_path, schedule):
+    path = config_file(tmp_path, critic=CRITIC)
+    metrics = steps_of(train(path, *PPO, f"rl.schedule={schedule}", "rl.steps=12"))
+    first, last = metrics[0]["reward/mean"], metrics[-1]["reward/mean"]
+    assert first < 0.2 and last > 0.8, (first, last)
+    explained = [m["critic/explained_variance"] for m in metrics]
+    assert explained[0] <= 0 < max(explained[1:]), explained  # a new critic values all at 0
+    assert all(m["critic/value_loss"] > 0 for m in metrics)
+    checkpoints = sorted((tmp_path / "runs" / "fake" / "checkpoints").glob("step_*"))
+    assert (checkpoints[-1] / "critic" / "fake_critic.json").is_file()
+
+
+def test_a_resumed_run_resumes_its_critic(tmp_path):
+    whole = steps_of(train(config_file(tmp_path, "whole", critic=CRITIC), *PPO))
+    halves = config_file(tmp_path, "halves", critic=CRITIC)
+    train(halves, *PPO, "rl.steps=4")
+    resumed = steps_of(train(halves, *PPO))  # steps 5..8 from the checkpoint of step 4
+    for key in ("reward/mean", "critic/values_mean", "critic/explained_variance"):
+        assert [m[key] for m in resumed] == [m[key] for m in whole], key
+
+
+def test_a_critic_needs_a_value_head_and_a_run_of_one_policy(tmp_path):
+    path = config_file(tmp_path, critic={"trainer": {"engine": "fake"}})
+    with pytest.raises(
+        ConfigError, match=r"critic\.trainer\.options: .* gives logprobs, not values"
+    ):
+        train(path, *PPO)
+    policies = {"a": {"roles": []}, "b": {"roles": ["b"]}}
+    path = config_file(tmp_path, "two", critic=CRITIC, policies=policies)
+    with pytest.raises(ConfigError, match="critic: a critic serves a run of one policy"):
+        validate_components(load_config(path))
+
+
 def test_an_engine_error_is_retried_once_and_counted(tmp_path):
     metrics = steps_of(train(config_file(tmp_path), "inference.options.flaky_every=7"))
     assert len(metrics) == 8

@@ -45,6 +45,7 @@ from plait.kinds import (
     AdvantageBatch as AdvantageBatch,
     AdvantageEstimator as AdvantageEstimator,
     BatchPreparer as BatchPreparer,
+    Critic as Critic,
     EnvFactory as EnvFactory,
     InferenceEngineFactory as InferenceEngineFactory,
     Kind as Kind,
@@ -125,6 +126,7 @@ from plait.run.steps import (
     evaluate_held_out as evaluate_held_out,
     prepare_groups as prepare_groups,
     publish_policy as publish_policy,
+    train as train,
     train_prepared as train_prepared,
 )
 from plait.schema import non_negative as non_negative, positive as positive, structure as structure

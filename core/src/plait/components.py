@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 import attrs
 
 from plait import kinds
-from plait.config import PolicySection, RunConfig
+from plait.config import CriticSection, PolicySection, RunConfig
 from plait.errors import ConfigError, ModelError, UnknownComponentError
+from plait.kinds import Critic
 from plait.metrics import MetricSink
 from plait.models import ResolvedModel, checkpoint_dir, materialized
 from plait.plugins import Factory, Registry, get_registry
@@ -44,6 +45,7 @@ class Components:
     policies: list[Policy]
     env: Environment
     sinks: list[MetricSink]
+    critic: Critic | None = None
 
     def plays(self, policy: Policy, role: str) -> bool:
         """Whether `policy` plays `role`: it lists it, or it is the first and no policy lists it."""
@@ -137,6 +139,12 @@ def validate_components(config: RunConfig) -> None:
                     f"role {role!r} is also played by policy {played[role]!r}",
                 )
         checks += _policy_parts(p, _at(config, name))
+    if config.critic is not None:
+        if len(config.policies) > 1:
+            raise ConfigError("critic", "a critic serves a run of one policy; this run has several")
+        trainer = config.critic.trainer
+        checks.append((kinds.TRAINER_ENGINE, trainer.engine, trainer.options, "critic.trainer"))
+        _lookup(registry, kinds.LOSS, config.critic.loss)
     for check in [*checks, (kinds.ENV, config.env.name, config.env.options, "env")]:
         _checked(registry, *check)
     _lookup(registry, kinds.LOSS, config.rl.loss)
@@ -178,6 +186,22 @@ def build_policy(name: str, p: PolicySection, seed: int, at: str) -> Policy:
     )
 
 
+def build_critic(c: CriticSection, seed: int) -> Critic:
+    model = resolve_model(c.model.name, tokenizer=c.model.tokenizer, dtype=c.model.dtype)
+    factory, options = _checked(
+        get_registry(), kinds.TRAINER_ENGINE, c.trainer.engine, c.trainer.options, "critic.trainer"
+    )
+    trainer = factory.load()(model, options=options, seed=seed)
+    if not trainer.capabilities.value_head:
+        raise ConfigError(
+            "critic.trainer.options",
+            f"trainer engine {c.trainer.engine!r} was built without a value head, so it gives "
+            "logprobs, not values",
+            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
+        )
+    return Critic(c, model, trainer)
+
+
 def build_components(config: RunConfig, run_dir: Path) -> Components:
     registry = get_registry()
     make_env, env_options = _checked(
@@ -202,4 +226,5 @@ def build_components(config: RunConfig, run_dir: Path) -> Components:
             config.metrics.options.get(name, {}), f"metrics.options.{name}"
         )
         sinks.append(factory.load()(run_dir, options=options))
-    return Components(policies, env, sinks)
+    critic = build_critic(config.critic, config.run.seed) if config.critic else None
+    return Components(policies, env, sinks, critic)

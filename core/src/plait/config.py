@@ -239,6 +239,20 @@ class PolicySection:
 
 
 @attrs.frozen
+class CriticSection:
+    """PPO's value model (`[critic]`): a trainer of its own, built as a policy's trainer is (in
+    this process, as a service or on Ray), on a copy of the policy's model or a smaller one with
+    its tokenizer, with a value head (plait-torch: trainer.options.value_head = true). Its model
+    and trainer tables start from the top-level ones; each step the batch preparer asks it for
+    the values of the batch's tokens (rl.advantage = "gae") and fits it to their returns."""
+
+    model: ModelSection = attrs.field(factory=ModelSection)
+    trainer: TrainerSection = attrs.field(factory=TrainerSection)
+    loss: str = "value"
+    loss_config: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class RunConfig:
     run: RunSection = attrs.field(factory=RunSection)
     model: ModelSection = attrs.field(factory=ModelSection)
@@ -255,6 +269,7 @@ class RunConfig:
     policies: dict[str, PolicySection] = attrs.field(factory=dict)
     """Several policies in one run (`[policies.NAME]`); none: one policy from the top-level
     tables."""
+    critic: CriticSection | None = None
     serve: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     """Options of the `plait serve` commands by name (`[serve.online]`), checked by the command."""
 
@@ -310,20 +325,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 
 def with_policy_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """Each `[policies.NAME]` table of POLICY_TABLES as the top-level one with its own keys over
-    it."""
-    policies = data.get("policies")
-    if not isinstance(policies, dict):
-        return data
+    """Each `[policies.NAME]` table of POLICY_TABLES, and `[critic]`'s model and trainer, as the
+    top-level one with its own keys over it."""
 
-    def merged(policy: Any) -> Any:
+    def merged(policy: Any, names: Sequence[str] = POLICY_TABLES) -> Any:
         if not isinstance(policy, dict):
             return policy  # structure() names the key and what it expected
         tables = {
             t: {**data[t], **policy.get(t, {})}
-            for t in POLICY_TABLES
+            for t in names
             if isinstance(data.get(t), dict) and isinstance(policy.get(t, {}), dict)
         }
         return {**policy, **tables}
 
-    return {**data, "policies": {name: merged(policy) for name, policy in policies.items()}}
+    policies = data.get("policies")
+    if isinstance(policies, dict):
+        data = {**data, "policies": {name: merged(p) for name, p in policies.items()}}
+    if "critic" in data:
+        data = {**data, "critic": merged(data["critic"], ("model", "trainer"))}
+    return data

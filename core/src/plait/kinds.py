@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import numpy as np
 
-from plait.config import OffPolicySection, RLSection
+from plait.config import CriticSection, OffPolicySection, RLSection
 from plait.metrics import MetricSink
 from plait.models import ModelSource, ResolvedModel
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
@@ -81,14 +81,27 @@ OffPolicyCorrection = Callable[
 """(datums, the trainer's logprobs of each, options) -> the corrected datums and metrics."""
 
 
+@attrs.define
+class Critic:
+    """A run's value model (`[critic]`): its trainer's forward gives "values" per position."""
+
+    config: CriticSection
+    model: ResolvedModel
+    trainer: TrainerEngine
+
+
 class BatchPreparer(Protocol):
     """How a step's groups of trajectories (each the samples of one prompt) become training data,
     before the run's off-policy correction: `prepare` turns one policy's groups into datums with
-    advantages and `data/*` metrics; `has_signal` says whether a group would train
-    (`rl.dynamic_sampling` samples until enough do). plait-algorithms' is `standard`."""
+    advantages and `data/*` metrics, fitting the run's critic where it has one; `has_signal` says
+    whether a group would train (`rl.dynamic_sampling` samples until enough do).
+    plait-algorithms' is `standard`."""
 
     def prepare(
-        self, rl: RLSection, groups: Sequence[Sequence[Trajectory]]
+        self,
+        rl: RLSection,
+        groups: Sequence[Sequence[Trajectory]],
+        critic: Critic | None = None,
     ) -> tuple[list[Datum], dict[str, float]]: ...
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool: ...

@@ -332,6 +332,8 @@ class TrainerCapabilities:
     activation_checkpointing: bool = False
     routing_replay: bool = False
     lora: bool = False
+    value_head: bool = False
+    """A value model (a run's critic): forward gives "values" where a policy gives "logprobs"."""
 
 
 @attrs.frozen

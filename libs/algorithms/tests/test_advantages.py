@@ -15,9 +15,7 @@ from plait.api import (
     AdvantageBatch,
     ConfigError,
     DataError,
-    SampledSequence,
     Trajectory,
-    Turn,
     build,
     get_registry,
     load_config,
@@ -26,6 +24,7 @@ from plait.api import (
 from plait.components import validate_components
 from plait.plugins import Factory, get_plugin_manager
 from plait_algorithms.advantages import EPS
+from plait_testing.trajectories import turn
 
 # Three groups (prompts) of samples: (reward, action tokens) each.
 GROUPS = [[(1.0, 3), (0.0, 1), (0.0, 4), (1.0, 2)], [(0.5, 2), (0.25, 5), (1.0, 1)], [(2.0, 6)]]
@@ -178,10 +177,6 @@ def test_a_run_config_checks_the_options_when_it_loads():
 
 
 # -- The run's side: prepare_groups ---------------------------------------------------------
-
-
-def turn(prompt, completion):
-    return Turn(prompt, SampledSequence(completion, [-0.5] * len(completion), "stop"))
 
 
 def trajectory(reward, offset):

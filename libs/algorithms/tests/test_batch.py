@@ -11,31 +11,13 @@ import pytest
 
 from plait.api import (
     ADVANTAGE,
-    SampledSequence,
-    Trajectory,
-    Turn,
     get_registry,
     load_config,
     prepare_groups,
 )
 from plait.plugins import Factory, get_plugin_manager
 from plait_algorithms.advantages import EPS
-
-
-def turn(prompt, completion, stop="stop"):
-    return Turn(prompt, SampledSequence(completion, [-0.5] * len(completion), stop))
-
-
-def episode(reward, lengths, *, stop="stop", error=None, offset=0):
-    """One turn per entry of `lengths`, each a response of that many tokens, the last re-rendered
-    (a datum of its own) when there are several; `stop` is the last response's stop reason."""
-    turns, prompt = [], [1, 2]
-    for index, n in enumerate(lengths):
-        completion = [10 + offset + (index + k) % 5 for k in range(n)]
-        last = index == len(lengths) - 1
-        turns.append(turn(prompt, completion, stop if last else "stop"))
-        prompt = [1, 3] if index == len(lengths) - 2 else [*prompt, *completion, 9]
-    return Trajectory(task={}, turns=turns, reward=reward, error=error)
+from plait_testing.trajectories import episode
 
 
 @pytest.fixture

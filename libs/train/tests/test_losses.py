@@ -218,6 +218,57 @@ def test_gspo_takes_a_datum_alone_or_padded_in_a_batch(batch):
     torch.testing.assert_close(total, out.loss.detach())
 
 
+def value_reference(v, returns, old, w, clip):
+    """Token by token: 0.5 w max((v - R)^2, (V_old + clip(v - V_old, -c, c) - R)^2); the
+    gradient w (v - R) where the unclipped error is the larger, else w (v_c - R) where v moved
+    less than c from V_old, else 0 (the clipped value does not move with v)."""
+    loss, grad, clipped_tokens = torch.zeros(()), torch.zeros_like(v), 0
+    for i in range(v.shape[0]):
+        for t in range(v.shape[1]):
+            error = (v[i, t] - returns[i, t]) ** 2
+            moved = min(max(v[i, t] - old[i, t], -clip), clip)
+            clipped_error = (old[i, t] + moved - returns[i, t]) ** 2
+            if clip and clipped_error > error:
+                loss += 0.5 * w[i, t] * clipped_error
+                inside = abs(v[i, t] - old[i, t]) < clip
+                grad[i, t] = w[i, t] * (old[i, t] + moved - returns[i, t]) if inside else 0.0
+                clipped_tokens += bool(w[i, t] != 0)
+            else:
+                loss += 0.5 * w[i, t] * error
+                grad[i, t] = w[i, t] * (v[i, t] - returns[i, t])
+    return loss, grad, clipped_tokens
+
+
+@pytest.mark.parametrize("clip", [0.5, 0.2, 0.0])
+def test_value(batch, clip):
+    """The critic's clipped value loss, on values that moved inside and beyond the clip from
+    their old ones, towards and away from their returns."""
+    _, inputs = batch
+    w = inputs["weights"]
+    old = torch.tensor(
+        [[0.0, 0.1, 0.5, -0.2, 0.9, 0.3, 0.0, 0.4], [0.0, 0.2, 0.2, 0.6, -0.5, 0, 0, 0]]
+    )
+    v = (
+        old
+        + torch.tensor(
+            [[0.0, 0.1, 0.8, -0.6, 0.3, -0.05, 0.0, 0.75], [0, -0.9, 0.25, 0.1, 0.6, 0, 0, 0]]
+        )
+    ).requires_grad_()
+    returns = torch.tensor(
+        [[0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0, 1.0, 0, 0, 0]]
+    )
+    value_inputs = {**inputs, "returns": returns, "values": old}
+    out, grad = loss_and_grad("value", v, value_inputs, {"value_clip": clip})
+    loss, expected_grad, clipped = value_reference(v.detach(), returns, old, w, clip)
+    if clip == 0.2:
+        assert 0 < clipped < int((w != 0).sum()), "the batch exercises both cases"
+    assert_reference(out, grad, loss, expected_grad)
+    if clip:
+        assert out.metrics["value_clip_fraction:mean"] == pytest.approx(
+            clipped / int((w != 0).sum())
+        )
+
+
 def test_unknown_config_key_is_an_error(batch):
     lp, inputs = batch
     with pytest.raises(ValueError, match="clip_low"):
@@ -239,6 +290,8 @@ def test_padding_contributes_nothing():
         "logprobs": torch.tensor([[-1.5, -1.0, 0.0]]),
         "advantages": torch.tensor([[1.0, -1.0, 0.0]]),
         "weights": torch.tensor([[1.0, 1.0, 0.0]]),
+        "returns": torch.tensor([[1.0, 0.5, 0.0]]),
+        "values": torch.tensor([[0.2, -0.1, 0.0]]),
     }
     full = {name: fn(lp, inputs, CONFIGS.get(name, {})).loss for name, fn in BUILTIN_LOSSES.items()}
     short_inputs = {k: v[:, :2] for k, v in inputs.items()}

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from plait.api import Message, SamplingParams, ToolCall, ToolSpec, get_registry
-from plait.trajectory import Trajectory, merge_turns, trajectory_to_datums
+from plait.trajectory import Trajectory
+from plait_algorithms.datums import merge_turns, trajectory_to_datums
 from plait_proxy.chat import ChatRequest, RequestError
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import RolloutStore, SessionPolicy

@@ -27,7 +27,8 @@ from plait.api import (
     get_registry,
     to_json,
 )
-from plait.trajectory import Trajectory, Turn, merge_turns, trajectory_to_datums
+from plait.trajectory import Trajectory, Turn
+from plait_algorithms.datums import merge_turns, trajectory_to_datums
 from plait_proxy.chat import ChatRequest
 from plait_proxy.proxy import Proxy, _cut_at_stop_string
 from plait_proxy.store import RolloutStore

@@ -148,3 +148,39 @@ def test_the_disk_sync_has_the_service_write_weights_where_the_engines_load_them
         trainer.close()
         asyncio.run(remote.close())
         asyncio.run(local.close())
+
+
+@pytest.mark.slow  # launches a service of its own (as a run's `[critic]` with engine "remote")
+def test_a_critic_runs_as_a_service(tiny_model: ResolvedModel, remote_trainer_options) -> None:
+    """A value model behind `plait serve trainer`: its capability and its values cross the wire,
+    and the value loss trains it there."""
+    import numpy as np
+
+    from plait.api import AdamParams, Datum, ModelInput
+    from plait_remote.trainer import RemoteTrainer
+
+    options = remote_trainer_options(engine_options={"value_head": True})
+    critic = RemoteTrainer(tiny_model, options=options, seed=0)
+    try:
+        assert critic.capabilities.value_head
+        tokens = random_tokens(0, 8, vocab_size(tiny_model))
+        mask = np.asarray([0, 0, 1, 1, 1, 1, 1], np.float32)
+        datum = Datum(
+            ModelInput.from_ints(tokens[:-1]),
+            {
+                "target_tokens": tokens[1:],
+                "mask": mask,
+                "returns": mask,
+                "values": np.zeros(7, np.float32),
+                "weights": mask / mask.sum(),
+            },
+        )
+        (before,) = critic.forward([datum], "value").loss_fn_outputs
+        assert np.all(before["values"].to_numpy() == 0.0)  # a new head values every state at 0
+        for _ in range(3):
+            critic.forward_backward([datum], "value", {"value_clip": 0.0})
+            critic.optim_step(AdamParams(learning_rate=3e-3))
+        (after,) = critic.forward([datum], "value").loss_fn_outputs
+        assert after["values"].to_numpy()[2:].mean() > 0.1  # towards the returns of 1
+    finally:
+        critic.close()

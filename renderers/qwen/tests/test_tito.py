@@ -17,8 +17,8 @@ from plait.api import (
     ToolCall,
     Turn,
     get_registry,
-    merge_turns,
 )
+from plait_algorithms.datums import merge_turns
 from plait_hf.formats import hf_message, openai_tool
 from plait_qwen.chatml import QwenOptions
 from plait_qwen.qwen3 import Qwen3InstructRenderer, Qwen3KeepReasoningRenderer, Qwen3Renderer

@@ -77,6 +77,8 @@ def save_checkpoint(run: Run, state: dict[str, object]) -> Path:
     tmp.mkdir(parents=True)
     for policy in run.components.policies:
         policy.trainer.save_state(tmp / trainer_dir(run, policy))
+    if run.components.critic is not None:
+        run.components.critic.trainer.save_state(tmp / "critic")
     _write_synced(tmp / "controller.json", json.dumps(state))
     fsync_dir(tmp)
     crash_point("checkpoint", step)
@@ -104,6 +106,8 @@ def load_checkpoint(run: Run) -> list[TrainedSample] | None:
     state = json.loads((latest / "controller.json").read_text())
     for policy in run.components.policies:
         policy.trainer.load_state(latest / trainer_dir(run, policy))
+    if run.components.critic is not None:
+        run.components.critic.trainer.load_state(latest / "critic")
     s = run.state
     s.step = int(state["step"])
     s.samples_seen = int(state["samples_seen"])

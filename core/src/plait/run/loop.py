@@ -98,7 +98,8 @@ async def train_policy(
     views = policy_groups(run.components, policy, groups)
     version = policy.trainer.weight_version
     start = time.perf_counter()
-    prepared = await schedule.compute(lambda: prepare_groups(run.config, policy, views))
+    critic = run.components.critic
+    prepared = await schedule.compute(lambda: prepare_groups(run.config, policy, views, critic))
     trained = await schedule.compute(
         lambda: train_prepared(
             run.config.rl, policy, prepared.datums, always_step=schedule.always_step
@@ -193,6 +194,8 @@ async def close_components(c: Components) -> None:
         for engine in policy.engines:
             await engine.close()
         policy.trainer.close()
+    if c.critic is not None:
+        c.critic.trainer.close()
     await c.env.close()
     for sink in c.sinks:
         sink.close()

@@ -21,10 +21,11 @@ import structlog
 
 from plait import kinds
 from plait.components import Components, Policy
-from plait.config import RLSection, RunConfig
+from plait.config import RLSection, RunConfig, TrainerSection
 from plait.errors import EnvironmentError_, WeightSyncError
 from plait.metrics import mean, merge_metrics
 from plait.plugins import get_registry
+from plait.protocols import TrainerEngine
 from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
@@ -178,14 +179,18 @@ def policy_groups(
 
 
 def prepare_groups(
-    config: RunConfig, policy: Policy, groups: Sequence[Sequence[Trajectory]]
+    config: RunConfig,
+    policy: Policy,
+    groups: Sequence[Sequence[Trajectory]],
+    critic: kinds.Critic | None = None,
 ) -> Prepared:
-    """One policy's groups as datums with advantages (`rl.batch_preparer`), then the configured
-    off-policy correction (`off_policy.correction`, "none": none) with the trainer's logprobs from
-    one forward pass at the weights about to be updated."""
+    """One policy's groups as datums with advantages (`rl.batch_preparer`, which fits the critic
+    where the run has one), then the configured off-policy correction (`off_policy.correction`,
+    "none": none) with the trainer's logprobs from one forward pass at the weights about to be
+    updated."""
     rl, correction = config.rl, config.off_policy.correction
     preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
-    datums, metrics = preparer.prepare(rl, groups)
+    datums, metrics = preparer.prepare(rl, groups, critic)
     if correction == "none" or not datums:
         return Prepared(datums, metrics)
     train_logprobs: list[np.ndarray] = []
@@ -204,18 +209,30 @@ def train_prepared(
 ) -> dict[str, float]:
     """forward_backward over micro-batches, then one optimizer step. Without data the step is
     skipped unless `always_step` (the async schedule counts on one version per step)."""
-    tc, trainer = policy.config.trainer, policy.trainer
     if not datums and not always_step:
         log.info(
             "no learning signal this step (every group had equal rewards); skipping the update",
-            weight_version=trainer.weight_version,
+            weight_version=policy.trainer.weight_version,
             policy=policy.name,
         )
         return {}
+    tc = policy.config.trainer
+    return train(policy.trainer, tc, rl.loss, rl.loss_config, datums, rl.micro_batch_size)
+
+
+def train(
+    trainer: TrainerEngine,
+    tc: TrainerSection,
+    loss: str,
+    loss_config: dict[str, float],
+    datums: Sequence[Datum],
+    micro_batch_size: int,
+) -> dict[str, float]:
+    """One training step of `trainer`: forward_backward over micro-batches, then optim_step."""
     parts = []
-    for start in range(0, len(datums), rl.micro_batch_size):
-        chunk = datums[start : start + rl.micro_batch_size]
-        out = trainer.forward_backward(chunk, rl.loss, rl.loss_config)
+    for start in range(0, len(datums), micro_batch_size):
+        chunk = datums[start : start + micro_batch_size]
+        out = trainer.forward_backward(chunk, loss, loss_config)
         parts.append((out.metrics, len(chunk)))
     step = trainer.optim_step(
         AdamParams(

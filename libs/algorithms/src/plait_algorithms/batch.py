@@ -17,12 +17,14 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
+    Critic,
     DataError,
     Datum,
     RLSection,
     Trajectory,
     get_registry,
 )
+from plait_algorithms.critic import action_values, fit_critic, whitened
 from plait_algorithms.datums import trajectory_to_datums
 
 
@@ -30,9 +32,12 @@ class Standard:
     """The `standard` batch preparer (`plait.api.BatchPreparer`): this module's functions."""
 
     def prepare(
-        self, rl: RLSection, groups: Sequence[Sequence[Trajectory]]
+        self,
+        rl: RLSection,
+        groups: Sequence[Sequence[Trajectory]],
+        critic: Critic | None = None,
     ) -> tuple[list[Datum], dict[str, float]]:
-        return prepare(rl, groups)
+        return prepare(rl, groups, critic)
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool:
         return has_signal(rl, group)
@@ -42,10 +47,11 @@ standard: BatchPreparer = Standard()
 
 
 def prepare(
-    rl: RLSection, groups: Sequence[Sequence[Trajectory]]
+    rl: RLSection, groups: Sequence[Sequence[Trajectory]], critic: Critic | None = None
 ) -> tuple[list[Datum], dict[str, float]]:
     """One policy's groups as datums with advantages on their action tokens, and the batch's
-    `data/*` metrics."""
+    `data/*` metrics; with a critic, its values go to the estimator and it is fit to the returns
+    (`plait_algorithms.critic`), with its `critic/*` metrics."""
     samples: list[list[list[Datum]]] = []  # per group and sample, its datums
     batch_rewards: list[np.ndarray] = []
     trains: list[list[bool]] = []  # per group and sample, False where rl.overlong masks it
@@ -63,8 +69,12 @@ def prepare(
     counts = [np.asarray([_action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
-    batch = AdvantageBatch(batch_rewards, counts)
+    values = action_values(critic, rl, samples) if critic and samples else None
+    batch = AdvantageBatch(batch_rewards, counts, values)
     advantages = estimator.load()(batch, options=options) if samples else []
+    fitted = fit_critic(critic, rl, samples, values, advantages) if critic and values else None
+    if fitted is not None:
+        advantages = whitened(advantages)
     trained = [  # masked samples count in their group's advantages (as in TRL), and only there
         (sample, sample_advantages)
         for group, group_advantages, group_trains in zip(samples, advantages, trains, strict=True)
@@ -79,6 +89,7 @@ def prepare(
         for datum in _with_advantages(sample, sample_advantages, scale)
     ]
     metrics = {
+        **(fitted or {}),
         "data/datums": float(len(datums)),
         "data/action_tokens": float(sum(tokens)),
         "data/groups_kept": float(kept),

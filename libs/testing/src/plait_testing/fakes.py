@@ -9,7 +9,8 @@ fail the way a real one does (`fail_*` options), which is what the tests of the 
 handling need.
 
 Load them into a run with `PLAIT_PLUGIN_MODULES=plait_testing.fakes` and the names "fake"
-(trainer.engine, inference.engine, renderer.name, sync.method) and "fake.letters" (env.name);
+(trainer.engine, inference.engine, renderer.name, sync.method), "fake.critic" (a `[critic]`'s
+trainer.engine) and "fake.letters" (env.name);
 `model.name` is any directory holding a `config.json` (`fake_model_dir`).
 """
 
@@ -227,13 +228,15 @@ class FakeInferenceEngine:
         self.closed = True
 
 
-class FakeTrainer:
-    """The logits, trained by SGD on -sum(advantage * logprob) over the loss mask."""
+class _SgdArray:
+    """A trainer of one array (`weights`, exported under `name`) by plain SGD, its state saved as
+    JSON in `state_file`: what the fake policy and the fake critic share."""
 
-    capabilities = TrainerCapabilities()
+    name: str
+    state_file: str
 
     def __init__(self, model: ResolvedModel, *, options: Any, seed: int) -> None:
-        self.logits = np.zeros(VOCAB)
+        self.weights = np.zeros(VOCAB)
         self.grad = np.zeros(VOCAB)
         self._version = 0
 
@@ -241,13 +244,44 @@ class FakeTrainer:
     def weight_version(self) -> int:
         return self._version
 
+    def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
+        grad_norm = float(np.linalg.norm(self.grad))
+        self.weights = self.weights - adam_params.learning_rate * self.grad
+        self.grad = np.zeros(VOCAB)
+        self._version += 1
+        return OptimStepResult(self._version, {"grad_norm": grad_norm})
+
+    def save_state(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f"{self.state_file}.tmp"
+        tmp.write_text(json.dumps({self.name: self.weights.tolist(), "version": self._version}))
+        os.replace(tmp, path / self.state_file)
+
+    def load_state(self, path: str | Path) -> None:
+        state = json.loads((Path(path) / self.state_file).read_text())
+        self.weights, self._version = np.asarray(state[self.name]), int(state["version"])
+
+    def export_weights(self) -> Iterator[tuple[str, Any]]:
+        yield self.name, self.weights.copy()
+
+    def close(self) -> None:
+        """Holds nothing."""
+
+
+class FakeTrainer(_SgdArray):
+    """The logits, trained by SGD on -sum(advantage * logprob) over the loss mask."""
+
+    capabilities = TrainerCapabilities()
+    name, state_file = "logits", "fake.json"
+
     def forward(
         self,
         data: Sequence[Datum],
         loss_fn: str = "cross_entropy",
         loss_fn_config: Mapping[str, float] | None = None,
     ) -> ForwardBackwardOutput:
-        logprobs = _log_softmax(self.logits)
+        logprobs = _log_softmax(self.weights)
         outputs = [
             {
                 "logprobs": TensorData.from_numpy(
@@ -261,7 +295,7 @@ class FakeTrainer:
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
     ) -> ForwardBackwardOutput:
-        probs = np.exp(_log_softmax(self.logits))
+        probs = np.exp(_log_softmax(self.weights))
         loss = 0.0
         for datum in data:
             inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
@@ -275,29 +309,37 @@ class FakeTrainer:
         out = self.forward(data)
         return ForwardBackwardOutput("fake", out.loss_fn_outputs, {"loss:sum": float(loss)})
 
-    def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
-        grad_norm = float(np.linalg.norm(self.grad))
-        self.logits = self.logits - adam_params.learning_rate * self.grad
-        self.grad = np.zeros(VOCAB)
-        self._version += 1
-        return OptimStepResult(self._version, {"grad_norm": grad_norm})
 
-    def save_state(self, path: str | Path) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "fake.json.tmp"
-        tmp.write_text(json.dumps({"logits": self.logits.tolist(), "version": self._version}))
-        os.replace(tmp, path / "fake.json")
+class FakeValueModel(_SgdArray):
+    """A critic of one value per token: the value at a position is that of its input token,
+    trained by SGD on the value loss's squared error (unclipped), weighed as the data say."""
 
-    def load_state(self, path: str | Path) -> None:
-        state = json.loads((Path(path) / "fake.json").read_text())
-        self.logits, self._version = np.asarray(state["logits"]), int(state["version"])
+    capabilities = TrainerCapabilities(value_head=True)
+    name, state_file = "table", "fake_critic.json"
 
-    def export_weights(self) -> Iterator[tuple[str, Any]]:
-        yield "logits", self.logits.copy()
+    def forward(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str = "value",
+        loss_fn_config: Mapping[str, float] | None = None,
+    ) -> ForwardBackwardOutput:
+        outputs = [
+            {"values": TensorData.from_numpy(self.weights[d.model_input.to_ints()])} for d in data
+        ]
+        return ForwardBackwardOutput("value", outputs, {})
 
-    def close(self) -> None:
-        """Holds nothing."""
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
+        loss = 0.0
+        for datum in data:
+            inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+            tokens = datum.model_input.to_ints()
+            error = self.weights[tokens] - inputs["returns"]
+            np.add.at(self.grad, tokens, inputs["weights"] * error)
+            loss += float(0.5 * (inputs["weights"] * error**2).sum())
+        out = self.forward(data)
+        return ForwardBackwardOutput("value", out.loss_fn_outputs, {"loss:sum": loss})
 
 
 class FakeSync:
@@ -381,6 +423,7 @@ class LettersEnv:
 @hookimpl
 def plait_register_trainer_engines(register: RegisterTrainerEngine) -> None:
     register("fake", FakeTrainer, description="in-memory logits (plait_testing.fakes)")
+    register("fake.critic", FakeValueModel, description="in-memory values, a critic's")
 
 
 @hookimpl

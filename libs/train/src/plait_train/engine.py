@@ -48,6 +48,8 @@ class SingleProcessEngine:
     """Who wrote a saved state, for error messages ("plait-torch")."""
     state_meta_file: str
     """The metadata file of the engine's saved states (its presence marks a state directory)."""
+    output_name = "logprobs"
+    """What forward's per-token output is: a policy's logprobs, a value model's "values"."""
     model_info: ResolvedModel
     device: torch.device
     flops: FlopsModel
@@ -97,13 +99,13 @@ class SingleProcessEngine:
     ) -> ForwardBackwardOutput:
         with torch.no_grad():
             result = self._runner.run(data, loss_fn, loss_fn_config, backward=False)
-        return to_output(loss_fn, len(data), [(range(len(data)), result)])
+        return to_output(loss_fn, len(data), [(range(len(data)), result)], self.output_name)
 
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
     ) -> ForwardBackwardOutput:
         result = self._runner.run(data, loss_fn, loss_fn_config, backward=True)
-        return to_output(loss_fn, len(data), [(range(len(data)), result)])
+        return to_output(loss_fn, len(data), [(range(len(data)), result)], self.output_name)
 
     def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
         metrics = adamw_step(self.optimizer, list(self._params.values()), adam_params)

@@ -44,6 +44,7 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "dro": ("target_tokens", "logprobs", "advantages"),
     "gspo": ("target_tokens", "logprobs", "advantages"),
     "ppo_dual_clip": ("target_tokens", "logprobs", "advantages"),
+    "value": ("target_tokens", "returns", "values", "weights"),
 }
 
 
@@ -229,6 +230,26 @@ def dro(lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -
     return LossOutput(loss, {"loss:sum": float(loss.detach()), **metrics})
 
 
+def value(v: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> LossOutput:
+    """A critic's clipped value loss (PPO; verl's cliprange_value): `v` is the value model's
+    output at each position (where a policy gives logprobs), R = inputs["returns"] the targets,
+    V_old = inputs["values"] its values when the batch was prepared, w = inputs["weights"]:
+    sum 0.5 w max((v - R)^2, (V_old + clip(v - V_old, -c, c) - R)^2) with c = value_clip, so an
+    update moves no value by more than c past its old one; value_clip = 0: the plain squared
+    error."""
+    cfg = _config(config, {"value_clip": 0.5}, "value")
+    returns, old, weights = inputs["returns"], inputs["values"], inputs["weights"]
+    error = (v - returns) ** 2
+    metrics: dict[str, float] = {}
+    if cfg["value_clip"] > 0:
+        clip = cfg["value_clip"]
+        clipped_error = (old + torch.clamp(v - old, -clip, clip) - returns) ** 2
+        metrics["value_clip_fraction:mean"] = _fraction(clipped_error > error, weights)
+        error = torch.maximum(error, clipped_error)
+    loss = 0.5 * (error * weights).sum()
+    return LossOutput(loss, {"loss:sum": float(loss.detach()), **metrics})
+
+
 def kl_k1(lp: Tensor, ref: Tensor) -> Tensor:
     """Schulman's k1 estimate of KL(pi || ref) per token: log_ratio = lp - ref (unbiased, can be
     negative). Gradient with respect to lp: 1."""
@@ -265,4 +286,5 @@ BUILTIN_LOSSES: dict[str, LossFn] = {
     "dro": dro,
     "gspo": gspo,
     "ppo_dual_clip": ppo_dual_clip,
+    "value": value,
 }

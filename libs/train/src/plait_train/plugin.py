@@ -12,6 +12,7 @@ LOSSES = {
     "dro": "Tinker-compatible dro loss (token sum)",
     "gspo": "GSPO-token: PPO clipping on the sequence-level ratio (token sum)",
     "ppo_dual_clip": "dual-clip PPO: ppo with the loss of negative advantages bounded (token sum)",
+    "value": "a critic's clipped squared error to its returns (a value model's, token sum)",
 }
 
 

@@ -98,11 +98,7 @@ class TokenScorer(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` (R, W); `select`, `targets` (N,): flat positions into R x W and their
         targets."""
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
-        if position_ids is not None:
-            kwargs["position_ids"] = position_ids
-        if reach is not None:
-            kwargs["attention_mask"] = self._mask(reach)
+        kwargs = self._model_kwargs(input_ids, position_ids, reach)
         if self._head_parts is not None:
             decoder, head = self._head_parts
             hidden = decoder(**kwargs).last_hidden_state
@@ -122,6 +118,17 @@ class TokenScorer(torch.nn.Module):
         # One float32 copy that both outputs' backward passes keep (and nothing more).
         picked = logits.reshape(-1, logits.shape[-1])[select].float()
         return target_logprobs(picked, targets), token_entropy(picked)
+
+    def _model_kwargs(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, reach: torch.Tensor | None
+    ) -> dict[str, Any]:
+        """The model's keyword arguments for laid-out rows."""
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if reach is not None:
+            kwargs["attention_mask"] = self._mask(reach)
+        return kwargs
 
     def _mask(self, reach: torch.Tensor) -> torch.Tensor:
         allowed = attention_mask(reach)
@@ -143,3 +150,37 @@ def _low_rank(
     rows = rows if rows is not None else torch.arange(hidden.shape[0], device=hidden.device)
     down = adapter.lora_A(hidden[rows].to(adapter.lora_A.weight.dtype)) * adapter.scaling
     return rows, down, adapter.lora_B.weight
+
+
+class ValueScorer(TokenScorer):
+    """A value model (PPO's critic): the causal LM's decoder with a linear head from its last
+    hidden state to one value per position instead of the output head. It has the scorer's
+    signature and gives the values where a policy's scorer gives logprobs (and a zero entropy).
+    The head starts at zero, so a new critic values every state at 0."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model, chunked_head=False)
+        embeddings = model.get_input_embeddings().weight
+        self.value_head = torch.nn.Linear(
+            int(model.config.hidden_size), 1, dtype=torch.float32, device=embeddings.device
+        )
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        reach: torch.Tensor | None,
+        select: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs = self._model_kwargs(input_ids, position_ids, reach)
+        decoder = self.model.get_decoder()
+        if decoder is self.model:  # no separate decoder: the last hidden state of the whole model
+            hidden = self.model(**kwargs, output_hidden_states=True).hidden_states[-1]
+        else:
+            hidden = decoder(**kwargs).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[select].float()
+        values = self.value_head(picked).squeeze(-1)
+        return values, torch.zeros_like(values)

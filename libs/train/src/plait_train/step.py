@@ -281,16 +281,20 @@ class ShardResult:
 
 
 def to_output(
-    loss_fn: str, count: int, shards: Sequence[tuple[Sequence[int], ShardResult]]
+    loss_fn: str,
+    count: int,
+    shards: Sequence[tuple[Sequence[int], ShardResult]],
+    output_name: str = "logprobs",
 ) -> ForwardBackwardOutput:
     """One call's output from the results of every process: (indices into the call's data of the
-    shard's data, its result)."""
+    shard's data, its result); each datum's per-token output under `output_name` (a value
+    model's are "values")."""
     outputs: list[dict[str, TensorData]] = [{} for _ in range(count)]
     parts: list[tuple[dict[str, float], int]] = []
     totals: dict[str, float] = {}
     for indices, result in shards:
         for local, logprobs in result.logprobs.items():
-            outputs[indices[local]] = {"logprobs": TensorData.from_numpy(logprobs)}
+            outputs[indices[local]] = {output_name: TensorData.from_numpy(logprobs)}
         parts.extend(result.parts)
         for key, value in result.totals.items():
             totals[key] = totals.get(key, 0.0) + value

@@ -7,7 +7,7 @@ turn), the prompt is that call's prompt ids and sampled ids verbatim, continued 
 renderer's `bridge_to_next_turn` — so what the model is trained on is what it sampled, not a
 re-tokenization of text the client echoed. Where the renderer declines (its template would show
 the model something else) or nothing matches, the conversation is rendered afresh, and the
-training sequence splits there (`plait.trajectory.merge_turns` checks, never assumes).
+training sequence splits there (`plait_algorithms.datums.merge_turns` checks, never assumes).
 """
 
 from __future__ import annotations

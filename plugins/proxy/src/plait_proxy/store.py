@@ -5,7 +5,7 @@ engine was given and every choice exactly as sampled. A call whose conversation 
 earlier call's answer (the client sent that answer back, followed by tool results or a new user
 message) names it as its `parent`; the choices that a later call continued are the ones the
 episode took. `ProxySession.turns` gives those as `plait.trajectory.Turn`s, which
-`plait.trajectory.merge_turns` joins into one training sequence wherever a prompt extends the
+`plait_algorithms.datums.merge_turns` joins into one training sequence wherever a prompt extends the
 previous prompt and completion token for token, and splits where it does not.
 
 A choice's `routed_experts` (mixture-of-experts engines asked for them) is recorded as

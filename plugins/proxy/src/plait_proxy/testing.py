@@ -18,7 +18,8 @@ from typing import Any
 
 import attrs
 
-from plait.api import INFERENCE_ENGINE, RENDERER, get_registry, merge_turns
+from plait.api import INFERENCE_ENGINE, RENDERER, get_registry
+from plait_algorithms.datums import merge_turns
 from plait_proxy.app import ProxyApp, ServeOptions
 from plait_proxy.proxy import Limits, Proxy
 from plait_proxy.store import ProxySession, RolloutStore

@@ -77,6 +77,18 @@ class TorchTrainerOptions:
     initial model made at construction, which costs one more copy of the weights (in the
     parameter dtype). A resumed trainer keeps the initial weights as its reference (the copy is
     made from model.path before load_state)."""
+    value_head: bool = False
+    """A value model, PPO's critic (`[critic]` in a run config): a linear head from the last
+    hidden state to one value per position replaces the output head; forward gives `values`
+    where a policy's trainer gives `logprobs`, and the `value` loss trains it. Saved states hold
+    the head beside the weights (value_head.safetensors)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.value_head and (self.reference or self.routing_replay):
+            raise ValueError(
+                "value_head makes a critic, which has no reference policy and replays no routing: "
+                "turn reference and routing_replay off"
+            )
 
 
 @attrs.frozen

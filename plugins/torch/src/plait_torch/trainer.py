@@ -39,12 +39,13 @@ from plait_train.layout import LayoutOptions
 from plait_train.lora import LoraBank
 from plait_train.perf import FlopsModel
 from plait_train.routing import RoutingHooks, moe_shape
-from plait_train.scorer import TokenScorer
+from plait_train.scorer import TokenScorer, ValueScorer
 from plait_train.step import StepRunner, to_output
 
 log = structlog.get_logger("plait_torch.trainer")
 
 ADAPTER = "policy"  # the name of the trained adapter with trainer.options.lora
+VALUE_HEAD_FILE = "value_head.safetensors"  # a value model's head, beside its weights
 
 
 class TorchTrainer(SingleProcessEngine):
@@ -91,8 +92,12 @@ class TorchTrainer(SingleProcessEngine):
             self.lora.add(ADAPTER, LoraConfig(**attrs.asdict(lora)), seed=seed)
             self.lora.default = ADAPTER
         self.vocab_rows = loading.embedding_rows(self.model)
-        self.scorer = TokenScorer(self.model)
-        if self.lora:
+        self.scorer = (
+            ValueScorer(self.model) if self.options.value_head else TokenScorer(self.model)
+        )
+        if self.options.value_head:
+            self.output_name = "values"
+        elif self.lora:
             self.scorer.head_adapters = self.lora.unembedding_adapters
         layout = _layout(self.options, self.scorer)
         routing = RoutingHooks(self.model) if moe_shape(self.model) else None
@@ -114,6 +119,7 @@ class TorchTrainer(SingleProcessEngine):
             activation_checkpointing=True,
             routing_replay=routing is not None,
             lora=self.lora is not None,
+            value_head=self.options.value_head,
         )
         runner = StepRunner(
             self.scorer,
@@ -130,6 +136,8 @@ class TorchTrainer(SingleProcessEngine):
         trained = (
             self.lora.parameters_of(ADAPTER) if self.lora else dict(self.model.named_parameters())
         )
+        if isinstance(self.scorer, ValueScorer):
+            trained |= {f"value_head.{n}": p for n, p in self.scorer.value_head.named_parameters()}
         self._init_training(runner, trained)
         log.info(
             "trainer ready",
@@ -161,13 +169,23 @@ class TorchTrainer(SingleProcessEngine):
             self.model.save_pretrained(
                 str(directory), safe_serialization=True
             )  # a Hugging Face checkpoint
+        if isinstance(self.scorer, ValueScorer):
+            from safetensors.torch import save_file
+
+            head = {f"value_head.{n}": p for n, p in self.scorer.value_head.state_dict().items()}
+            save_file(head, str(directory / VALUE_HEAD_FILE))
 
     def _load_weights(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        if isinstance(self.scorer, ValueScorer):
+            head = load_file(str(directory / VALUE_HEAD_FILE))
+            self.scorer.value_head.load_state_dict(
+                {n.removeprefix("value_head."): t for n, t in head.items()}
+            )
         if self.lora:
             self.lora.load(ADAPTER, directory)
             return
-        from safetensors.torch import load_file
-
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(str(file)))
@@ -180,7 +198,9 @@ class TorchTrainer(SingleProcessEngine):
                 device=torch.device("cpu"),
                 attn_implementation=None,
             )
-            weights = dict(saved.named_parameters())
+            weights = dict(saved.named_parameters()) | {
+                name: t for name, t in weights.items() if name.startswith("value_head.")
+            }
         missing = sorted(set(self._params) - set(weights))
         if missing:
             raise ModelError(

@@ -1,0 +1,146 @@
+"""PPO's critic in the `standard` batch preparer (a run's `[critic]`).
+
+Each step, before the advantages: the critic's value of every action token of the batch (one
+forward pass over the samples' datums). After them: one training step of the critic towards each
+token's return, advantage + value (with `rl.advantage = "gae"`, the lambda-return), each token
+weighed alike (a token mean over the batch); then the advantages are whitened over the batch's
+action tokens (mean 0, standard deviation 1, as verl does with GAE), so that the policy's steps
+have the size a group-normalised estimator's have. The values the critic is fit from are the ones
+the advantages were computed from, so the value loss's clipping
+(`critic.loss_config.value_clip`) is around them.
+
+Reported: `critic/explained_variance` (1 - Var(R - V) / Var(R), of the values before the step:
+how much of the returns' variance the critic predicts), `critic/value_loss`, `critic/values_mean`,
+`critic/returns_mean`, `critic/value_clip_fraction`, `critic/grad_norm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from plait.api import Critic, Datum, RLSection, train
+from plait_algorithms.advantages import EPS
+
+Samples = Sequence[Sequence[Sequence[Datum]]]
+"""Per group and sample, the sample's datums (`plait_algorithms.datums`)."""
+
+
+def action_values(critic: Critic, rl: RLSection, samples: Samples) -> list[list[np.ndarray]]:
+    """Per group and sample, the critic's value at each of its action tokens, in order."""
+    flat = [_value_datum(d) for group in samples for sample in group for d in sample]
+    predicted: list[np.ndarray] = []
+    for start in range(0, len(flat), rl.micro_batch_size):
+        out = critic.trainer.forward(
+            flat[start : start + rl.micro_batch_size], critic.config.loss, critic.config.loss_config
+        )
+        predicted.extend(o["values"].to_numpy() for o in out.loss_fn_outputs)
+    values = iter(predicted)
+    return [
+        [
+            np.concatenate([next(values)[_mask(d)] for d in sample]).astype(np.float64)
+            for sample in group
+        ]
+        for group in samples
+    ]
+
+
+def fit_critic(
+    critic: Critic,
+    rl: RLSection,
+    samples: Samples,
+    values: Sequence[Sequence[np.ndarray]],
+    advantages: Sequence[Sequence[np.ndarray]],
+) -> dict[str, float]:
+    """One training step of the critic towards advantage + value on every action token of the
+    batch; its metrics."""
+    returns = [
+        [a + v for a, v in zip(ga, gv, strict=True)]
+        for ga, gv in zip(advantages, values, strict=True)
+    ]
+    flat_returns = np.concatenate([r for group in returns for r in group])
+    flat_values = np.concatenate([v for group in values for v in group])
+    weight = 1.0 / max(flat_returns.size, 1)
+    data = [
+        datum
+        for group, group_returns, group_values in zip(samples, returns, values, strict=True)
+        for sample, r, v in zip(group, group_returns, group_values, strict=True)
+        for datum in _placed(sample, r, v, weight)
+    ]
+    trained = train(
+        critic.trainer,
+        critic.config.trainer,
+        critic.config.loss,
+        critic.config.loss_config,
+        data,
+        rl.micro_batch_size,
+    )
+    metrics = {
+        "critic/explained_variance": explained_variance(flat_returns, flat_values),
+        "critic/value_loss": trained["loss:sum"],
+        "critic/values_mean": float(flat_values.mean()),
+        "critic/returns_mean": float(flat_returns.mean()),
+    }
+    for key, name in (
+        ("value_clip_fraction:mean", "value_clip_fraction"),
+        ("optim:grad_norm", "grad_norm"),
+    ):
+        if key in trained:
+            metrics[f"critic/{name}"] = trained[key]
+    return metrics
+
+
+def whitened(advantages: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
+    """(A - mean) / (std + eps) with mean and std over every action token of the batch."""
+    flat = np.concatenate([a for group in advantages for a in group])
+    mean, std = flat.mean(), flat.std()
+    return [[(a - mean) / (std + EPS) for a in group] for group in advantages]
+
+
+def explained_variance(returns: np.ndarray, values: np.ndarray) -> float:
+    """1 - Var(returns - values) / Var(returns); 0 where the returns do not vary."""
+    spread = float(returns.var())
+    return 1.0 - float((returns - values).var()) / spread if spread > 0 else 0.0
+
+
+def _mask(datum: Datum) -> np.ndarray:
+    return datum.loss_fn_inputs["mask"].to_numpy() > 0
+
+
+def _value_datum(
+    datum: Datum,
+    returns: np.ndarray | None = None,
+    values: np.ndarray | None = None,
+    weight: float = 1.0,
+) -> Datum:
+    """`datum`'s tokens with the value loss's inputs (zeros where not given: the values pass,
+    whose loss is not used)."""
+    mask = datum.loss_fn_inputs["mask"].to_numpy().astype(np.float32)
+    zeros = np.zeros_like(mask)
+    inputs = {
+        "target_tokens": datum.loss_fn_inputs["target_tokens"],
+        "mask": mask,
+        "returns": zeros if returns is None else returns,
+        "values": zeros if values is None else values,
+        "weights": mask * weight,
+    }
+    return Datum(datum.model_input, inputs)
+
+
+def _placed(
+    sample: Sequence[Datum], returns: np.ndarray, values: np.ndarray, weight: float
+) -> list[Datum]:
+    """A sample's datums with its per-action-token returns and values on their action tokens."""
+    out, start = [], 0
+    for datum in sample:
+        mask = _mask(datum)
+        end = start + int(mask.sum())
+        placed_returns, placed_values = (
+            np.zeros(mask.shape, np.float32),
+            np.zeros(mask.shape, np.float32),
+        )
+        placed_returns[mask], placed_values[mask] = returns[start:end], values[start:end]
+        out.append(_value_datum(datum, placed_returns, placed_values, weight))
+        start = end
+    return out

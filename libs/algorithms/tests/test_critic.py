@@ -1,0 +1,123 @@
+"""PPO's critic in the `standard` batch preparer (plait_algorithms.critic), reached as a run
+reaches it (`prepare_groups` with the run's critic): the estimator gets the critic's value of
+every action token, the critic is fit once to advantage + value and the advantages are
+whitened; on a critic whose values are known (the real value model is plait-torch's, tested there
+and end to end)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from plait.api import (
+    AdamParams,
+    Critic,
+    Datum,
+    ForwardBackwardOutput,
+    OptimStepResult,
+    TensorData,
+    load_config,
+    prepare_groups,
+)
+from plait.config import CriticSection
+from plait_algorithms.advantages import EPS
+from plait_algorithms.critic import explained_variance
+from plait_testing.trajectories import episode
+
+
+class KnownValues:
+    """A value model whose value at a position is a tenth of its target token; it records the
+    data of each training call."""
+
+    def __init__(self) -> None:
+        self.fitted: list[list[Datum]] = []
+        self.steps = 0
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
+        assert loss_fn == "value"
+        outputs = [
+            {"values": TensorData.from_numpy(0.1 * d.loss_fn_inputs["target_tokens"].to_numpy())}
+            for d in data
+        ]
+        return ForwardBackwardOutput(loss_fn, outputs, {"loss:sum": 0.0})
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
+        self.fitted.append(list(data))
+        return ForwardBackwardOutput(loss_fn, [{} for _ in data], {"loss:sum": 0.25})
+
+    def optim_step(self, adam_params: AdamParams) -> OptimStepResult:
+        self.steps += 1
+        return OptimStepResult(self.steps, {"grad_norm": 1.5})
+
+
+def action_tokens(trajectory) -> np.ndarray:
+    return np.asarray([t for turn in trajectory.turns for t in turn.completion.tokens])
+
+
+def test_gae_sees_the_critics_values_and_the_critic_is_fit_to_the_returns():
+    groups = [
+        [episode(1.0, [3, 2]), episode(0.0, [4], offset=1)],  # two turns, two datums: 5 tokens
+        [episode(1.0, [2]), episode(1.0, [3], offset=2)],  # constant, kept with a critic
+    ]
+    config = load_config(
+        None,
+        ["rl.advantage=gae", "rl.remove_constant_reward_groups=false", "rl.micro_batch_size=2"],
+    )
+    values = KnownValues()
+    critic = Critic(CriticSection(), None, values)
+    prepared = prepare_groups(config, None, groups, critic)
+
+    trajectories = [t for group in groups for t in group]
+    expected_values = [0.1 * action_tokens(t) for t in trajectories]
+    # gamma = lam = 1: each token's advantage is the reward minus its value, then whitened
+    expected_advantages = [t.reward - v for t, v in zip(trajectories, expected_values, strict=True)]
+    tokens = sum(v.size for v in expected_values)
+    got = np.concatenate(
+        [
+            d.loss_fn_inputs["advantages"].to_numpy()[d.loss_fn_inputs["mask"].to_numpy() > 0]
+            for d in prepared.datums
+        ]
+    )
+    raw = np.concatenate(expected_advantages)
+    whitened = (raw - raw.mean()) / (raw.std() + EPS)  # over the batch's action tokens
+    np.testing.assert_allclose(got, whitened / tokens, rtol=1e-5)
+
+    # one training step, over micro-batches of rl.micro_batch_size datums
+    assert values.steps == 1 and [len(call) for call in values.fitted] == [2, 2, 1]
+    fitted = [datum for call in values.fitted for datum in call]
+    returns = np.concatenate([r[m > 0] for r, m in _inputs(fitted, "returns", "mask")])
+    old = np.concatenate([v[m > 0] for v, m in _inputs(fitted, "values", "mask")])
+    rewards = np.concatenate(
+        [np.full(v.size, t.reward) for t, v in zip(trajectories, expected_values, strict=True)]
+    )
+    np.testing.assert_allclose(returns, rewards, rtol=1e-6)  # advantage + value
+    np.testing.assert_allclose(old, np.concatenate(expected_values), rtol=1e-6)
+    for weights, mask in _inputs(fitted, "weights", "mask"):
+        np.testing.assert_allclose(weights, mask / tokens, rtol=1e-6)
+
+    flat_values = np.concatenate(expected_values)
+    assert prepared.metrics["critic/explained_variance"] == pytest.approx(
+        1 - np.var(rewards - flat_values) / np.var(rewards)
+    )
+    assert prepared.metrics["critic/value_loss"] == 3 * 0.25  # summed over the micro-batches
+    assert prepared.metrics["critic/grad_norm"] == 1.5
+    assert prepared.metrics["critic/values_mean"] == pytest.approx(flat_values.mean())
+    assert prepared.metrics["critic/returns_mean"] == pytest.approx(rewards.mean())
+
+
+def test_explained_variance():
+    returns = np.asarray([0.0, 1.0, 1.0, 0.0])
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(returns, np.full(4, 0.5)) == 0.0  # the mean explains nothing
+    assert explained_variance(returns, 1 - returns) < 0
+    assert explained_variance(np.ones(4), np.zeros(4)) == 0.0  # returns that do not vary
+
+
+def _inputs(data: Sequence[Datum], *keys: str) -> list[tuple[np.ndarray, ...]]:
+    return [tuple(d.loss_fn_inputs[k].to_numpy() for k in keys) for d in data]
