@@ -191,15 +191,7 @@ def build_critic(c: CriticSection, seed: int) -> Critic:
     factory, options = _checked(
         get_registry(), kinds.TRAINER_ENGINE, c.trainer.engine, c.trainer.options, "critic.trainer"
     )
-    trainer = factory.load()(model, options=options, seed=seed)
-    if not trainer.capabilities.value_head:
-        raise ConfigError(
-            "critic.trainer.options",
-            f"trainer engine {c.trainer.engine!r} was built without a value head, so it gives "
-            "logprobs, not values",
-            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
-        )
-    return Critic(c, model, trainer)
+    return Critic(c, model, factory.load()(model, options=options, seed=seed))
 
 
 def build_components(config: RunConfig, run_dir: Path) -> Components:

@@ -250,6 +250,8 @@ class CriticSection:
     trainer: TrainerSection = attrs.field(factory=TrainerSection)
     loss: str = "value"
     loss_config: dict[str, float] = attrs.field(factory=dict)
+    updates: int = attrs.field(default=1, validator=positive)
+    """Training steps on each batch (verl's critic ppo_epochs); value_clip binds from the 2nd."""
 
 
 @attrs.frozen

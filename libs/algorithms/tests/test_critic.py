@@ -13,11 +13,13 @@ import pytest
 
 from plait.api import (
     AdamParams,
+    ConfigError,
     Critic,
     Datum,
     ForwardBackwardOutput,
     OptimStepResult,
     TensorData,
+    TrainerCapabilities,
     load_config,
     prepare_groups,
 )
@@ -30,6 +32,8 @@ from plait_testing.trajectories import episode
 class KnownValues:
     """A value model whose value at a position is a tenth of its target token; it records the
     data of each training call."""
+
+    capabilities = TrainerCapabilities(value_head=True)
 
     def __init__(self) -> None:
         self.fitted: list[list[Datum]] = []
@@ -121,3 +125,29 @@ def test_explained_variance():
 
 def _inputs(data: Sequence[Datum], *keys: str) -> list[tuple[np.ndarray, ...]]:
     return [tuple(d.loss_fn_inputs[k].to_numpy() for k in keys) for d in data]
+
+
+def test_several_updates_fit_the_critic_on_the_same_batch_again():
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    config = load_config(None, ["rl.advantage=gae"])
+    values = KnownValues()
+    prepare_groups(config, None, groups, Critic(CriticSection(updates=3), None, values))
+    assert values.steps == 3 and len(values.fitted) == 3
+    assert all(len(call) == 2 for call in values.fitted)  # the whole batch, every time
+
+
+def test_a_critic_needs_an_estimator_built_on_its_values():
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    critic = Critic(CriticSection(), None, KnownValues())
+    with pytest.raises(ConfigError, match=r"rl\.advantage: the run has a critic, and 'grpo'"):
+        prepare_groups(load_config(None, ["rl.advantage=grpo"]), None, groups, critic)
+
+
+def test_a_critic_without_a_value_head_is_named():
+    class Logprobs(KnownValues):
+        capabilities = TrainerCapabilities()
+
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    critic = Critic(CriticSection(), None, Logprobs())
+    with pytest.raises(ConfigError, match=r"critic\.trainer\.options: .* logprobs, not values"):
+        prepare_groups(load_config(None, ["rl.advantage=gae"]), None, groups, critic)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -98,6 +99,19 @@ def test_values_match_the_decoder_and_head_computed_by_hand(tiny_model: Resolved
             ids = torch.tensor([datum.model_input.to_ints()])
             hidden = decoder(input_ids=ids).last_hidden_state[0]
             np.testing.assert_allclose(got, head(hidden).squeeze(-1).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bfloat16_critic_gives_float32_values(tiny_model: ResolvedModel) -> None:
+    """Under bfloat16 autocast (mixed precision) the head still runs in float32."""
+    model = attrs.evolve(tiny_model, dtype="bfloat16")
+    trainer = TorchTrainer(model, options=TorchTrainerOptions(value_head=True))
+    batch = data()
+    for _ in range(2):
+        trainer.forward_backward(batch, "value", {})
+        trainer.optim_step(ADAM)
+    values = values_of(trainer, batch)
+    assert all(v.dtype == np.float32 and np.all(np.isfinite(v)) for v in values)
+    assert values[0][2:].mean() > values[1][2:].mean()  # towards +1 and -1
 
 
 def test_a_critic_has_no_reference_policy() -> None:

@@ -190,7 +190,7 @@ def prepare_groups(
     updated."""
     rl, correction = config.rl, config.off_policy.correction
     preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
-    datums, metrics = preparer.prepare(rl, groups, critic)
+    datums, metrics = preparer.prepare(rl, groups, **({"critic": critic} if critic else {}))
     if correction == "none" or not datums:
         return Prepared(datums, metrics)
     train_logprobs: list[np.ndarray] = []

@@ -13,7 +13,8 @@ group and sample, one advantage per action token, in the order of the sample's t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from plait.api import AdvantageBatch, ConfigError
 
 EPS = 1e-6
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def per_token(batch: AdvantageBatch, advantages: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
@@ -89,6 +91,14 @@ class GaeOptions:
     """GAE's lambda: 1 gives the discounted return minus the value, 0 the one-step TD error."""
 
 
+def uses_values(estimator: F) -> F:
+    """Marks an estimator built on a critic's values (the `standard` preparer fits a run's critic
+    to advantage + value, which is a return only for such an estimator)."""
+    estimator.uses_values = True  # type: ignore[attr-defined]
+    return estimator
+
+
+@uses_values
 def gae(batch: AdvantageBatch, *, options: GaeOptions) -> list[list[np.ndarray]]:
     """Generalised advantage estimation (Schulman et al. 2016) over each sample's action tokens,
     across its turns in order (the tokens between turns are not steps): the reward at its last
@@ -97,8 +107,8 @@ def gae(batch: AdvantageBatch, *, options: GaeOptions) -> list[list[np.ndarray]]
         raise ConfigError(
             "rl.advantage",
             "gae needs a critic's values of every action token, and this run has no critic",
-            fix="choose an estimator without a critic: grpo, dr_grpo, rloo, reinforce++ or "
-            "reinforce++_baseline",
+            fix="give the run a value model ([critic], docs/algorithms.md), or choose an "
+            "estimator without one: grpo, dr_grpo, rloo, reinforce++ or reinforce++_baseline",
         )
     return [
         [

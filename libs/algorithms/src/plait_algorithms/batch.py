@@ -17,6 +17,7 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
+    ConfigError,
     Critic,
     DataError,
     Datum,
@@ -69,9 +70,25 @@ def prepare(
     counts = [np.asarray([_action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
+    estimate = estimator.load()
+    if critic is not None and not critic.trainer.capabilities.value_head:
+        raise ConfigError(
+            "critic.trainer.options",
+            f"the critic's trainer engine ({critic.config.trainer.engine!r}) was built without "
+            "a value head, so it gives logprobs, not values",
+            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
+        )
+    if critic is not None and not getattr(estimate, "uses_values", False):
+        raise ConfigError(
+            "rl.advantage",
+            f"the run has a critic, and {rl.advantage!r} does not use its values: the critic "
+            "would be fit to advantages that are not returns",
+            fix='set rl.advantage = "gae" (or an estimator marked with '
+            "plait_algorithms.advantages.uses_values), or drop the [critic] table",
+        )
     values = action_values(critic, rl, samples) if critic and samples else None
     batch = AdvantageBatch(batch_rewards, counts, values)
-    advantages = estimator.load()(batch, options=options) if samples else []
+    advantages = estimate(batch, options=options) if samples else []
     fitted = fit_critic(critic, rl, samples, values, advantages) if critic and values else None
     if fitted is not None:
         advantages = whitened(advantages)

@@ -1,13 +1,13 @@
 """PPO's critic in the `standard` batch preparer (a run's `[critic]`).
 
 Each step, before the advantages: the critic's value of every action token of the batch (one
-forward pass over the samples' datums). After them: one training step of the critic towards each
-token's return, advantage + value (with `rl.advantage = "gae"`, the lambda-return), each token
-weighed alike (a token mean over the batch); then the advantages are whitened over the batch's
-action tokens (mean 0, standard deviation 1, as verl does with GAE), so that the policy's steps
-have the size a group-normalised estimator's have. The values the critic is fit from are the ones
-the advantages were computed from, so the value loss's clipping
-(`critic.loss_config.value_clip`) is around them.
+forward pass over the samples' datums). After them: `critic.updates` training steps of the critic
+(one by default) towards each token's return, advantage + value (with `rl.advantage = "gae"`,
+the lambda-return), each token weighed alike (a token mean over the batch); then the advantages
+are whitened over the batch's action tokens (mean 0, standard deviation 1, as verl does with
+GAE), so that the policy's steps have the size a group-normalised estimator's have. The values
+the critic is fit from are the ones the advantages were computed from, so the value loss's
+clipping (`critic.loss_config.value_clip`) is around them: it binds from the second update on.
 
 Reported: `critic/explained_variance` (1 - Var(R - V) / Var(R), of the values before the step:
 how much of the returns' variance the critic predicts), `critic/value_loss`, `critic/values_mean`,
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from plait.api import Critic, Datum, RLSection, train
+from plait.api import Critic, DataError, Datum, RLSection, train
 from plait_algorithms.advantages import EPS
 
 Samples = Sequence[Sequence[Sequence[Datum]]]
@@ -53,8 +53,16 @@ def fit_critic(
     values: Sequence[Sequence[np.ndarray]],
     advantages: Sequence[Sequence[np.ndarray]],
 ) -> dict[str, float]:
-    """One training step of the critic towards advantage + value on every action token of the
-    batch; its metrics."""
+    """`critic.config.updates` training steps of the critic towards advantage + value on every
+    action token of the batch; the metrics of the last."""
+    for group_advantages, group_values in zip(advantages, values, strict=True):
+        for a, v in zip(group_advantages, group_values, strict=True):
+            if a.shape != v.shape:
+                raise DataError(
+                    f"the advantage estimator (rl.advantage = {rl.advantage!r}) gave {a.size} "
+                    f"advantages to a sample of {v.size} action tokens",
+                    fix="return one advantage per action token of each sample",
+                )
     returns = [
         [a + v for a, v in zip(ga, gv, strict=True)]
         for ga, gv in zip(advantages, values, strict=True)
@@ -68,14 +76,15 @@ def fit_critic(
         for sample, r, v in zip(group, group_returns, group_values, strict=True)
         for datum in _placed(sample, r, v, weight)
     ]
-    trained = train(
-        critic.trainer,
-        critic.config.trainer,
-        critic.config.loss,
-        critic.config.loss_config,
-        data,
-        rl.micro_batch_size,
-    )
+    for _ in range(critic.config.updates):
+        trained = train(
+            critic.trainer,
+            critic.config.trainer,
+            critic.config.loss,
+            critic.config.loss_config,
+            data,
+            rl.micro_batch_size,
+        )
     metrics = {
         "critic/explained_variance": explained_variance(flat_returns, flat_values),
         "critic/value_loss": trained["loss:sum"],

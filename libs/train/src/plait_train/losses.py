@@ -234,9 +234,10 @@ def value(v: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) 
     """A critic's clipped value loss (PPO; verl's cliprange_value): `v` is the value model's
     output at each position (where a policy gives logprobs), R = inputs["returns"] the targets,
     V_old = inputs["values"] its values when the batch was prepared, w = inputs["weights"]:
-    sum 0.5 w max((v - R)^2, (V_old + clip(v - V_old, -c, c) - R)^2) with c = value_clip, so an
-    update moves no value by more than c past its old one; value_clip = 0: the plain squared
-    error."""
+    sum 0.5 w max((v - R)^2, (V_old + clip(v - V_old, -c, c) - R)^2) with c = value_clip: where
+    a value has moved more than c from its old one (in a later update on the same batch) and its
+    clipped value is the further from R, the loss is the clipped value's, whose gradient is 0;
+    value_clip = 0: the plain squared error."""
     cfg = _config(config, {"value_clip": 0.5}, "value")
     returns, old, weights = inputs["returns"], inputs["values"], inputs["weights"]
     error = (v - returns) ** 2

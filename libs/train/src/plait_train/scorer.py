@@ -182,5 +182,7 @@ class ValueScorer(TokenScorer):
         else:
             hidden = decoder(**kwargs).last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1])[select].float()
-        values = self.value_head(picked).squeeze(-1)
+        # in float32 under a bfloat16 autocast too: values are read out as float32
+        with torch.autocast(picked.device.type, enabled=False):
+            values = self.value_head(picked).squeeze(-1)
         return values, torch.zeros_like(values)
