@@ -17,7 +17,6 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
-    ConfigError,
     Critic,
     DataError,
     Datum,
@@ -25,8 +24,8 @@ from plait.api import (
     Trajectory,
     get_registry,
 )
-from plait_algorithms.critic import action_values, fit_critic, whitened
-from plait_algorithms.datums import trajectory_to_datums
+from plait_algorithms.critic import action_values, check_critic, fit_critic, whitened
+from plait_algorithms.datums import action_tokens, on_action_tokens, trajectory_to_datums
 
 
 class Standard:
@@ -67,28 +66,16 @@ def prepare(
             samples.append([trajectory_to_datums(t, 0.0) for t in valid])
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
-    counts = [np.asarray([_action_tokens(s) for s in group], dtype=np.int64) for group in samples]
+    counts = [np.asarray([action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
     estimate = estimator.load()
-    if critic is not None and not critic.trainer.capabilities.value_head:
-        raise ConfigError(
-            "critic.trainer.options",
-            f"the critic's trainer engine ({critic.config.trainer.engine!r}) was built without "
-            "a value head, so it gives logprobs, not values",
-            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
-        )
-    if critic is not None and not getattr(estimate, "uses_values", False):
-        raise ConfigError(
-            "rl.advantage",
-            f"the run has a critic, and {rl.advantage!r} does not use its values: the critic "
-            "would be fit to advantages that are not returns",
-            fix='set rl.advantage = "gae" (or an estimator marked with '
-            "plait_algorithms.advantages.uses_values), or drop the [critic] table",
-        )
+    if critic is not None:
+        check_critic(critic, rl, estimate)
     values = action_values(critic, rl, samples) if critic and samples else None
     batch = AdvantageBatch(batch_rewards, counts, values)
     advantages = estimate(batch, options=options) if samples else []
+    _check_counts(advantages, counts)
     fitted = fit_critic(critic, rl, samples, values, advantages) if critic and values else None
     if fitted is not None:
         advantages = whitened(advantages)
@@ -98,7 +85,7 @@ def prepare(
         for sample, sample_advantages, t in zip(group, group_advantages, group_trains, strict=True)
         if t
     ]
-    tokens = [_action_tokens(sample) for sample, _ in trained]
+    tokens = [action_tokens(sample) for sample, _ in trained]
     scales = aggregation_scales(rl.loss_aggregation, tokens)
     datums = [
         datum
@@ -164,24 +151,23 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0  # as plait's metrics average
 
 
-def _action_tokens(datums: Sequence[Datum]) -> int:
-    return sum(int(d.loss_fn_inputs["mask"].to_numpy().sum()) for d in datums)
-
-
 def _with_advantages(datums: Sequence[Datum], advantages: np.ndarray, scale: float) -> list[Datum]:
     """One sample's datums with `advantages` (one per action token, across the datums in order)
     on their action tokens, times `scale`."""
-    if len(advantages) != _action_tokens(datums):
-        raise DataError(
-            f"the advantage estimator (rl.advantage) gave {len(advantages)} advantages to a "
-            f"sample of {_action_tokens(datums)} action tokens",
-            fix="return one advantage per action token of each sample (the batch's action_tokens)",
-        )
-    out, start = [], 0
-    for datum in datums:
-        mask = datum.loss_fn_inputs["mask"].to_numpy() > 0
-        placed = np.zeros(mask.shape, np.float32)
-        placed[mask] = advantages[start : start + mask.sum()]
-        start += mask.sum()
-        out.append(Datum(datum.model_input, {**datum.loss_fn_inputs, "advantages": placed * scale}))
-    return out
+    return [
+        Datum(datum.model_input, {**datum.loss_fn_inputs, "advantages": placed * scale})
+        for datum, placed in zip(datums, on_action_tokens(datums, advantages), strict=True)
+    ]
+
+
+def _check_counts(advantages: Sequence[Sequence[np.ndarray]], counts: Sequence[np.ndarray]) -> None:
+    """The estimator gave one advantage per action token of every sample."""
+    for group_advantages, group_counts in zip(advantages, counts, strict=True):
+        for sample_advantages, n in zip(group_advantages, group_counts, strict=True):
+            if len(sample_advantages) != n:
+                raise DataError(
+                    f"the advantage estimator (rl.advantage) gave {len(sample_advantages)} "
+                    f"advantages to a sample of {n} action tokens",
+                    fix="return one advantage per action token of each sample (the batch's "
+                    "action_tokens)",
+                )

@@ -17,11 +17,13 @@ how much of the returns' variance the critic predicts), `critic/value_loss`, `cr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from plait.api import Critic, DataError, Datum, RLSection, train
+from plait.api import ConfigError, Critic, Datum, RLSection, train
 from plait_algorithms.advantages import EPS
+from plait_algorithms.datums import action_mask, on_action_tokens
 
 Samples = Sequence[Sequence[Sequence[Datum]]]
 """Per group and sample, the sample's datums (`plait_algorithms.datums`)."""
@@ -30,20 +32,39 @@ Samples = Sequence[Sequence[Sequence[Datum]]]
 def action_values(critic: Critic, rl: RLSection, samples: Samples) -> list[list[np.ndarray]]:
     """Per group and sample, the critic's value at each of its action tokens, in order."""
     flat = [_value_datum(d) for group in samples for sample in group for d in sample]
-    predicted: list[np.ndarray] = []
+    outputs: list[np.ndarray] = []
     for start in range(0, len(flat), rl.micro_batch_size):
         out = critic.trainer.forward(
             flat[start : start + rl.micro_batch_size], critic.config.loss, critic.config.loss_config
         )
-        predicted.extend(o["values"].to_numpy() for o in out.loss_fn_outputs)
-    values = iter(predicted)
+        outputs.extend(o["values"].to_numpy() for o in out.loss_fn_outputs)
+    predicted = iter(outputs)
     return [
         [
-            np.concatenate([next(values)[_mask(d)] for d in sample]).astype(np.float64)
+            np.concatenate([next(predicted)[action_mask(d)] for d in sample]).astype(np.float64)
             for sample in group
         ]
         for group in samples
     ]
+
+
+def check_critic(critic: Critic, rl: RLSection, estimate: Any) -> None:
+    """A critic that gives values, beside an estimator built on them (or the run stops)."""
+    if not critic.trainer.capabilities.value_head:
+        raise ConfigError(
+            "critic.trainer.options",
+            f"the critic's trainer engine ({critic.config.trainer.engine!r}) was built without "
+            "a value head, so it gives logprobs, not values",
+            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
+        )
+    if not getattr(estimate, "uses_values", False):
+        raise ConfigError(
+            "rl.advantage",
+            f"the run has a critic, and {rl.advantage!r} does not use its values: the critic "
+            "would be fit to advantages that are not returns",
+            fix='set rl.advantage = "gae" (or an estimator marked with '
+            "plait_algorithms.advantages.uses_values), or drop the [critic] table",
+        )
 
 
 def fit_critic(
@@ -55,14 +76,6 @@ def fit_critic(
 ) -> dict[str, float]:
     """`critic.config.updates` training steps of the critic towards advantage + value on every
     action token of the batch; the metrics of the last."""
-    for group_advantages, group_values in zip(advantages, values, strict=True):
-        for a, v in zip(group_advantages, group_values, strict=True):
-            if a.shape != v.shape:
-                raise DataError(
-                    f"the advantage estimator (rl.advantage = {rl.advantage!r}) gave {a.size} "
-                    f"advantages to a sample of {v.size} action tokens",
-                    fix="return one advantage per action token of each sample",
-                )
     returns = [
         [a + v for a, v in zip(ga, gv, strict=True)]
         for ga, gv in zip(advantages, values, strict=True)
@@ -113,10 +126,6 @@ def explained_variance(returns: np.ndarray, values: np.ndarray) -> float:
     return 1.0 - float((returns - values).var()) / spread if spread > 0 else 0.0
 
 
-def _mask(datum: Datum) -> np.ndarray:
-    return datum.loss_fn_inputs["mask"].to_numpy() > 0
-
-
 def _value_datum(
     datum: Datum,
     returns: np.ndarray | None = None,
@@ -141,15 +150,9 @@ def _placed(
     sample: Sequence[Datum], returns: np.ndarray, values: np.ndarray, weight: float
 ) -> list[Datum]:
     """A sample's datums with its per-action-token returns and values on their action tokens."""
-    out, start = [], 0
-    for datum in sample:
-        mask = _mask(datum)
-        end = start + int(mask.sum())
-        placed_returns, placed_values = (
-            np.zeros(mask.shape, np.float32),
-            np.zeros(mask.shape, np.float32),
+    return [
+        _value_datum(datum, placed_returns, placed_values, weight)
+        for datum, placed_returns, placed_values in zip(
+            sample, on_action_tokens(sample, returns), on_action_tokens(sample, values), strict=True
         )
-        placed_returns[mask], placed_values[mask] = returns[start:end], values[start:end]
-        out.append(_value_datum(datum, placed_returns, placed_values, weight))
-        start = end
-    return out
+    ]

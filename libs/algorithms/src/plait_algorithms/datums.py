@@ -94,3 +94,27 @@ def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> list[Datum
         for seg in merge_turns(trajectory.turns)
         if len(seg.tokens) > 1
     ]
+
+
+def action_mask(datum: Datum) -> np.ndarray:
+    """Where the datum's targets are action (sampled) tokens."""
+    return np.asarray(datum.loss_fn_inputs["mask"].to_numpy() > 0)
+
+
+def action_tokens(datums: Sequence[Datum]) -> int:
+    """How many action tokens a sample's datums hold."""
+    return sum(int(action_mask(d).sum()) for d in datums)
+
+
+def on_action_tokens(datums: Sequence[Datum], values: np.ndarray) -> list[np.ndarray]:
+    """A sample's `values`, one per action token across its datums in order, placed on each
+    datum's action tokens (float32, 0 elsewhere)."""
+    out, start = [], 0
+    for datum in datums:
+        mask = action_mask(datum)
+        placed = np.zeros(mask.shape, np.float32)
+        end = start + int(mask.sum())
+        placed[mask] = values[start:end]
+        out.append(placed)
+        start = end
+    return out
