@@ -42,11 +42,7 @@ ALGORITHMS: dict[str, list[str]] = {
         "rl.dynamic_sampling=true",
         "rl.loss_aggregation=token_mean",
     ],
-    "grpo+kl": [
-        "rl.loss_config.kl_coef=0.1",
-        "rl.loss_config.kl_estimator=3",
-        "trainer.options.reference=true",
-    ],
+    "grpo+kl": ["rl.kl.coef=0.1", "rl.kl.estimator=k3", "trainer.options.reference=true"],
     "ppo+critic": [
         "rl.loss=ppo",
         "rl.advantage=gae",

@@ -70,6 +70,36 @@ def test_validators_report_the_section():
         structure(RunConfig, {"rl": {"steps": 0}})
 
 
+def test_rl_kl_becomes_the_trainers_kl_penalty_keys():
+    """`[rl.kl]` reaches the trainer as loss_fn_config's kl_coef and kl_estimator (the estimator
+    as its number); off, the loss config is the run's own."""
+    rl = structure(RunConfig, {"rl": {"loss_config": {"clip": 0.2}}}).rl
+    assert rl.train_loss_config == {"clip": 0.2}
+    rl = structure(RunConfig, {"rl": {"kl": {"coef": 0.05, "estimator": "k1"}}}).rl
+    assert rl.train_loss_config == {"kl_coef": 0.05, "kl_estimator": 1.0}
+    assert structure(RunConfig, {"rl": {"kl": {"coef": 0.1}}}).rl.kl.estimator == "k3"
+
+
+@pytest.mark.parametrize(
+    "kl, path, problem",
+    [
+        ({"estimator": "k4"}, "rl.kl.estimator", "is not one of"),
+        ({"coef": -0.1}, "rl.kl", "coef must be >= 0"),
+        ({"where": "advantage"}, "rl.kl.where", "is not one of"),
+        ({"beta": 0.1}, "rl.kl.beta", "unknown key"),
+    ],
+)
+def test_rl_kl_errors_name_the_key(kl, path, problem):
+    with pytest.raises(ConfigError) as info:
+        structure(RunConfig, {"rl": {"kl": kl}})
+    assert (info.value.path, problem in str(info.value)) == (path, True), str(info.value)
+
+
+def test_one_kl_penalty_per_run():
+    with pytest.raises(ConfigError, match="both set a KL penalty"):
+        structure(RunConfig, {"rl": {"kl": {"coef": 0.1}, "loss_config": {"kl_coef": 0.1}}})
+
+
 def test_int_accepted_for_float():
     assert structure(RunConfig, {"trainer": {"learning_rate": 1}}).trainer.learning_rate == 1.0
 

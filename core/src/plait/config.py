@@ -80,6 +80,20 @@ class EnvSection:
 
 
 @attrs.frozen
+class KLSection:
+    """A KL penalty to the reference policy, the initial weights (the trainer keeps them:
+    plait-torch's trainer.options.reference = true), estimated per token as `estimator` says
+    (Schulman's k1, k2, k3). The trainer reports the estimate as policy/kl_ref."""
+
+    coef: float = attrs.field(default=0.0, validator=non_negative)
+    """0: off."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    where: Literal["loss"] = "loss"
+    """loss: coef x the mean estimate over the trained tokens joins the loss (GRPO's, TRL's
+    beta)."""
+
+
+@attrs.frozen
 class RLSection:
     steps: int = attrs.field(default=20, validator=positive)
     schedule: Literal["sync", "async"] = "sync"
@@ -91,6 +105,7 @@ class RLSection:
     """Samples per prompt (the GRPO group)."""
     loss: str = "importance_sampling"
     loss_config: dict[str, float] = attrs.field(factory=dict)
+    kl: KLSection = attrs.field(factory=KLSection)
     advantage: str = "grpo"
     """A registered advantage estimator (`plait plugins`); plait-algorithms': grpo, dr_grpo,
     rloo, reinforce++, reinforce++_baseline, gae."""
@@ -137,7 +152,16 @@ class RLSection:
     """Datums per forward_backward call. The trainer bounds activation memory itself (plait-torch:
     trainer.options.micro_batch_tokens); prefixes are shared only within a call."""
 
+    @property
+    def train_loss_config(self) -> dict[str, float]:
+        """What training steps pass the loss: loss_config, with `kl`'s penalty in the trainer's
+        loss_fn_config keys when it is on (the estimator as its number: every wire carries one)."""
+        kl = {"kl_coef": self.kl.coef, "kl_estimator": float(self.kl.estimator[1])}
+        return {**self.loss_config, **(kl if self.kl.coef else {})}
+
     def __attrs_post_init__(self) -> None:
+        if self.kl.coef and {"kl_coef", "kl_estimator"} & set(self.loss_config):
+            raise ValueError("kl and loss_config's kl_coef / kl_estimator both set a KL penalty")
         if self.overlong == "penalty" and not 0 < self.overlong_buffer <= self.max_tokens:
             raise ValueError(
                 f"overlong_buffer must be in [1, max_tokens = {self.max_tokens}] with "

@@ -217,7 +217,7 @@ def train_prepared(
         )
         return {}
     tc = policy.config.trainer
-    return train(policy.trainer, tc, rl.loss, rl.loss_config, datums, rl.micro_batch_size)
+    return train(policy.trainer, tc, rl.loss, rl.train_loss_config, datums, rl.micro_batch_size)
 
 
 def train(
