@@ -11,19 +11,26 @@ VENV=${VENV:-.venv}
 # The fast suite is pytest's default selection (pyproject.toml's addopts); the rest is its complement.
 REST_MARKERS="not gpu and (slow or docker or vllm or sglang or distributed)"
 
+timed() {  # timed CMD...: CMD, then how long it took (CI's budget is spent here and in the tests)
+    local start=$SECONDS rc=0
+    "$@" || rc=$?
+    echo "($* took $((SECONDS - start)) s, exit status $rc)"
+    return "$rc"
+}
+
 setup() {
     # docker.sh first (it may apt-get); then the others side by side, each logging to a file: they
     # build venvs of their own (or pip-install one package), so their downloads and installs overlap.
     local first=scripts/ci/docker.sh
     if [ -e "$first" ]; then
         echo "== $first"
-        bash "$first" || { echo "setup step $first failed" >&2; return 1; }
+        timed bash "$first" || { echo "setup step $first failed" >&2; return 1; }
     fi
     local logs steps=() pids=() failed=()
     logs=$(mktemp -d)
     for step in scripts/ci/*.sh; do
         [ "$step" = "$first" ] && continue
-        bash "$step" >"$logs/$(basename "$step").log" 2>&1 &
+        timed bash "$step" >"$logs/$(basename "$step").log" 2>&1 &
         steps+=("$step")
         pids+=($!)
     done
@@ -52,29 +59,30 @@ tests_in() {  # tests_in DIR... -- [pytest args]: exit status 5 ("no tests colle
     return "$rc"
 }
 
-tests() { tests_in "${UNIT_DIRS[@]}" tests -- "$@"; }
-
 # Two pytest-xdist workers, each taking the next unit of tests as it finishes one, in collection
 # order (conftest.py: a distribution's tests are one unit, sharing its session fixtures' servers;
-# each file under tests/ is one). The fast suite takes 4.7 min on two (2 cores); three took 5.5.
+# each file under tests/ is one). The fast suite takes 3.8 min on two (2 cores, alone); three took
+# longer.
 ON_TWO_WORKERS=(-n 2 --dist loadscope --no-loadscope-reorder)
 
-# make check: the largest distributions first, so that neither worker is left with one at the end.
+# The fast suite, the largest distributions first, so that neither worker is left with one at the
+# end.
 FAST_LONGEST_FIRST=(plugins/proxy/tests plugins/remote/tests plugins/torch/tests plugins/tinker/tests)
+fast() { tests_in "${FAST_LONGEST_FIRST[@]}" "${UNIT_DIRS[@]}" tests -- "${ON_TWO_WORKERS[@]}" "$@"; }
 
 case "${1:-}" in
-    --fast) shift; tests_in "${FAST_LONGEST_FIRST[@]}" "${UNIT_DIRS[@]}" tests -- \
-        "${ON_TWO_WORKERS[@]}" "$@"; exit $? ;;
+    --fast) shift; fast "$@"; exit $? ;;
     --setup-only) setup; exit $? ;;
 esac
 
-# The set-up mostly downloads and the fast suite needs none of it: run them side by side, the fast
-# suite on one worker since the set-up's installs and image builds keep the other core busy (the
-# slowest tests listed, to keep CI within its limit).
+# The fast suite needs none of the set-up: run them side by side, the fast suite on two workers (the
+# slowest tests listed, to keep CI within its limit). Measured on a bare 2-core machine: the set-up
+# takes 7 min (its steps beside each other, 11 min of CPU), and the fast suite took 15 min on one
+# worker, a core idle for about half of it.
 setup_log=$(mktemp)
 setup >"$setup_log" 2>&1 &
 setup_pid=$!
-tests --durations=15 "$@"
+fast --durations=15 "$@"
 fast_rc=$?
 setup_rc=0
 wait "$setup_pid" || setup_rc=$?
