@@ -88,9 +88,10 @@ class KLSection:
     coef: float = attrs.field(default=0.0, validator=non_negative)
     """0: off."""
     estimator: Literal["k1", "k2", "k3"] = "k3"
-    where: Literal["loss"] = "loss"
+    where: Literal["loss", "reward"] = "loss"
     """loss: coef x the mean estimate over the trained tokens joins the loss (GRPO's, TRL's
-    beta)."""
+    beta). reward: coef x its sum over a sample's action tokens is taken off the sample's reward
+    before the advantages (verl's use_kl_in_reward; the batch preparer asks the trainer)."""
 
 
 @attrs.frozen
@@ -157,7 +158,7 @@ class RLSection:
         """What training steps pass the loss: loss_config, with `kl`'s penalty in the trainer's
         loss_fn_config keys when it is on (the estimator as its number: every wire carries one)."""
         kl = {"kl_coef": self.kl.coef, "kl_estimator": float(self.kl.estimator[1])}
-        return {**self.loss_config, **(kl if self.kl.coef else {})}
+        return {**self.loss_config, **(kl if self.kl.coef and self.kl.where == "loss" else {})}
 
     def __attrs_post_init__(self) -> None:
         if self.kl.coef and {"kl_coef", "kl_estimator"} & set(self.loss_config):

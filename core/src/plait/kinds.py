@@ -95,13 +95,15 @@ class BatchPreparer(Protocol):
     before the run's off-policy correction: `prepare` turns one policy's groups into datums with
     advantages and `data/*` metrics, fitting the run's critic where it has one; `has_signal` says
     whether a group would train (`rl.dynamic_sampling` samples until enough do).
-    plait-algorithms' is `standard`."""
+    plait-algorithms' is `standard`. The core passes `critic` only to a run with one, and
+    `reference`, the policy's trainer, only with KL in the reward (`rl.kl.where`)."""
 
     def prepare(
         self,
         rl: RLSection,
         groups: Sequence[Sequence[Trajectory]],
         critic: Critic | None = None,
+        reference: TrainerEngine | None = None,
     ) -> tuple[list[Datum], dict[str, float]]: ...
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool: ...

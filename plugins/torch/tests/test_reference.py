@@ -120,3 +120,28 @@ def test_data_ref_logprobs_win_and_nothing_to_supply_them_is_an_error(
     assert not supplied
     with_ref.close()
     assert with_ref.reference is None and torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_a_forward_that_supplies_ref_logprobs_outputs_each_tokens_kl(
+    tiny_model: ResolvedModel, estimator: str
+) -> None:
+    """KL in the reward: a forward call with kl_coef gives each datum "kl_ref", the estimator's
+    value at every position from the policy's logprobs and the reference's (a hand-written
+    reference here); forward_backward and a call without kl_coef give none."""
+    trainer = TorchTrainer(tiny_model, options=TorchTrainerOptions(reference=True))
+    initial = datum_logprobs(trainer.forward(rl_data(), "importance_sampling"))
+    train(trainer, 3)
+    out = trainer.forward(rl_data(), "importance_sampling", {**KL, "kl_estimator": estimator})
+    by_hand = {
+        "k1": lambda lp, ref: lp - ref,
+        "k2": lambda lp, ref: 0.5 * (lp - ref) ** 2,
+        "k3": lambda lp, ref: np.exp(ref - lp) - 1 - (ref - lp),
+    }[estimator]
+    for output, lp, ref in zip(out.loss_fn_outputs, datum_logprobs(out), initial, strict=True):
+        np.testing.assert_allclose(output["kl_ref"].to_numpy(), by_hand(lp, ref), atol=1e-5)
+    assert any(np.abs(o["kl_ref"].to_numpy()).max() > 1e-3 for o in out.loss_fn_outputs)
+    trained = trainer.forward_backward(rl_data(), "importance_sampling", KL)
+    plain = trainer.forward(rl_data(), "importance_sampling")
+    assert not any("kl_ref" in o for o in [*trained.loss_fn_outputs, *plain.loss_fn_outputs])
+    trainer.close()

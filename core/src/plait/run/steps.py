@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -185,12 +185,15 @@ def prepare_groups(
     critic: kinds.Critic | None = None,
 ) -> Prepared:
     """One policy's groups as datums with advantages (`rl.batch_preparer`, which fits the critic
-    where the run has one), then the configured off-policy correction (`off_policy.correction`,
-    "none": none) with the trainer's logprobs from one forward pass at the weights about to be
-    updated."""
+    where the run has one, and asks the policy's trainer for the KL to its reference with KL in
+    the reward), then the configured off-policy correction (`off_policy.correction`, "none":
+    none) with the trainer's logprobs from one forward pass at the weights about to be updated."""
     rl, correction = config.rl, config.off_policy.correction
     preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
-    datums, metrics = preparer.prepare(rl, groups, **({"critic": critic} if critic else {}))
+    extra: dict[str, Any] = {"critic": critic} if critic else {}
+    if rl.kl.coef and rl.kl.where == "reward":
+        extra["reference"] = policy.trainer
+    datums, metrics = preparer.prepare(rl, groups, **extra)
     if correction == "none" or not datums:
         return Prepared(datums, metrics)
     train_logprobs: list[np.ndarray] = []

@@ -3,8 +3,9 @@ training data, before the run's off-policy correction (`off_policy.correction`).
 
 Advantages of the whole batch at once (`rl.advantage`; constant-reward groups left out), samples
 a length limit cut handled as `rl.overlong` says, each token's loss weighed as
-`rl.loss_aggregation` says. Dynamic sampling (`rl.dynamic_sampling`) asks `has_signal` of each
-group it samples; its rounds are the run loop's.
+`rl.loss_aggregation` says. With KL in the reward (`rl.kl.where`), the KL to the reference is
+taken off the rewards before the estimator sees them (`plait_algorithms.kl`). Dynamic sampling
+(`rl.dynamic_sampling`) asks `has_signal` of each group it samples; its rounds are the run loop's.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
+    ConfigError,
     Critic,
     DataError,
     Datum,
     RLSection,
+    TrainerEngine,
     Trajectory,
     get_registry,
 )
 from plait_algorithms.critic import action_values, check_critic, fit_critic, whitened
 from plait_algorithms.datums import action_tokens, on_action_tokens, trajectory_to_datums
+from plait_algorithms.kl import kl_penalties
 
 
 class Standard:
@@ -36,8 +40,9 @@ class Standard:
         rl: RLSection,
         groups: Sequence[Sequence[Trajectory]],
         critic: Critic | None = None,
+        reference: TrainerEngine | None = None,
     ) -> tuple[list[Datum], dict[str, float]]:
-        return prepare(rl, groups, critic)
+        return prepare(rl, groups, critic, reference)
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool:
         return has_signal(rl, group)
@@ -47,11 +52,21 @@ standard: BatchPreparer = Standard()
 
 
 def prepare(
-    rl: RLSection, groups: Sequence[Sequence[Trajectory]], critic: Critic | None = None
+    rl: RLSection,
+    groups: Sequence[Sequence[Trajectory]],
+    critic: Critic | None = None,
+    reference: TrainerEngine | None = None,
 ) -> tuple[list[Datum], dict[str, float]]:
     """One policy's groups as datums with advantages on their action tokens, and the batch's
     `data/*` metrics; with a critic, its values go to the estimator and it is fit to the returns
-    (`plait_algorithms.critic`), with its `critic/*` metrics."""
+    (`plait_algorithms.critic`), with its `critic/*` metrics; with KL in the reward, `reference`
+    (the policy's trainer) gives the KL taken off the rewards first (`plait_algorithms.kl`)."""
+    if rl.kl.coef and rl.kl.where == "reward" and reference is None:
+        raise ConfigError(
+            "rl.kl.where",
+            "KL in the reward needs the policy's trainer, and the batch preparer got none",
+            fix="pass prepare(..., reference=the policy's trainer), as the run loop does",
+        )
     samples: list[list[list[Datum]]] = []  # per group and sample, its datums
     batch_rewards: list[np.ndarray] = []
     trains: list[list[bool]] = []  # per group and sample, False where rl.overlong masks it
@@ -66,6 +81,10 @@ def prepare(
             samples.append([trajectory_to_datums(t, 0.0) for t in valid])
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
+    kl_metrics: dict[str, float] = {}
+    if reference is not None and rl.kl.coef and samples:
+        penalties, kl_metrics = kl_penalties(reference, rl, samples)
+        batch_rewards = [r - p for r, p in zip(batch_rewards, penalties, strict=True)]
     counts = [np.asarray([action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
@@ -94,6 +113,7 @@ def prepare(
     ]
     metrics = {
         **(fitted or {}),
+        **kl_metrics,
         "data/datums": float(len(datums)),
         "data/action_tokens": float(sum(tokens)),
         "data/groups_kept": float(kept),

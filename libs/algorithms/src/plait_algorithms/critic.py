@@ -23,29 +23,16 @@ import numpy as np
 
 from plait.api import ConfigError, Critic, Datum, RLSection, train
 from plait_algorithms.advantages import EPS
-from plait_algorithms.datums import action_mask, on_action_tokens
-
-Samples = Sequence[Sequence[Sequence[Datum]]]
-"""Per group and sample, the sample's datums (`plait_algorithms.datums`)."""
+from plait_algorithms.datums import Samples, forward_on_action_tokens, on_action_tokens
 
 
 def action_values(critic: Critic, rl: RLSection, samples: Samples) -> list[list[np.ndarray]]:
     """Per group and sample, the critic's value at each of its action tokens, in order."""
-    flat = [_value_datum(d) for group in samples for sample in group for d in sample]
-    outputs: list[np.ndarray] = []
-    for start in range(0, len(flat), rl.micro_batch_size):
-        out = critic.trainer.forward(
-            flat[start : start + rl.micro_batch_size], critic.config.loss, critic.config.loss_config
-        )
-        outputs.extend(o["values"].to_numpy() for o in out.loss_fn_outputs)
-    predicted = iter(outputs)
-    return [
-        [
-            np.concatenate([next(predicted)[action_mask(d)] for d in sample]).astype(np.float64)
-            for sample in group
-        ]
-        for group in samples
-    ]
+    as_values = [[[_value_datum(d) for d in sample] for sample in group] for group in samples]
+    config = critic.config
+    return forward_on_action_tokens(
+        critic.trainer, as_values, "values", config.loss, config.loss_config, rl.micro_batch_size
+    )
 
 
 def check_critic(critic: Critic, rl: RLSection, estimate: Any) -> None:

@@ -13,7 +13,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from plait.api import Datum, ModelInput, TensorData, Trajectory, Turn
+from plait.api import Datum, ModelInput, TensorData, TrainerEngine, Trajectory, Turn
+
+Samples = Sequence[Sequence[Sequence[Datum]]]
+"""Per group and sample, the sample's datums."""
 
 
 @attrs.define
@@ -118,3 +121,28 @@ def on_action_tokens(datums: Sequence[Datum], values: np.ndarray) -> list[np.nda
         out.append(placed)
         start = end
     return out
+
+
+def forward_on_action_tokens(
+    trainer: TrainerEngine,
+    samples: Samples,
+    output: str,
+    loss: str,
+    loss_config: dict[str, float],
+    micro_batch_size: int,
+) -> list[list[np.ndarray]]:
+    """Per group and sample, the trainer's forward `output` at each of its action tokens, in
+    order (one forward pass over the samples' datums, `micro_batch_size` datums a call)."""
+    flat = [datum for group in samples for sample in group for datum in sample]
+    outputs: list[np.ndarray] = []
+    for start in range(0, len(flat), micro_batch_size):
+        out = trainer.forward(flat[start : start + micro_batch_size], loss, loss_config)
+        outputs.extend(o[output].to_numpy() for o in out.loss_fn_outputs)
+    given = iter(outputs)
+    return [
+        [
+            np.concatenate([next(given)[action_mask(d)] for d in sample]).astype(np.float64)
+            for sample in group
+        ]
+        for group in samples
+    ]

@@ -18,7 +18,8 @@ adds kl_coef * (sum of the estimated KL(pi || ref) over those positions, from th
 loss input) / (their number in the whole call), reported as "kl_penalty:sum", and "kl_ref:mean"
 whenever the data carry ref_logprobs. A runner given a `reference` scorer supplies ref_logprobs
 itself where a call sets kl_coef and its data carry none: the reference policy's logprobs at the
-positions the policy is scored at, micro-batch by micro-batch, under torch.no_grad().
+positions the policy is scored at, micro-batch by micro-batch, under torch.no_grad(); a forward
+call so supplied also outputs each datum's per-token estimate as "kl_ref" (KL in the reward).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ KL_ESTIMATOR = "kl_estimator"
 """The loss_fn_config key of the KL penalty's estimator: "k1", "k2" or "k3" (1, 2, 3 also do)."""
 REF_LOGPROBS = "ref_logprobs"
 """The loss input of the KL penalty: the reference policy's logprob of each target token."""
+KL_REF = "kl_ref"
+"""The output of a forward call that sets kl_coef and whose ref_logprobs the runner supplied: the
+per-token estimate of KL(policy || reference), which a batch preparer takes off the rewards."""
 # Where a loss acts, by precedence: the `mask` input, else non-zero weights, else advantages.
 _ACTIVE_TESTS = (("mask", operator.gt), ("weights", operator.ne), ("advantages", operator.ne))
 
@@ -278,6 +282,9 @@ class ShardResult:
     """Per micro-batch: loss metrics and the number of loss-active tokens (the weight of means)."""
     totals: dict[str, float]
     """Sums over the data: model_flops, train_tokens, forward_tokens, prefix_shared_tokens."""
+    kl_ref: dict[int, np.ndarray] = attrs.field(factory=dict)
+    """A forward pass that supplied ref_logprobs: each datum's per-token estimate of the KL to the
+    reference (the call's kl_estimator) at every position, for KL in the reward."""
 
 
 def to_output(
@@ -295,6 +302,8 @@ def to_output(
     for indices, result in shards:
         for local, logprobs in result.logprobs.items():
             outputs[indices[local]] = {output_name: TensorData.from_numpy(logprobs)}
+        for local, kl in result.kl_ref.items():
+            outputs[indices[local]][KL_REF] = TensorData.from_numpy(kl)
         parts.extend(result.parts)
         for key, value in result.totals.items():
             totals[key] = totals.get(key, 0.0) + value
@@ -484,9 +493,16 @@ class StepRunner:
                 results[group].totals["forward_tokens:sum"] += (
                     batch.computed_tokens * group_tokens / sum(batch.lengths)
                 )
+            kl = (
+                KL_ESTIMATORS[penalties.kl_estimator](outcome.logprobs, batch.inputs[REF_LOGPROBS])
+                if supply and not backward
+                else None
+            )
             for row, index in enumerate(batch.indices):
                 result = results[member_groups[row]]
                 result.logprobs[index] = outcome.logprobs[row, : batch.lengths[row]].cpu().numpy()
+                if kl is not None:
+                    result.kl_ref[index] = kl[row, : batch.lengths[row]].float().cpu().numpy()
                 result.totals["model_flops:sum"] += per_token(batch.lengths[row]) * batch.owned[row]
                 result.totals["prefix_shared_tokens:sum"] += batch.lengths[row] - batch.owned[row]
         for _ in range(passes - len(plans)):

@@ -1,0 +1,95 @@
+"""KL to the reference policy in the reward (plait_algorithms.kl), reached as a run reaches it
+(`prepare_groups` hands the batch preparer the policy's trainer): each sample's reward loses coef x
+its summed per-token KL estimate before the estimator sees it; on a trainer whose estimates are
+known (plait-torch's `kl_ref` output is tested there, against hand-written estimators)."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from plait.api import DataError, Datum, ForwardBackwardOutput, TensorData, load_config
+from plait.run.steps import prepare_groups
+from plait_testing.trajectories import episode
+
+
+class KnownKL:
+    """A policy trainer whose KL estimate at a position is a hundredth of its target token; it
+    records each forward call's data and loss config."""
+
+    def __init__(self, output: str = "kl_ref") -> None:
+        self.output = output
+        self.calls: list[tuple[int, dict[str, float]]] = []
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> ForwardBackwardOutput:
+        self.calls.append((len(data), dict(loss_fn_config or {})))
+        outputs = []
+        for d in data:
+            targets = d.loss_fn_inputs["target_tokens"].to_numpy()
+            outputs.append(
+                {
+                    "logprobs": TensorData.from_numpy(np.zeros(len(targets), np.float32)),
+                    self.output: TensorData.from_numpy(0.01 * targets.astype(np.float32)),
+                }
+            )
+        return ForwardBackwardOutput(loss_fn, outputs, {"loss:sum": 0.0})
+
+
+def action_tokens(trajectory) -> np.ndarray:
+    return np.asarray([t for turn in trajectory.turns for t in turn.completion.tokens])
+
+
+def prepare(trainer: KnownKL, groups, *overrides: str):
+    config = load_config(
+        None,
+        [
+            "rl.kl={coef=0.5, estimator='k1', where='reward'}",
+            "rl.advantage=dr_grpo",
+            "rl.loss_aggregation=sequence_sum",
+            "rl.micro_batch_size=2",
+            *overrides,
+        ],
+    )
+    return prepare_groups(config, types.SimpleNamespace(trainer=trainer), groups)
+
+
+def test_each_samples_reward_loses_its_summed_kl_before_the_advantages():
+    trainer = KnownKL()
+    varied = [episode(1.0, [3, 2]), episode(0.0, [4], offset=1)]  # 5 and 4 action tokens
+    constant = [episode(1.0, [2]), episode(1.0, [3], offset=2)]  # left out before the KL pass
+    prepared = prepare(trainer, [varied, constant])
+
+    kl = [0.01 * action_tokens(t).sum() for t in varied]
+    rewards = np.asarray([t.reward - 0.5 * k for t, k in zip(varied, kl, strict=True)])
+    advantages = (rewards - rewards.mean()) / len(varied)  # dr_grpo, a sequence sum over 2
+    placed = [d.loss_fn_inputs["advantages"].to_numpy() for d in prepared.datums]
+    masks = [d.loss_fn_inputs["mask"].to_numpy() > 0 for d in prepared.datums]
+    per_datum = [a[m] for a, m in zip(placed, masks, strict=True)]
+    assert [len(a) for a in per_datum] == [3, 2, 4]  # two datums, then one
+    np.testing.assert_allclose(np.concatenate(per_datum[:2]), advantages[0], rtol=1e-6)
+    np.testing.assert_allclose(per_datum[2], advantages[1], rtol=1e-6)
+    assert prepared.metrics["policy/kl_ref"] == pytest.approx(sum(kl) / 9)
+    assert prepared.metrics["data/kl_reward_penalty"] == pytest.approx(0.25 * sum(kl))
+    assert prepared.metrics["data/groups_constant"] == 1
+    # the varied group's three datums, two a call, with the KL keys (k1 as its number)
+    keys = {"kl_coef": 0.5, "kl_estimator": 1.0}
+    assert trainer.calls == [(2, keys), (1, keys)]
+
+
+def test_kl_in_the_loss_asks_the_preparer_for_nothing():
+    trainer = KnownKL()
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    prepared = prepare(trainer, groups, "rl.kl.where=loss")
+    assert trainer.calls == [] and "policy/kl_ref" not in prepared.metrics
+
+
+def test_a_trainer_that_gives_no_kl_is_named_with_the_fix():
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    with pytest.raises(DataError, match="gives no 'kl_ref' output") as info:
+        prepare(KnownKL(output="something_else"), groups)
+    assert "trainer.options.reference = true" in str(info.value.fix)
