@@ -11,7 +11,7 @@ benchmarks/results/algorithms.png (held-out accuracy against samples and against
 mean over seeds, one panel pair per task).
 
     python benchmarks/algorithms.py [--algorithms grpo dr_grpo ...] [--tasks sums ...]
-        [--seeds 0 1] [--steps 30]
+        [--seeds 0 1] [--steps N]
 
 Needs plait-torch, plait-math and plait-algorithms.
 """
@@ -53,21 +53,30 @@ ALGORITHMS: dict[str, list[str]] = {
 }
 """Each algorithm as overrides of the task's config (`plait run -s`)."""
 
-TASKS: dict[str, tuple[Path, list[str]]] = {
+TASKS: dict[str, tuple[Path, list[str], int]] = {
     # Single-digit a + b after three worked examples (the demo): held-out accuracy starts at 0.19.
-    "sums": (DEMO, []),
+    "sums": (DEMO, [], 20),
     # Numbers of one or two digits: the same format, held-out accuracy starts at 0.08.
-    "sums_2digit": (DEMO, ["env.options.max_digits=2"]),
+    "sums_2digit": (DEMO, ["env.options.max_digits=2"], 20),
     # reasoning-gym's basic_arithmetic through its own prompt, answer tags and scorer, three
     # worked examples first: held-out accuracy starts at 0.39.
-    "rg_sums": (ROOT / "examples" / "reasoning_gym_smollm2.toml", []),
+    "rg_sums": (ROOT / "examples" / "reasoning_gym_smollm2.toml", [], 20),
+    # math.calculator, multi-turn: 2-3 digit sums of products that the model answers by calling
+    # the calculator tool, after one worked example; held-out accuracy starts at 0 (greedy, it
+    # answers without the tool) and sampling calls it now and then. Its episodes are two model
+    # turns of ~350-token prompts, so fewer, smaller steps: 8 of 4 x 8, evaluated every 2.
+    "calculator": (
+        ROOT / "examples" / "calculator_smollm2.toml",
+        ["rl.groups_per_batch=4", "eval.every=2", "eval.tasks=32"],
+        8,
+    ),
 }
-"""Each task as a run config and overrides."""
+"""Each task as a run config, overrides and its number of steps (`--steps` sets every task's)."""
 
 
 def run_one(algorithm: str, task: str, seed: int, steps: int) -> dict[str, Any]:
     """One `plait run` and its held-out accuracy curve."""
-    config, task_overrides = TASKS[task]
+    config, task_overrides, _ = TASKS[task]
     overrides = [*task_overrides, *ALGORITHMS[algorithm], f"rl.steps={steps}", f"run.seed={seed}"]
     return {
         "algorithm": algorithm,
@@ -114,21 +123,21 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, help="steps of every task (default: the task's)")
     args = parser.parse_args()
     output = RESULTS / "algorithms.json"
     rows: list[dict[str, Any]] = json.loads(output.read_text())["runs"] if output.exists() else []
     done = {(r["algorithm"], r["task"], r["seed"], r["steps"]) for r in rows}
     grid = [
-        (a, t, s)
+        (a, t, s, steps)
         for s in args.seeds
         for t in args.tasks
         for a in args.algorithms
-        if (a, t, s, args.steps) not in done
+        if (a, t, s, steps := args.steps or TASKS[t][2]) not in done
     ]
     print(f"{len(grid)} runs to go ({len(done)} in {output.name} already)", flush=True)
-    for n, (algorithm, task, seed) in enumerate(grid, 1):
-        row = run_one(algorithm, task, seed, args.steps)
+    for n, (algorithm, task, seed, steps) in enumerate(grid, 1):
+        row = run_one(algorithm, task, seed, steps)
         rows.append(row)
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps({"what": __doc__.split("\n\n")[0], "runs": rows}, indent=1))

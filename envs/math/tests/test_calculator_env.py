@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from plait.api import ToolError, ToolOutput, build
+from plait.api import Message, ToolError, ToolOutput, build
 
 
 async def open_episode(**options: Any) -> tuple[Any, dict[str, Any]]:
@@ -81,3 +81,28 @@ def test_calculator_tasks_are_harder_than_the_default_arith() -> None:
         sorted(asyncio.run(answers("math.calculator")))[25]
         > 10 * sorted(asyncio.run(answers("math.arith")))[25]
     )
+
+
+def test_worked_examples_call_the_calculator_then_answer() -> None:
+    """Each worked example is a calculator call on the whole expression, the tool's result (to
+    the call's id) and the answer in the task's format; every task shares them."""
+
+    async def opening(index: int) -> tuple[dict[str, Any], list[Message]]:
+        env = build("env", "math.calculator", options={"shots": 2})
+        task = await env.get_task("test", index)
+        session = await env.open(task)
+        try:
+            return task, await session.messages()
+        finally:
+            await session.close()
+
+    (task, messages), (_, other) = asyncio.run(opening(0)), asyncio.run(opening(1))
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+    assert messages[:-1] == other[:-1] and messages[-1].content == task["prompt"]
+    for question, call, result, answer in zip(*(messages[i:-1:4] for i in range(4)), strict=True):
+        (tool_call,) = call.tool_calls
+        expression = tool_call.arguments["expression"]
+        assert (tool_call.name, call.content) == ("calculator", "")
+        assert question.content.startswith(f"Compute {expression}.")
+        assert result.tool_call_id == tool_call.id and result.content == str(eval(expression))
+        assert answer.content == f"<answer>{result.content}</answer>"

@@ -31,6 +31,12 @@ EXAMPLE_ANSWERS = {
     "hash": "#### {}",
 }
 
+
+def format_answer(answer: Any, answer_format: str) -> str:
+    """`answer` written as a worked example writes it in `answer_format`."""
+    return EXAMPLE_ANSWERS[answer_format].format(format_number(answer))
+
+
 # Each preset fixes every knob; see the README for what each is for and how it was measured.
 ARITH_PRESETS: dict[str, dict[str, Any]] = {
     # SmolLM2-135M-Instruct's demo task: a+b after three worked examples as earlier chat turns; it
@@ -177,12 +183,14 @@ class ArithEnvironment(MathEnvironment):
             problem = generate(cls.options.problem_spec(), cls.options.seed, "train", -1 - i)
             turns += [
                 Message("user", cls.prompt_for(problem, answer_format)),
-                Message(
-                    "assistant",
-                    EXAMPLE_ANSWERS[answer_format].format(format_number(problem.answer)),
-                ),
+                *cls.worked_answer(problem, answer_format, i),
             ]
         return turns
+
+    @classmethod
+    def worked_answer(cls, problem: Problem, answer_format: str, shot: int) -> list[Message]:
+        """How worked example `shot` is answered: the number in the format."""
+        return [Message("assistant", format_answer(problem.answer, answer_format))]
 
     async def get_messages(self) -> list[Message]:
         return [*self.worked_examples(), *await super().get_messages()]

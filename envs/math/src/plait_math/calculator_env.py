@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 import attrs
 
+from plait.api import Message, ToolCall
 from plait_math.answers import FORMAT_INSTRUCTIONS
-from plait_math.arith import ArithEnvironment, ArithOptions
+from plait_math.arith import ArithEnvironment, ArithOptions, format_answer
 from plait_math.base import bind
 from plait_math.calculator import CalculatorError, evaluate, format_result
 from plait_math.problems import Problem
@@ -71,6 +72,17 @@ class CalculatorEnvironment(ArithEnvironment):
             f"Compute {problem.expression}. You may call the calculator tool as often as you need. "
             f"When you are done, reply with the result. {FORMAT_INSTRUCTIONS[answer_format]}"
         )
+
+    @classmethod
+    def worked_answer(cls, problem: Problem, answer_format: str, shot: int) -> list[Message]:
+        """A worked example calls the calculator on the whole expression, then answers with its
+        result: a small model copies the pattern (a tool-call format its chat template writes)."""
+        call = ToolCall("calculator", {"expression": problem.expression}, id=f"example_{shot}")
+        return [
+            Message("assistant", tool_calls=[call]),
+            Message("tool", format_result(evaluate(problem.expression)), tool_call_id=call.id),
+            Message("assistant", format_answer(problem.answer, answer_format)),
+        ]
 
     def setup(self) -> None:
         super().setup()
