@@ -11,7 +11,9 @@ benchmarks/results/algorithms.png (held-out accuracy against samples and against
 mean over seeds, one panel pair per task).
 
     python benchmarks/algorithms.py [--algorithms grpo dr_grpo ...] [--tasks sums ...]
-        [--seeds 0 1] [--steps N]
+        [--seeds 0 1] [--steps N] [--table]
+
+`--table` prints each task's table for docs/algorithms.md from the JSON instead.
 
 Needs plait-torch, plait-math and plait-algorithms.
 """
@@ -118,15 +120,54 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def table(rows: list[dict[str, Any]], task: str, bar: float = 0.9) -> str:
+    """The task's runs as the markdown table of docs/algorithms.md: per algorithm, held-out
+    accuracy at the start and the end of each seed's run, their mean, the samples each took to
+    reach `bar` ("-": never) and its seconds of training steps."""
+    lines = [
+        f"| algorithm | seeds | held-out accuracy, start -> end (per seed) | mean at the end | "
+        f"samples to reach {bar} (per seed) | seconds of training steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for algorithm in ALGORITHMS:
+        runs = sorted(
+            (r for r in rows if r["task"] == task and r["algorithm"] == algorithm),
+            key=lambda r: r["seed"],
+        )
+        if not runs:
+            continue
+        reach = [
+            next((f"{p['samples']:.0f}" for p in r["curve"] if p["accuracy"] >= bar), "-")
+            for r in runs
+        ]
+        lines.append(
+            f"| {algorithm} | {len(runs)} | "
+            + ", ".join(
+                f"{r['curve'][0]['accuracy']:.2f} -> {r['final_accuracy']:.2f}" for r in runs
+            )
+            + f" | {statistics.fmean(r['final_accuracy'] for r in runs):.2f} | "
+            + ", ".join(reach)
+            + " | "
+            + ", ".join(f"{r['curve'][-1]['train_seconds']:.0f}" for r in runs)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, help="steps of every task (default: the task's)")
+    parser.add_argument("--table", action="store_true", help="print the tasks' tables and exit")
     args = parser.parse_args()
     output = RESULTS / "algorithms.json"
     rows: list[dict[str, Any]] = json.loads(output.read_text())["runs"] if output.exists() else []
+    if args.table:
+        measured = [t for t in args.tasks if any(r["task"] == t for r in rows)]
+        print("\n\n".join(f"`{t}`:\n\n{table(rows, t)}" for t in measured))
+        return
     done = {(r["algorithm"], r["task"], r["seed"], r["steps"]) for r in rows}
     grid = [
         (a, t, s, steps)
