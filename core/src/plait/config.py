@@ -83,7 +83,7 @@ class EnvSection:
 class KLSection:
     """A KL penalty to the reference policy, the initial weights (the trainer keeps them:
     plait-torch's trainer.options.reference = true), estimated per token as `estimator` says
-    (Schulman's k1, k2, k3). The trainer reports the estimate as policy/kl_ref."""
+    (Schulman's k1, k2, k3), reported as policy/kl_ref."""
 
     coef: float = attrs.field(default=0.0, validator=non_negative)
     """0: off."""
