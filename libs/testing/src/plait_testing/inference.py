@@ -104,6 +104,9 @@ class InferenceEngineContract:
     reached the batch, not that its first tokens streamed back, and the client reads them only
     when its own event loop gets to it (an abort with nothing read returns no tokens: seen on a
     loaded machine)."""
+    abort_request_tokens: int = 1000
+    """max_tokens of the request the abort test pauses: long enough that the pause lands before
+    it ends, within the engine's context."""
     takes_weight_updates: bool = True
     """False for an engine that serves a fixed checkpoint: `apply_weights` must then fail with a
     plait error that names the fix, the two tests that train the model skip, and the "keep" pause
@@ -523,10 +526,11 @@ class InferenceEngineContract:
         self, make_engine: MakeEngine, vocab: int
     ) -> None:
         async def body(engine: InferenceEngine) -> None:
-            long = await self.start_long_request(engine, vocab, max_tokens=1000, settle=True)
+            tokens = self.abort_request_tokens
+            long = await self.start_long_request(engine, vocab, max_tokens=tokens, settle=True)
             await engine.pause("abort")
             seq = (await long).sequences[0]
-            assert seq.stop_reason == "abort" and 1 <= len(seq.tokens) < 1000, (
+            assert seq.stop_reason == "abort" and 1 <= len(seq.tokens) < tokens, (
                 seq.stop_reason,
                 len(seq.tokens),
             )
