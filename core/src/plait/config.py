@@ -93,6 +93,11 @@ class KLSection:
     beta). reward: coef x its sum over a sample's action tokens is taken off the sample's reward
     before the advantages (verl's use_kl_in_reward; the batch preparer asks the trainer)."""
 
+    def penalty_keys(self) -> dict[str, float]:
+        """The trainer's loss_fn_config keys of this penalty (the estimator as its number: every
+        wire carries one)."""
+        return {"kl_coef": self.coef, "kl_estimator": float(self.estimator[1])}
+
 
 @attrs.frozen
 class RLSection:
@@ -155,10 +160,10 @@ class RLSection:
 
     @property
     def train_loss_config(self) -> dict[str, float]:
-        """What training steps pass the loss: loss_config, with `kl`'s penalty in the trainer's
-        loss_fn_config keys when it is on (the estimator as its number: every wire carries one)."""
-        kl = {"kl_coef": self.kl.coef, "kl_estimator": float(self.kl.estimator[1])}
-        return {**self.loss_config, **(kl if self.kl.coef and self.kl.where == "loss" else {})}
+        """What training steps pass the loss: loss_config, with `kl`'s penalty when it acts in
+        the loss."""
+        in_loss = self.kl.coef and self.kl.where == "loss"
+        return {**self.loss_config, **(self.kl.penalty_keys() if in_loss else {})}
 
     def __attrs_post_init__(self) -> None:
         if self.kl.coef and {"kl_coef", "kl_estimator"} & set(self.loss_config):

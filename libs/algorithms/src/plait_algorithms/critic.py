@@ -31,7 +31,16 @@ def action_values(critic: Critic, rl: RLSection, samples: Samples) -> list[list[
     as_values = [[[_value_datum(d) for d in sample] for sample in group] for group in samples]
     config = critic.config
     return forward_on_action_tokens(
-        critic.trainer, as_values, "values", config.loss, config.loss_config, rl.micro_batch_size
+        critic.trainer,
+        as_values,
+        "values",
+        config.loss,
+        config.loss_config,
+        rl.micro_batch_size,
+        missing=(
+            "the critic",
+            "give it a value head (plait-torch: critic.trainer.options.value_head = true)",
+        ),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from plait.api import Datum, ModelInput, TensorData, TrainerEngine, Trajectory, Turn
+from plait.api import DataError, Datum, ModelInput, TensorData, TrainerEngine, Trajectory, Turn
 
 Samples = Sequence[Sequence[Sequence[Datum]]]
 """Per group and sample, the sample's datums."""
@@ -130,18 +130,27 @@ def forward_on_action_tokens(
     loss: str,
     loss_config: dict[str, float],
     micro_batch_size: int,
+    missing: tuple[str, str],
 ) -> list[list[np.ndarray]]:
     """Per group and sample, the trainer's forward `output` at each of its action tokens, in
-    order (one forward pass over the samples' datums, `micro_batch_size` datums a call)."""
+    order (one forward pass over the samples' datums, `micro_batch_size` datums a call). A
+    forward without `output` is a DataError: `missing` is (what needs it, the fix)."""
     flat = [datum for group in samples for sample in group for datum in sample]
     outputs: list[np.ndarray] = []
     for start in range(0, len(flat), micro_batch_size):
         out = trainer.forward(flat[start : start + micro_batch_size], loss, loss_config)
-        outputs.extend(o[output].to_numpy() for o in out.loss_fn_outputs)
-    given = iter(outputs)
+        for given in out.loss_fn_outputs:
+            if output not in given:
+                raise DataError(
+                    f"{missing[0]} needs the trainer's {output!r} output, and its forward gives "
+                    f"no {output!r} output (it gives {sorted(given)})",
+                    fix=missing[1],
+                )
+            outputs.append(given[output].to_numpy())
+    per_datum = iter(outputs)
     return [
         [
-            np.concatenate([next(given)[action_mask(d)] for d in sample]).astype(np.float64)
+            np.concatenate([next(per_datum)[action_mask(d)] for d in sample]).astype(np.float64)
             for sample in group
         ]
         for group in samples

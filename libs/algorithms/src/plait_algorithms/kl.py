@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plait.api import DataError, RLSection, TrainerEngine
+from plait.api import RLSection, TrainerEngine
 from plait_algorithms.datums import Samples, forward_on_action_tokens
 
 KL_REF = "kl_ref"
@@ -25,18 +25,19 @@ def kl_penalties(
     reference: TrainerEngine, rl: RLSection, samples: Samples
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Per group, each sample's penalty, coef x its summed KL estimate; and the metrics."""
-    config = {**rl.loss_config, "kl_coef": rl.kl.coef, "kl_estimator": float(rl.kl.estimator[1])}
-    try:
-        per_token = forward_on_action_tokens(
-            reference, samples, KL_REF, rl.loss, config, rl.micro_batch_size
-        )
-    except KeyError:
-        raise DataError(
-            "rl.kl.where = 'reward' needs the trainer's per-token KL to its reference, and its "
-            f"forward gives no {KL_REF!r} output",
-            fix="use a trainer engine that keeps a reference and outputs it (plait-torch with "
-            "trainer.options.reference = true), or set rl.kl.where = 'loss'",
-        ) from None
+    per_token = forward_on_action_tokens(
+        reference,
+        samples,
+        KL_REF,
+        rl.loss,
+        {**rl.loss_config, **rl.kl.penalty_keys()},
+        rl.micro_batch_size,
+        missing=(
+            "rl.kl.where = 'reward'",
+            "use a trainer engine that keeps a reference and outputs the KL to it (plait-torch "
+            "with trainer.options.reference = true), or set rl.kl.where = 'loss'",
+        ),
+    )
     penalties = [np.asarray([rl.kl.coef * kl.sum() for kl in group]) for group in per_token]
     estimates = [kl for group in per_token for kl in group]
     tokens = sum(kl.size for kl in estimates)
