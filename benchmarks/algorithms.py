@@ -66,12 +66,9 @@ TASKS: dict[str, tuple[Path, list[str], int]] = {
     # math.calculator, multi-turn: 2-3 digit sums of products that the model answers by calling
     # the calculator tool, after one worked example; held-out accuracy starts at 0 (greedy, it
     # answers without the tool) and sampling calls it now and then. Its episodes are two model
-    # turns of ~350-token prompts, so fewer, smaller steps: 8 of 4 x 8, evaluated every 2.
-    "calculator": (
-        ROOT / "examples" / "calculator_smollm2.toml",
-        ["rl.groups_per_batch=4", "eval.every=2", "eval.tasks=32"],
-        8,
-    ),
+    # turns of ~350-token prompts, so the example's fewer, smaller steps: 8 of 4 x 8, evaluated
+    # on 32 tasks every 2.
+    "calculator": (ROOT / "examples" / "calculator_smollm2.toml", [], 8),
 }
 """Each task as a run config, overrides and its number of steps (`--steps` sets every task's)."""
 
