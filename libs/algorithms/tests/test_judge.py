@@ -17,21 +17,13 @@ from plait.api import (
     build,
     run_episode,
 )
-from plait.plugins import get_plugin_manager
 from plait_algorithms.judge import parse_score
 from plait_testing.replies import BytesRenderer, Replies
 
 CONFIG = EpisodeConfig(SamplingParams(max_tokens=16), max_turns=1)
 
 
-@pytest.fixture(autouse=True)
-def fake_plugins(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """plait-testing's fakes (the wrapped fake.letters) registered for this test only."""
-    monkeypatch.setenv("PLAIT_PLUGIN_MODULES", "plait_testing.fakes")
-    get_plugin_manager.cache_clear()
-    yield
-    monkeypatch.undo()
-    get_plugin_manager.cache_clear()
+pytestmark = pytest.mark.usefixtures("fake_plugins")
 
 
 def judge(**options: Any) -> Any:

@@ -11,6 +11,10 @@ another model (`grader = { model = ..., engine = "torch", renderer = "chat_templ
 on first use). Its reply trains nothing. A reply without a score in range costs the episode, as
 an environment failure does; the grader's engine or renderer failing is plait's own failure and
 stops the run.
+
+Or a Bradley–Terry reward model grades (`reward_model = "DIR"`, what `plait reward-model train`
+wrote; `plait_algorithms.reward_model`): the judged score is then its score of the answer as the
+reply to the task's prompt, a real number (a preference logit; rubric and scale are not used).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from plait.api import (
     resolve_model,
     run_episode,
 )
+from plait_algorithms.reward_model import RewardModel
 
 DEFAULT_RUBRIC = (
     "You grade answers. Read the task and the answer, judge how well the answer solves the "
@@ -74,10 +79,14 @@ class JudgeOptions:
     max_tokens: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     """The grader's reply length."""
     grader: GraderOptions | None = None
+    reward_model: str | None = None
+    """A reward model's directory (`plait reward-model train --out DIR`) to grade instead."""
 
     def __attrs_post_init__(self) -> None:
         if self.env == "judge":
             raise ValueError("env: name the environment to grade, not judge itself")
+        if self.grader is not None and self.reward_model is not None:
+            raise ValueError("grader: give a grader model or a reward_model, not both")
 
 
 def parse_score(reply: str, scale: float) -> float | None:
@@ -99,6 +108,7 @@ class JudgeEnvironment:
         )
         self.name = f"judge({getattr(self.inner, 'name', options.env)})"
         self._grader: tuple[InferenceEngine, Renderer] | None = None
+        self._reward_model: RewardModel | None = None
         self._building = asyncio.Lock()
 
     async def splits(self) -> list[Split]:
@@ -119,6 +129,8 @@ class JudgeEnvironment:
     async def close(self) -> None:
         if self._grader is not None and self.options.grader is not None:
             await self._grader[0].close()
+        if self._reward_model is not None:
+            self._reward_model.close()
         await self.inner.close()
 
     async def _actor(
@@ -161,6 +173,37 @@ class JudgeEnvironment:
         if trajectory.error is not None or not trajectory.turns:
             return trajectory
         answer = renderer.parse_response(trajectory.turns[-1].completion.tokens)[0].content
+        if self.options.reward_model is not None:
+            judged = await self._reward(task, answer)
+        else:
+            graded = await self._grade(task, answer, engine, renderer)
+            if isinstance(graded, str):
+                return attrs.evolve(trajectory, error=graded)
+            judged = graded
+        return attrs.evolve(
+            trajectory,
+            rewards=(*trajectory.rewards, judged),
+            reward=self.options.env_weight * trajectory.reward + self.options.judge_weight * judged,
+            metrics={
+                **trajectory.metrics,
+                "env/judge_score": judged,
+                "env/reward/env": trajectory.reward,
+            },
+        )
+
+    async def _reward(self, task: Mapping[str, Any], answer: str) -> float:
+        """The reward model's score of `answer` to the task's prompt (built on first use)."""
+        async with self._building:
+            if self._reward_model is None:
+                assert self.options.reward_model is not None
+                self._reward_model = await asyncio.to_thread(RewardModel, self.options.reward_model)
+        prompt = [Message("user", await self._task_prompt(task))]
+        return await asyncio.to_thread(self._reward_model.score, prompt, answer)
+
+    async def _grade(
+        self, task: Mapping[str, Any], answer: str, engine: InferenceEngine, renderer: Renderer
+    ) -> float | str:
+        """The grader model's score of `answer` over the scale, or why its reply has none."""
         grader_engine, grader_renderer = await self._actor(engine, renderer)
         scale = self.options.scale
         prompt = grader_renderer.build_generation_prompt(
@@ -179,22 +222,11 @@ class JudgeEnvironment:
         text = grader_renderer.parse_response(reply.tokens)[0].content
         score = parse_score(text, scale)
         if score is None:
-            return attrs.evolve(
-                trajectory,
-                error=f"{self.name}: the grader's reply has no 'Score: N' with 0 <= N <= "
-                f"{scale:g}: {text[:200]!r}",
+            return (
+                f"{self.name}: the grader's reply has no 'Score: N' with 0 <= N <= "
+                f"{scale:g}: {text[:200]!r}"
             )
-        judged = score / scale
-        return attrs.evolve(
-            trajectory,
-            rewards=(*trajectory.rewards, judged),
-            reward=self.options.env_weight * trajectory.reward + self.options.judge_weight * judged,
-            metrics={
-                **trajectory.metrics,
-                "env/judge_score": judged,
-                "env/reward/env": trajectory.reward,
-            },
-        )
+        return score / scale
 
 
 def make_judge(*, options: JudgeOptions) -> JudgeEnvironment:

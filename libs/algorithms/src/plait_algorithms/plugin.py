@@ -1,7 +1,10 @@
 """plait-algorithms' plugin module: its batch preparer, advantage estimators, off-policy
-corrections and the `judge` environment (rewards from a model), by lazy targets."""
+corrections, the `judge` environment (rewards from a model) by lazy targets, and the
+`plait reward-model` commands."""
 
 from __future__ import annotations
+
+import click
 
 from plait.api import (
     RegisterAdvantage,
@@ -64,6 +67,14 @@ def plait_register_envs(register: RegisterEnv) -> None:
         "judge",
         "plait_algorithms.judge:make_judge",
         options="plait_algorithms.judge:JudgeOptions",
-        description="any environment's episodes graded again by a model against a rubric "
-        "(options: env, env_options, rubric, scale, env_weight, judge_weight, grader)",
+        description="any environment's episodes graded again by a model against a rubric, or "
+        "by a reward model (options: env, env_options, rubric, scale, env_weight, judge_weight, "
+        "grader, reward_model)",
     )
+
+
+@hookimpl
+def plait_register_commands(cli: click.Group) -> None:
+    from plait_algorithms.cli import reward_model_commands
+
+    cli.add_command(reward_model_commands)

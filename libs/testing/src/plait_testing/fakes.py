@@ -312,7 +312,8 @@ class FakeTrainer(_SgdArray):
 
 class FakeValueModel(_SgdArray):
     """A critic of one value per token: the value at a position is that of its input token,
-    trained by SGD on the value loss's squared error (unclipped), weighed as the data say."""
+    trained by SGD on the value loss's squared error (unclipped), weighed as the data say, or
+    on cross_entropy's -sum(w * value) (what a value model's output makes of that loss)."""
 
     capabilities = TrainerCapabilities(value_head=True)
     name, state_file = "table", "fake_critic.json"
@@ -335,6 +336,10 @@ class FakeValueModel(_SgdArray):
         for datum in data:
             inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
             tokens = datum.model_input.to_ints()
+            if loss_fn == "cross_entropy":
+                np.add.at(self.grad, tokens, -inputs["weights"])
+                loss -= float((inputs["weights"] * self.weights[tokens]).sum())
+                continue
             error = self.weights[tokens] - inputs["returns"]
             np.add.at(self.grad, tokens, inputs["weights"] * error)
             loss += float(0.5 * (inputs["weights"] * error**2).sum())
