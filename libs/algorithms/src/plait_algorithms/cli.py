@@ -31,7 +31,9 @@ def reward_model_commands() -> None:
 )
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1))
 @click.option("--pairs-per-step", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--learning-rate", default=1e-4, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--learning-rate", default=1e-4, show_default=True, type=click.FloatRange(min=0, min_open=True)
+)
 @click.option("--micro-batch-size", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--eval-every", default=25, show_default=True, type=click.IntRange(min=1))
 @click.option("--engine", default="torch", show_default=True, help="The trainer engine.")
