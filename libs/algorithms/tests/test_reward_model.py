@@ -156,9 +156,23 @@ def test_a_judge_takes_a_grader_or_a_reward_model_not_both(tmp_path: Path) -> No
         )
 
 
-def test_a_directory_without_a_reward_model_says_what_to_give(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"has no reward_model\.json"):
-        RewardModel(tmp_path)
+def test_a_directory_without_a_reward_model_stops_the_judge_as_it_is_built(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(DataError, match=r"has no reward_model\.json") as raised:
+        build(
+            "env",
+            "judge",
+            options={"env": "fake.letters", "reward_model": str(tmp_path)},
+            options_path="env.options",
+        )
+    assert "plait reward-model train --out DIR" in (raised.value.fix or "")
+
+
+def test_training_needs_pairs_held_out(tmp_path: Path) -> None:
+    pairs = [pair("a", "ac", "ab")]
+    with pytest.raises(DataError, match="got 1 and 0"):
+        train_reward_model(settings(tmp_path), pairs, [], tmp_path / "rm")
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,10 @@ class JudgeEnvironment:
         )
         self.name = f"judge({getattr(self.inner, 'name', options.env)})"
         self._grader: tuple[InferenceEngine, Renderer] | None = None
-        self._reward_model: RewardModel | None = None
+        # built now, not on the first episode: a wrong directory stops the run before it starts
+        self._reward_model = (
+            None if options.reward_model is None else RewardModel(options.reward_model)
+        )
         self._building = asyncio.Lock()
 
     async def splits(self) -> list[Split]:
@@ -173,8 +176,9 @@ class JudgeEnvironment:
         if trajectory.error is not None or not trajectory.turns:
             return trajectory
         answer = renderer.parse_response(trajectory.turns[-1].completion.tokens)[0].content
-        if self.options.reward_model is not None:
-            judged = await self._reward(task, answer)
+        if self._reward_model is not None:
+            prompt = [Message("user", await self._task_prompt(task))]
+            judged = await self._reward_model.score_soon(prompt, answer)
         else:
             graded = await self._grade(task, answer, engine, renderer)
             if isinstance(graded, str):
@@ -190,15 +194,6 @@ class JudgeEnvironment:
                 "env/reward/env": trajectory.reward,
             },
         )
-
-    async def _reward(self, task: Mapping[str, Any], answer: str) -> float:
-        """The reward model's score of `answer` to the task's prompt (built on first use)."""
-        async with self._building:
-            if self._reward_model is None:
-                assert self.options.reward_model is not None
-                self._reward_model = await asyncio.to_thread(RewardModel, self.options.reward_model)
-        prompt = [Message("user", await self._task_prompt(task))]
-        return await asyncio.to_thread(self._reward_model.score, prompt, answer)
 
     async def _grade(
         self, task: Mapping[str, Any], answer: str, engine: InferenceEngine, renderer: Renderer

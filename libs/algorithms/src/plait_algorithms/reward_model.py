@@ -21,6 +21,9 @@ trainer's saved state) and `metrics.jsonl` (one row a step). `RewardModel(direct
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import json
 import random
 import threading
@@ -224,18 +227,19 @@ def build_reward_model(settings: RewardModelSettings) -> tuple[TrainerEngine, Re
     options_class = engine.options_class()
     if options_class is not None and "value_head" in attrs.fields_dict(options_class):
         options.setdefault("value_head", True)
-    built_options = engine.validate_options(options, "reward_model.options")
+    built_options = engine.validate_options(options, "reward_model.options (-o)")
+    renderer_factory = registry.get(RENDERER, settings.renderer)
+    renderer = renderer_factory.load()(
+        model, options=renderer_factory.validate_options(None, "reward_model.renderer")
+    )
     trainer = engine.load()(model, options=built_options, seed=settings.seed)
     if not trainer.capabilities.value_head:
         trainer.close()
         raise DataError(
             f"trainer engine {settings.engine!r} built no value head, so it cannot score replies",
-            fix="train the reward model on an engine with value heads (plait-torch: torch)",
+            fix="turn its value head on with -o (plait-torch's torch has it on by default; a "
+            "service's trainer: -o engine_options='{value_head = true}')",
         )
-    renderer_factory = registry.get(RENDERER, settings.renderer)
-    renderer = renderer_factory.load()(
-        model, options=renderer_factory.validate_options(None, "reward_model.renderer")
-    )
     return trainer, renderer
 
 
@@ -249,11 +253,18 @@ def train_reward_model(
     """`settings.steps` Bradley–Terry steps on batches drawn from `pairs` (shuffled, epoch by
     epoch), the held-out pairs' accuracy before, every `eval_every` steps and after; the model
     saved under `out` (see the module's docstring). Returns what `reward_model.json` records."""
+    if not pairs or not held_out:
+        raise DataError(
+            f"a reward model needs pairs to train on and pairs held out; got {len(pairs)} and "
+            f"{len(held_out)}",
+            fix="give both (the command keeps a tenth of its pairs out unless --held-out)",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # the directory is no model until this one is saved
     trainer, renderer = build_reward_model(settings)
     adam = AdamParams(learning_rate=settings.learning_rate)
     rng = random.Random(settings.seed)
     order: list[int] = []
-    out.mkdir(parents=True, exist_ok=True)
     try:
         held_out_before = pair_accuracy(trainer, renderer, held_out, settings.micro_batch_size)
         with (out / METRICS).open("w") as log:
@@ -292,8 +303,9 @@ def train_reward_model(
 
 
 class RewardModel:
-    """A reward model `train_reward_model` wrote, loaded to score replies (thread-safe: one
-    call at a time)."""
+    """A reward model `train_reward_model` wrote, loaded to score replies: one reply a forward
+    pass, on a thread of its own (`score_soon`), so that scoring never waits on, or holds up,
+    the threads a run's other work uses."""
 
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
@@ -313,12 +325,29 @@ class RewardModel:
                 seed=manifest["seed"],
             )
         )
-        self.trainer.load_state(directory / STATE)
+        try:
+            # the weights alone where the engine can (plait-torch): scoring needs no AdamW state
+            if "optimizer" in inspect.signature(self.trainer.load_state).parameters:
+                self.trainer.load_state(directory / STATE, optimizer=False)  # type: ignore[call-arg]
+            else:
+                self.trainer.load_state(directory / STATE)
+        except BaseException:
+            self.trainer.close()
+            raise
         self._lock = threading.Lock()
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "reward-model")
 
     def score(self, prompt: Sequence[Message], reply: str) -> float:
         with self._lock:
             return float(scores(self.trainer, [reply_datum(self.renderer, prompt, reply)], 1)[0])
 
+    async def score_soon(self, prompt: Sequence[Message], reply: str) -> float:
+        """`score` on the model's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._thread, self.score, prompt, reply
+        )
+
     def close(self) -> None:
-        self.trainer.close()
+        self._thread.shutdown(wait=True)
+        with self._lock:
+            self.trainer.close()
