@@ -50,7 +50,8 @@ ALGORITHMS: dict[str, list[str]] = {
         "rl.advantage=gae",
         "rl.remove_constant_reward_groups=false",
         "critic.trainer.options.value_head=true",
-        "critic.trainer.learning_rate=1e-4",
+        "critic.trainer.learning_rate=3e-5",
+        "critic.updates=4",
     ],
 }
 """Each algorithm as overrides of the task's config (`plait run -s`)."""
