@@ -44,7 +44,7 @@ def vllm_server(
     options = VLLMOptions(
         python=vllm_python,
         dtype="float32",
-        max_model_len=1024,
+        max_model_len=2048,  # room for the contract kit's long requests
         log_path=str(log_path),
         weight_transfer_backend="gloo",
     )
@@ -77,7 +77,7 @@ def make_attached(vllm_server, tiny_model: ResolvedModel):
 
     def make(**options):
         reset_server(vllm_server.base_url, tiny_model)
-        options = {"max_model_len": 1024, "plait_worker_extension": True, **options}
+        options = {"max_model_len": 2048, "plait_worker_extension": True, **options}
         return VLLMEngine(
             tiny_model, options=VLLMOptions(url=vllm_server.base_url, **options), seed=0
         )

@@ -232,7 +232,7 @@ def vllm_url(
         "--dtype",
         "float32",
         "--max-model-len",
-        "1024",
+        "2048",  # room for the contract kit's long requests
         "--host",
         "127.0.0.1",
         "--port",

@@ -107,6 +107,9 @@ class InferenceEngineContract:
     abort_request_tokens: int = 1000
     """max_tokens of the request the abort test pauses: long enough that the pause lands before
     it ends, within the engine's context."""
+    keep_request_tokens: int = 256
+    """max_tokens of the request the keep test pauses mid-stream (it runs to the end after the
+    resume, so no longer than needed)."""
     takes_weight_updates: bool = True
     """False for an engine that serves a fixed checkpoint: `apply_weights` must then fail with a
     plait error that names the fix, the two tests that train the model skip, and the "keep" pause
@@ -495,7 +498,8 @@ class InferenceEngineContract:
         async def body(engine: InferenceEngine) -> None:
             # long enough to be mid-stream at the pause even on a fast server (48 tokens once
             # finished between the probes and the pause on vLLM CPU)
-            long = await self.start_long_request(engine, vocab, max_tokens=256)
+            tokens = self.keep_request_tokens
+            long = await self.start_long_request(engine, vocab, max_tokens=tokens)
             await engine.pause("keep")
             assert not long.done(), "pause('keep') must hold in-flight requests"
             held = asyncio.ensure_future(
@@ -509,7 +513,7 @@ class InferenceEngineContract:
             assert not long.done() and not held.done(), "nothing may run while paused"
             await engine.resume()
             seq = (await long).sequences[0]
-            assert len(seq.tokens) == 256 and seq.stop_reason == "length"
+            assert len(seq.tokens) == tokens and seq.stop_reason == "length"
             versions = seq.versions()
             assert (
                 versions[0] == 0 and versions[-1] == new and list(versions) == sorted(versions)
