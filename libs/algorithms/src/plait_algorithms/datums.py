@@ -123,6 +123,31 @@ def on_action_tokens(datums: Sequence[Datum], values: np.ndarray) -> list[np.nda
     return out
 
 
+def forward_outputs(
+    trainer: TrainerEngine,
+    data: Sequence[Datum],
+    output: str,
+    loss: str,
+    loss_config: dict[str, float],
+    micro_batch_size: int,
+    missing: tuple[str, str],
+) -> list[np.ndarray]:
+    """The trainer's forward `output` of each datum, every position (`micro_batch_size` datums a
+    call). A forward without `output` is a DataError: `missing` is (what needs it, the fix)."""
+    outputs: list[np.ndarray] = []
+    for start in range(0, len(data), micro_batch_size):
+        out = trainer.forward(data[start : start + micro_batch_size], loss, loss_config)
+        for given in out.loss_fn_outputs:
+            if output not in given:
+                raise DataError(
+                    f"{missing[0]} needs the trainer's {output!r} output, and its forward gives "
+                    f"no {output!r} output (it gives {sorted(given)})",
+                    fix=missing[1],
+                )
+            outputs.append(given[output].to_numpy())
+    return outputs
+
+
 def forward_on_action_tokens(
     trainer: TrainerEngine,
     samples: Samples,
@@ -133,21 +158,11 @@ def forward_on_action_tokens(
     missing: tuple[str, str],
 ) -> list[list[np.ndarray]]:
     """Per group and sample, the trainer's forward `output` at each of its action tokens, in
-    order (one forward pass over the samples' datums, `micro_batch_size` datums a call). A
-    forward without `output` is a DataError: `missing` is (what needs it, the fix)."""
+    order (one forward pass over the samples' datums, `forward_outputs`)."""
     flat = [datum for group in samples for sample in group for datum in sample]
-    outputs: list[np.ndarray] = []
-    for start in range(0, len(flat), micro_batch_size):
-        out = trainer.forward(flat[start : start + micro_batch_size], loss, loss_config)
-        for given in out.loss_fn_outputs:
-            if output not in given:
-                raise DataError(
-                    f"{missing[0]} needs the trainer's {output!r} output, and its forward gives "
-                    f"no {output!r} output (it gives {sorted(given)})",
-                    fix=missing[1],
-                )
-            outputs.append(given[output].to_numpy())
-    per_datum = iter(outputs)
+    per_datum = iter(
+        forward_outputs(trainer, flat, output, loss, loss_config, micro_batch_size, missing)
+    )
     return [
         [
             np.concatenate([next(per_datum)[action_mask(d)] for d in sample]).astype(np.float64)

@@ -47,6 +47,7 @@ from plait.api import (
     get_registry,
     resolve_model,
 )
+from plait_algorithms.datums import forward_outputs
 
 MANIFEST = "reward_model.json"
 STATE = "state"
@@ -127,7 +128,7 @@ def reply_datum(renderer: Renderer, prompt: Sequence[Message], reply: str) -> Da
     last[-1] = 1.0
     return Datum(
         ModelInput.from_ints(tokens),
-        {"target_tokens": [*tokens[1:], tokens[-1]], "weights": last * 0.0, "mask": last},
+        {"target_tokens": [*tokens[1:], tokens[-1]], "weights": np.zeros_like(last), "mask": last},
     )
 
 
@@ -138,18 +139,32 @@ def _weighed(datum: Datum, weight: float) -> Datum:
 
 def scores(trainer: TrainerEngine, data: Sequence[Datum], micro_batch_size: int) -> np.ndarray:
     """The value model's score of each datum: its value at the datum's last position."""
-    found: list[float] = []
-    for start in range(0, len(data), micro_batch_size):
-        out = trainer.forward(data[start : start + micro_batch_size], "cross_entropy")
-        for given in out.loss_fn_outputs:
-            if "values" not in given:
-                raise DataError(
-                    f"a reward model is a value model, and this trainer's forward gives no "
-                    f"values (it gives {sorted(given)})",
-                    fix="build it with a value head (plait-torch: options value_head = true)",
-                )
-            found.append(float(given["values"].to_numpy()[-1]))
-    return np.asarray(found)
+    values = forward_outputs(
+        trainer,
+        data,
+        "values",
+        "cross_entropy",
+        {},
+        micro_batch_size,
+        missing=(
+            "a reward model (a value model)",
+            "build it with a value head (plait-torch: options value_head = true)",
+        ),
+    )
+    return np.asarray([float(v[-1]) for v in values])
+
+
+def _scored_pairs(
+    trainer: TrainerEngine,
+    renderer: Renderer,
+    pairs: Sequence[PreferencePair],
+    micro_batch_size: int,
+) -> tuple[list[Datum], np.ndarray, np.ndarray]:
+    """Each pair's chosen and rejected reply as datums, side by side (a pair's shared prompt
+    stays together for prefix sharing), and the scores of the chosen and of the rejected."""
+    data = [reply_datum(renderer, p.prompt, r) for p in pairs for r in (p.chosen, p.rejected)]
+    both = scores(trainer, data, micro_batch_size)
+    return data, both[0::2], both[1::2]
 
 
 def pair_step(
@@ -160,25 +175,19 @@ def pair_step(
     micro_batch_size: int,
 ) -> dict[str, float]:
     """One optimizer step of the Bradley–Terry loss on `pairs`; its metrics."""
-    data = [
-        reply_datum(renderer, p.prompt, reply)
-        for replies in ([p.chosen for p in pairs], [p.rejected for p in pairs])
-        for p, reply in zip(pairs, replies, strict=True)
-    ]
-    both = scores(trainer, data, micro_batch_size)
-    loss, grad = bradley_terry(both[: len(pairs)], both[len(pairs) :])
+    data, chosen, rejected = _scored_pairs(trainer, renderer, pairs, micro_batch_size)
+    loss, grad = bradley_terry(chosen, rejected)
     # cross_entropy's gradient with respect to an output is -w; d(loss)/d(r_chosen) is grad and
     # d(loss)/d(r_rejected) is -grad
-    weighted = [
-        _weighed(datum, w) for datum, w in zip(data, np.concatenate([-grad, grad]), strict=True)
-    ]
+    weights = np.stack([-grad, grad], axis=1).ravel()
+    weighted = [_weighed(datum, w) for datum, w in zip(data, weights, strict=True)]
     for start in range(0, len(weighted), micro_batch_size):
         trainer.forward_backward(weighted[start : start + micro_batch_size], "cross_entropy")
     step = trainer.optim_step(adam)
     return {
         "loss": loss,
-        "accuracy": ranked(both[: len(pairs)], both[len(pairs) :]),
-        "margin": float((both[: len(pairs)] - both[len(pairs) :]).mean()),
+        "accuracy": ranked(chosen, rejected),
+        "margin": float((chosen - rejected).mean()),
         **{f"optim/{k}": v for k, v in step.metrics.items()},
     }
 
@@ -190,10 +199,9 @@ def pair_accuracy(
     micro_batch_size: int,
 ) -> dict[str, float]:
     """The share of `pairs` whose chosen reply scores higher (`ranked`), and their mean loss."""
-    data = [reply_datum(renderer, p.prompt, r) for p in pairs for r in (p.chosen, p.rejected)]
-    both = scores(trainer, data, micro_batch_size)
-    loss, _ = bradley_terry(both[0::2], both[1::2])
-    return {"accuracy": ranked(both[0::2], both[1::2]), "loss": loss}
+    _, chosen, rejected = _scored_pairs(trainer, renderer, pairs, micro_batch_size)
+    loss, _ = bradley_terry(chosen, rejected)
+    return {"accuracy": ranked(chosen, rejected), "loss": loss}
 
 
 def ranked(chosen: np.ndarray, rejected: np.ndarray) -> float:
