@@ -51,6 +51,7 @@ BENCHMARKS: dict[str, tuple[list[str], Callable[[], str | None] | None]] = {
     "prefix_sharing": (["prefix_sharing.py"], None),
     "delta_sync": (["delta_sync.py"], None),
     "async_vs_sync": (["async_vs_sync.py"], None),
+    "kl_reference": (["kl_reference.py"], None),
     "engines": (["engines.py"], venv(vllm_venv(), "scripts/ci/vllm.sh")),
     "ors_server": (["ors_server.py"], venv(OPENREWARD_VENV, "scripts/ci/sdk.sh")),
     "docker_sandbox": (["docker_sandbox.py"], docker_engine),

@@ -37,12 +37,15 @@ def source_path(checkout: Path) -> str:
     return os.pathsep.join(str(f) for f in folders)
 
 
-def one_run(checkout: Path, config: Path, steps: int) -> dict[str, Any]:
-    """A run of `config` by the code of `checkout`: its per-step times."""
+def one_run(
+    checkout: Path, config: Path, steps: int, overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A run of `config` (with `overrides`) by the code of `checkout`: its per-step times."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "PYTHONPATH": source_path(checkout)}
         command = [sys.executable, "-m", "plait.cli", "run", str(config), "--no-resume"]
-        for override in (f"rl.steps={steps}", "eval.every=0", "eval.tasks=8", f"run.out_dir={out}"):
+        fixed = (f"rl.steps={steps}", "eval.every=0", "eval.tasks=8", f"run.out_dir={out}")
+        for override in (*fixed, *overrides):
             command += ["-s", override]
         began = time.time()
         done = subprocess.run(command, capture_output=True, text=True, cwd=checkout, env=env)
@@ -58,6 +61,13 @@ def one_run(checkout: Path, config: Path, steps: int) -> dict[str, Any]:
     }
 
 
+def described_head() -> str:
+    """This checkout's commit, "-dirty" when it has changes."""
+    return subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
 def median_of(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(t for run in runs for t in run[key][1:])
 
@@ -69,9 +79,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    head = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    head = described_head()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = Path(tmp) / "baseline"
         subprocess.run(

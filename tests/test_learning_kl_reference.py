@@ -23,15 +23,19 @@ KL_BOUND = 3.5
 
 
 @pytest.mark.timeout(2400)  # the first run also builds tiny-qwen3-arith (minutes)
-@pytest.mark.parametrize("where", ["loss", "reward"])
-def test_tiny_model_learns_arith_near_its_reference(run_arith_tiny, where: str) -> None:
-    run = run_arith_tiny(
-        f"rl.kl={{coef=0.2, estimator='k3', where='{where}'}}", "trainer.options.reference=true"
-    )
+@pytest.mark.parametrize(
+    "where, reference", [("loss", "trainer"), ("reward", "trainer"), ("loss", "inference")]
+)
+def test_tiny_model_learns_arith_near_its_reference(
+    run_arith_tiny, where: str, reference: str
+) -> None:
+    kl_table = f"rl.kl={{coef=0.2, estimator='k3', where='{where}', reference='{reference}'}}"
+    keeps = reference == "trainer"  # else a frozen plait-torch inference engine scores episodes
+    run = run_arith_tiny(kl_table, f"trainer.options.reference={str(keeps).lower()}")
     run.assert_learned()
     kl = [m["policy/kl_ref"] for m in run.metrics if "policy/kl_ref" in m]
     assert len(kl) >= run.steps - 3, "steps with an update report kl_ref"
-    assert kl[0] == pytest.approx(0.0, abs=1e-6), "the first step's policy is the reference"
+    assert kl[0] == pytest.approx(0.0, abs=1e-5), "the first step's policy is the reference"
     penalty = "optim/kl_penalty" if where == "loss" else "data/kl_reward_penalty"
     assert all(m[penalty] > 0 for m in run.metrics if m.get("policy/kl_ref", 0) > 0)
     assert max(kl) > 0.1, f"the policy never moved from its reference: {kl}"

@@ -22,10 +22,10 @@ from plait.api import (
     load_config,
     read_jsonl,
 )
-from plait.components import validate_components
+from plait.components import build_components, validate_components
 from plait.plugins import get_plugin_manager
 from plait.run.loop import run_training
-from plait.run.steps import all_or_none
+from plait.run.steps import all_or_none, sample_groups
 from plait_testing.fakes import fake_model_dir
 
 FAKES = {"PLAIT_PLUGIN_MODULES": "plait_testing.fakes"}
@@ -220,3 +220,58 @@ def test_a_failing_episode_cancels_the_others_of_its_batch():
         return [task.cancelled() for task in others]
 
     assert asyncio.run(main()) == [True] * 3  # no episode samples on from a closing engine
+
+
+# -- the KL reference on a frozen inference engine (rl.kl.reference = "inference") ------------
+
+KL_ON_ENGINE = "rl.kl={coef=0.05, where='reward', reference='inference'}"
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_a_frozen_inference_engine_is_the_kl_reference_under_both_schedules(tmp_path, schedule):
+    metrics = steps_of(train(config_file(tmp_path), KL_ON_ENGINE, f"rl.schedule={schedule}"))
+    first, last = metrics[0]["reward/mean"], metrics[-1]["reward/mean"]
+    assert first < 0.2 and last > 0.8, (first, last)
+    scored = [m for m in metrics if "policy/kl_ref" in m]  # not steps without a varied group
+    kl = [m["policy/kl_ref"] for m in scored]
+    assert scored[0]["step"] == 1 and kl[0] == 0.0, "the first batch's sampler is the reference"
+    # the policy learned and the reference did not follow: the weight sync never reached it
+    assert kl[-1] > 1.0 and scored[-1]["data/kl_reward_penalty"] > 0, kl
+
+
+def test_the_reference_scores_each_episode_as_it_ends_while_others_still_sample(tmp_path):
+    """What overlaps sampling: an episode's reference forward starts when it ends, not when the
+    batch does; episodes to evaluate are not scored."""
+    config = load_config(config_file(tmp_path), [KL_ON_ENGINE])
+    components = build_components(config, tmp_path)
+    policy = components.policies[0]
+    engine, reference = policy.engines[0], policy.reference
+    assert reference is not None and reference is not engine
+    events: list[str] = []
+    sample, score = engine.sample, reference.compute_logprobs
+
+    async def slow_sample(prompt, n, params):
+        for _ in range(params.seed % 8):  # episode j takes j turns of the event loop
+            await asyncio.sleep(0)
+        response = await sample(prompt, n, params)
+        events.append(f"sampled {params.seed % 8}")
+        return response
+
+    async def recorded_score(prompt):
+        events.append("scored")
+        return await score(prompt)
+
+    engine.sample, reference.compute_logprobs = slow_sample, recorded_score
+
+    def seed(_group: int, index: int) -> int:
+        return 8 * 1000 + index
+
+    groups = asyncio.run(sample_groups(config, components, "train", [0], 8, 1.0, seed, train=True))
+    assert events.index("scored") < events.index("sampled 7"), events
+    assert events.count("scored") == 8
+    for turn in (turn for t in groups[0] for turn in t.turns):
+        assert turn.ref_logprobs is not None
+        assert len(turn.ref_logprobs) == len(turn.completion.tokens)
+    events.clear()
+    asyncio.run(sample_groups(config, components, "test", [0], 8, 1.0, seed))
+    assert "scored" not in events, "held-out episodes train nothing and are not scored"

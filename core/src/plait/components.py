@@ -32,6 +32,8 @@ class Policy:
     engines: list[InferenceEngine]
     renderer: Renderer
     sync: WeightSync
+    reference: InferenceEngine | None = None
+    """The frozen engine that scores episodes for the KL penalty (`rl.kl.reference`)."""
 
     @property
     def actor(self) -> Actor:
@@ -166,7 +168,8 @@ def validate_components(config: RunConfig) -> None:
             )
 
 
-def build_policy(name: str, p: PolicySection, seed: int, at: str) -> Policy:
+def build_policy(name: str, p: PolicySection, seed: int, at: str, reference: bool) -> Policy:
+    """`reference`: with a frozen second inference engine (`rl.kl.reference = "inference"`)."""
     registry = get_registry()
     model = resolve_model(p.model.name, tokenizer=p.model.tokenizer, dtype=p.model.dtype)
     (
@@ -183,6 +186,7 @@ def build_policy(name: str, p: PolicySection, seed: int, at: str) -> Policy:
         [engine.load()(model, options=engine_options, seed=seed)],
         renderer.load()(model, options=renderer_options),
         sync.load()(options=sync_options),
+        engine.load()(model, options=engine_options, seed=seed) if reference else None,
     )
 
 
@@ -207,8 +211,9 @@ def build_components(config: RunConfig, run_dir: Path) -> Components:
             "turns to several policies",
             fix="use one policy, or run the environment in the controller",
         )
+    frozen = bool(config.rl.kl.coef) and config.rl.kl.reference == "inference"
     policies = [
-        build_policy(name, p, config.run.seed, _at(config, name))
+        build_policy(name, p, config.run.seed, _at(config, name), frozen)
         for name, p in config.policy_sections().items()
     ]
     sinks = []

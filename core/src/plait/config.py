@@ -52,6 +52,11 @@ class TrainerSection:
     grad_clip_norm: float = attrs.field(default=1.0, validator=non_negative)
     options: dict[str, Any] = attrs.field(factory=dict)
 
+    @property
+    def adam(self) -> AdamParams:
+        """The optimizer settings of this table, as a training step passes them."""
+        return AdamParams(**{f.name: getattr(self, f.name) for f in attrs.fields(AdamParams)})
+
 
 @attrs.frozen
 class InferenceSection:
@@ -81,9 +86,8 @@ class EnvSection:
 
 @attrs.frozen
 class KLSection:
-    """A KL penalty to the reference policy, the initial weights (the trainer keeps them:
-    plait-torch's trainer.options.reference = true), estimated per token as `estimator` says
-    (Schulman's k1, k2, k3), reported as policy/kl_ref."""
+    """A KL penalty to the reference policy, the initial weights, estimated per token as
+    `estimator` says (Schulman's k1, k2, k3), reported as policy/kl_ref."""
 
     coef: float = attrs.field(default=0.0, validator=non_negative)
     """0: off."""
@@ -91,7 +95,13 @@ class KLSection:
     where: Literal["loss", "reward"] = "loss"
     """loss: coef x the mean estimate over the trained tokens joins the loss (GRPO's, TRL's
     beta). reward: coef x its sum over a sample's action tokens is taken off the sample's reward
-    before the advantages (verl's use_kl_in_reward; the batch preparer asks the trainer)."""
+    before the advantages (verl's use_kl_in_reward)."""
+    reference: Literal["trainer", "inference"] = "trainer"
+    """trainer: the policy's trainer keeps the initial weights and scores them in the training step
+    (plait-torch's trainer.options.reference = true; with LoRA, its adapters off). inference: a
+    frozen inference engine of the policy's model (its [inference] table, never synced) scores each
+    episode as it ends, beside the sampling of the rest of the batch (not with an engine attached
+    by url to a server: the policy's own, which weight sync updates)."""
 
     def penalty_keys(self) -> dict[str, float]:
         """The trainer's loss_fn_config keys of this penalty (the estimator as its number: every

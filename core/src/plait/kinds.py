@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import numpy as np
 
-from plait.config import CriticSection, OffPolicySection, RLSection
+from plait.config import CriticSection, OffPolicySection, RLSection, RunConfig
 from plait.metrics import MetricSink
 from plait.models import ModelSource, ResolvedModel
 from plait.protocols import Environment, InferenceEngine, Renderer, TrainerEngine, WeightSync
@@ -91,19 +91,19 @@ class Critic:
 
 
 class BatchPreparer(Protocol):
-    """How a step's groups of trajectories (each the samples of one prompt) become training data,
-    before the run's off-policy correction: `prepare` turns one policy's groups into datums with
-    advantages and `data/*` metrics, fitting the run's critic where it has one; `has_signal` says
-    whether a group would train (`rl.dynamic_sampling` samples until enough do).
-    plait-algorithms' is `standard`. The core passes `critic` only to a run with one, and
-    `reference`, the policy's trainer, only with KL in the reward (`rl.kl.where`)."""
+    """How a step's groups of trajectories (each the samples of one prompt) become one policy's
+    training data: `prepare` turns them into datums with advantages and `data/*` metrics, fitting
+    the run's critic where it has one (the core passes `critic` only then), taking the KL to the
+    reference off the rewards where `rl.kl.where = "reward"`, and applying `off_policy.correction`
+    with `trainer`, the policy's; `has_signal` says whether a group would train
+    (`rl.dynamic_sampling` samples until enough do). plait-algorithms' is `standard`."""
 
     def prepare(
         self,
-        rl: RLSection,
+        config: RunConfig,
         groups: Sequence[Sequence[Trajectory]],
+        trainer: TrainerEngine,
         critic: Critic | None = None,
-        reference: TrainerEngine | None = None,
     ) -> tuple[list[Datum], dict[str, float]]: ...
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool: ...

@@ -28,6 +28,8 @@ class Turn:
     """How the prompt was made: rendered from messages, or bridged from the previous turn's ids."""
     role: str = ""
     """The environment's role that made this call ("" in an environment without roles)."""
+    ref_logprobs: tuple[float, ...] | None = None
+    """The reference policy's logprob of each completion token (`rl.kl.reference = "inference"`)."""
 
 
 @attrs.frozen

@@ -19,11 +19,11 @@ from plait.api import (
     build,
     get_registry,
     load_config,
-    prepare_groups,
 )
 from plait.components import validate_components
 from plait.plugins import Factory, get_plugin_manager
 from plait_algorithms.advantages import EPS
+from plait_algorithms.batch import prepare
 from plait_testing.trajectories import turn
 
 # Three groups (prompts) of samples: (reward, action tokens) each.
@@ -229,19 +229,19 @@ def test_the_run_calls_the_estimator_once_and_maps_each_token_onto_its_datum(ram
         [trajectory(1.0, 2), trajectory(1.0, 3)],  # constant: left out
         [trajectory(0.0, 4), trajectory(0.5, 5)],
     ]
-    prepared = prepare_groups(config, None, groups)
+    datums, metrics = prepare(config, groups)
     (batch,) = ramp
     assert [r.tolist() for r in batch.rewards] == [[1.0, 0.0], [0.0, 0.5]]
     assert [c.tolist() for c in batch.action_tokens] == [[5, 5], [5, 5]]
     assert batch.values is None
-    assert len(prepared.datums) == 8  # two per trajectory
-    assert prepared.metrics["data/action_tokens"] == 20
-    assert prepared.metrics["data/groups_constant"] == 1
+    assert len(datums) == 8  # two per trajectory
+    assert metrics["data/action_tokens"] == 20
+    assert metrics["data/groups_constant"] == 1
     for index, (g, j) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-        datums = prepared.datums[2 * index : 2 * index + 2]
+        sample = datums[2 * index : 2 * index + 2]
         expected = (100.0 * g + 10.0 * j + np.arange(5)) / 20  # token-level mean scaling
-        assert np.allclose(action_advantages(datums), expected)
-        for d in datums:  # nothing off the action tokens
+        assert np.allclose(action_advantages(sample), expected)
+        for d in sample:  # nothing off the action tokens
             inputs = d.loss_fn_inputs
             assert not inputs["advantages"].to_numpy()[inputs["mask"].to_numpy() == 0].any()
 
@@ -249,11 +249,11 @@ def test_the_run_calls_the_estimator_once_and_maps_each_token_onto_its_datum(ram
 def test_grpo_datums_are_as_before_one_advantage_per_sample_scaled_by_the_batch_tokens():
     config = load_config(None, ["rl.advantage=grpo"])
     groups = [[trajectory(1.0, 0), trajectory(0.0, 1), trajectory(0.0, 2)]]
-    prepared = prepare_groups(config, None, groups)
+    datums, _ = prepare(config, groups)
     rewards = np.asarray([1.0, 0.0, 0.0])
     advantages = (rewards - rewards.mean()) / (rewards.std() + EPS)
     for index, advantage in enumerate(advantages):
-        got = action_advantages(prepared.datums[2 * index : 2 * index + 2])
+        got = action_advantages(datums[2 * index : 2 * index + 2])
         assert np.array_equal(got, np.full(5, np.float32(advantage)) * (1.0 / 15))
 
 
@@ -264,4 +264,4 @@ def test_an_estimator_that_miscounts_tokens_is_named(registry):
     registry.add(Factory(ADVANTAGE, "short", short, plugin="test"))
     config = load_config(None, ["rl.advantage=short"])
     with pytest.raises(DataError, match=r"\(rl\.advantage\) gave 4 advantages to a sample of 5"):
-        prepare_groups(config, None, [[trajectory(1.0, 0), trajectory(0.0, 1)]])
+        prepare(config, [[trajectory(1.0, 0), trajectory(0.0, 1)]])

@@ -1,8 +1,8 @@
-"""The `standard` batch preparer (plait_algorithms.batch, `rl.batch_preparer`), reached as a run
-reaches it (`prepare_groups`): how token losses are weighed (`rl.loss_aggregation`) and samples a
-length limit cut (`rl.overlong`, `rl.overlong_buffer`), checked on fixed trajectories against
-computations written out by hand. Dynamic sampling, which the run loop drives, and the config's
-errors are tested in tests/test_batch_shaping.py."""
+"""The `standard` batch preparer (plait_algorithms.batch, `rl.batch_preparer`): how token losses
+are weighed (`rl.loss_aggregation`) and samples a length limit cut (`rl.overlong`,
+`rl.overlong_buffer`), checked on fixed trajectories against computations written out by hand.
+Dynamic sampling, which the run loop drives, and the config's errors are tested in
+tests/test_batch_shaping.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from plait.api import (
     ADVANTAGE,
     get_registry,
     load_config,
-    prepare_groups,
 )
 from plait.plugins import Factory, get_plugin_manager
 from plait_algorithms.advantages import EPS
+from plait_algorithms.batch import prepare
 from plait_testing.trajectories import episode
 
 
@@ -57,7 +57,7 @@ def per_sample(datums, counts):
 
 
 def todays_datums(groups):
-    """What prepare_groups made before issue 30 (grpo, constant groups left out, every token
+    """What the batch preparer made before issue 30 (grpo, constant groups left out, every token
     1 / the batch's action tokens), written out: (model input ids, loss inputs) per datum."""
     from plait_algorithms.datums import trajectory_to_datums
 
@@ -78,7 +78,7 @@ def todays_datums(groups):
     return out
 
 
-def test_with_every_new_switch_off_prepare_groups_gives_todays_datums():
+def test_with_every_new_switch_off_the_preparer_gives_todays_datums():
     groups = [
         [episode(1.0, [3, 2]), episode(0.0, [4], stop="length", offset=1)],
         [episode(1.0, [2]), episode(1.0, [5], offset=2)],  # constant: left out
@@ -94,19 +94,19 @@ def test_with_every_new_switch_off_prepare_groups_gives_todays_datums():
         "keep",
         False,
     )
-    prepared = prepare_groups(config, None, groups)
+    datums, metrics = prepare(config, groups)
     expected = todays_datums(groups)
-    assert len(prepared.datums) == len(expected) == 6
-    for datum, (ids, inputs) in zip(prepared.datums, expected, strict=True):
+    assert len(datums) == len(expected) == 6
+    for datum, (ids, inputs) in zip(datums, expected, strict=True):
         assert datum.model_input.to_ints() == ids
         assert datum.loss_fn_inputs.keys() == inputs.keys()
         for key, value in inputs.items():
             got = datum.loss_fn_inputs[key].to_numpy()
             want = value.to_numpy() if hasattr(value, "to_numpy") else value
             assert got.dtype == want.dtype and np.array_equal(got, want), key
-    assert prepared.metrics["data/action_tokens"] == 5 + 4 + 6 + 3
-    assert prepared.metrics["data/overlong"] == pytest.approx(2 / 6)
-    assert "data/overlong_masked" not in prepared.metrics
+    assert metrics["data/action_tokens"] == 5 + 4 + 6 + 3
+    assert metrics["data/overlong"] == pytest.approx(2 / 6)
+    assert "data/overlong_masked" not in metrics
 
 
 # -- loss aggregation ------------------------------------------------------------------------
@@ -119,20 +119,18 @@ def test_loss_aggregation_weighs_each_token_as_written(ones, how):
         [episode(0.0, [4]), episode(1.0, [2, 2, 2], offset=1)],  # 4 and 6
     ]
     counts = [5, 1, 4, 6]
-    prepared = prepare_groups(
-        load_config(None, ["rl.advantage=ones", f"rl.loss_aggregation={how}"]), None, groups
+    datums, _ = prepare(
+        load_config(None, ["rl.advantage=ones", f"rl.loss_aggregation={how}"]), groups
     )
     weights = {
         "token_mean": [1 / 16] * 4,  # 1 / the batch's action tokens
         "sequence_mean": [1 / (5 * 4), 1 / (1 * 4), 1 / (4 * 4), 1 / (6 * 4)],
         "sequence_sum": [1 / 4] * 4,  # 1 / the batch's samples
     }[how]
-    for got, n, w in zip(per_sample(prepared.datums, counts), counts, weights, strict=True):
+    for got, n, w in zip(per_sample(datums, counts), counts, weights, strict=True):
         assert np.allclose(got, np.full(n, w, np.float32)), (how, n)
     if how == "sequence_mean":  # every sample weighs the same in all: 1 / samples
-        assert [float(a.sum()) for a in per_sample(prepared.datums, counts)] == pytest.approx(
-            [0.25] * 4
-        )
+        assert [float(a.sum()) for a in per_sample(datums, counts)] == pytest.approx([0.25] * 4)
 
 
 # -- overlong samples ------------------------------------------------------------------------
@@ -145,17 +143,17 @@ def test_mask_trains_on_no_cut_sample_but_keeps_it_in_the_baseline(ones):
         [episode(1.0, [2]), episode(1.0, [3])],  # constant: left out, not masked
     ]
     config = load_config(None, ["rl.advantage=ones", "rl.overlong=mask"])
-    prepared = prepare_groups(config, None, groups)
+    datums, metrics = prepare(config, groups)
     (batch,) = ones
     # the estimator sees every sample, the cut ones included (TRL computes advantages before
     # it masks), so they count in their group's baseline
     assert [r.tolist() for r in batch.rewards] == [[1.0, 0.0, 0.0], [1.0, 0.0]]
     assert [c.tolist() for c in batch.action_tokens] == [[4, 3, 2], [5, 5]]
     # only the samples that were not cut train, weighed over their own tokens: 4 + 2 + 5
-    assert all(np.allclose(a, 1 / 11) for a in per_sample(prepared.datums, [4, 2, 5]))
-    assert len(prepared.datums) == 3 and prepared.metrics["data/action_tokens"] == 11
-    assert prepared.metrics["data/overlong"] == pytest.approx(2 / 7)
-    assert prepared.metrics["data/overlong_masked"] == pytest.approx(2 / 7)
+    assert all(np.allclose(a, 1 / 11) for a in per_sample(datums, [4, 2, 5]))
+    assert len(datums) == 3 and metrics["data/action_tokens"] == 11
+    assert metrics["data/overlong"] == pytest.approx(2 / 7)
+    assert metrics["data/overlong_masked"] == pytest.approx(2 / 7)
 
 
 def test_penalty_is_dapos_soft_overlong_punishment(ones):
@@ -170,13 +168,13 @@ def test_penalty_is_dapos_soft_overlong_punishment(ones):
     ]
     overrides = ["rl.advantage=ones", "rl.overlong=penalty", "rl.overlong_buffer=4"]
     config = load_config(None, [*overrides, "rl.max_tokens=10"])
-    prepared = prepare_groups(config, None, [group])
+    _, metrics = prepare(config, [group])
     (batch,) = ones
     assert batch.rewards[0].tolist() == pytest.approx([1.0, 0.75, 0.25, 0.0, 0.0, 0.5])
-    assert prepared.metrics["data/overlong_penalised"] == pytest.approx(5 / 6)
-    assert prepared.metrics["data/overlong"] == pytest.approx(1 / 6)
+    assert metrics["data/overlong_penalised"] == pytest.approx(5 / 6)
+    assert metrics["data/overlong"] == pytest.approx(1 / 6)
     # equal rewards, unequal lengths: the penalty gives the group a signal of its own
-    assert prepared.metrics["data/groups_kept"] == 1
+    assert metrics["data/groups_kept"] == 1
 
 
 def test_a_group_equal_after_its_penalties_is_constant(ones):
@@ -184,6 +182,6 @@ def test_a_group_equal_after_its_penalties_is_constant(ones):
     config = load_config(None, [*overrides, "rl.max_tokens=10"])
     group = [episode(1.0, [3]), episode(0.0, [10], stop="length"), episode(0.0, [5], offset=1)]
     # rewards 1 - 0, 0 - 1, 0 - 0 differ; 1.0 with 6 tokens and 1.0 with 2 do not
-    assert prepare_groups(config, None, [group]).metrics["data/groups_kept"] == 1
+    assert prepare(config, [group])[1]["data/groups_kept"] == 1
     same = [episode(1.0, [6]), episode(1.0, [2], offset=1)]
-    assert prepare_groups(config, None, [same]).metrics["data/groups_constant"] == 1
+    assert prepare(config, [same])[1]["data/groups_constant"] == 1

@@ -1,5 +1,5 @@
 """PPO's critic in the `standard` batch preparer (plait_algorithms.critic), reached as a run
-reaches it (`prepare_groups` with the run's critic): the estimator gets the critic's value of
+reaches it (the batch preparer with the run's critic): the estimator gets the critic's value of
 every action token, the critic is fit once to advantage + value and the advantages are
 whitened; on a critic whose values are known (the real value model is plait-torch's, tested there
 and end to end)."""
@@ -21,10 +21,10 @@ from plait.api import (
     TensorData,
     TrainerCapabilities,
     load_config,
-    prepare_groups,
 )
 from plait.config import CriticSection
 from plait_algorithms.advantages import EPS
+from plait_algorithms.batch import prepare
 from plait_algorithms.critic import explained_variance
 from plait_testing.trajectories import episode
 
@@ -75,7 +75,7 @@ def test_gae_sees_the_critics_values_and_the_critic_is_fit_to_the_returns():
     )
     values = KnownValues()
     critic = Critic(CriticSection(), None, values)
-    prepared = prepare_groups(config, None, groups, critic)
+    datums, metrics = prepare(config, groups, critic=critic)
 
     trajectories = [t for group in groups for t in group]
     expected_values = [0.1 * action_tokens(t) for t in trajectories]
@@ -85,7 +85,7 @@ def test_gae_sees_the_critics_values_and_the_critic_is_fit_to_the_returns():
     got = np.concatenate(
         [
             d.loss_fn_inputs["advantages"].to_numpy()[d.loss_fn_inputs["mask"].to_numpy() > 0]
-            for d in prepared.datums
+            for d in datums
         ]
     )
     raw = np.concatenate(expected_advantages)
@@ -106,13 +106,13 @@ def test_gae_sees_the_critics_values_and_the_critic_is_fit_to_the_returns():
         np.testing.assert_allclose(weights, mask / tokens, rtol=1e-6)
 
     flat_values = np.concatenate(expected_values)
-    assert prepared.metrics["critic/explained_variance"] == pytest.approx(
+    assert metrics["critic/explained_variance"] == pytest.approx(
         1 - np.var(rewards - flat_values) / np.var(rewards)
     )
-    assert prepared.metrics["critic/value_loss"] == 3 * 0.25  # summed over the micro-batches
-    assert prepared.metrics["critic/grad_norm"] == 1.5
-    assert prepared.metrics["critic/values_mean"] == pytest.approx(flat_values.mean())
-    assert prepared.metrics["critic/returns_mean"] == pytest.approx(rewards.mean())
+    assert metrics["critic/value_loss"] == 3 * 0.25  # summed over the micro-batches
+    assert metrics["critic/grad_norm"] == 1.5
+    assert metrics["critic/values_mean"] == pytest.approx(flat_values.mean())
+    assert metrics["critic/returns_mean"] == pytest.approx(rewards.mean())
 
 
 def test_explained_variance():
@@ -131,7 +131,7 @@ def test_several_updates_fit_the_critic_on_the_same_batch_again():
     groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
     config = load_config(None, ["rl.advantage=gae"])
     values = KnownValues()
-    prepare_groups(config, None, groups, Critic(CriticSection(updates=3), None, values))
+    prepare(config, groups, critic=Critic(CriticSection(updates=3), None, values))
     assert values.steps == 3 and len(values.fitted) == 3
     assert all(len(call) == 2 for call in values.fitted)  # the whole batch, every time
 
@@ -140,7 +140,7 @@ def test_a_critic_needs_an_estimator_built_on_its_values():
     groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
     critic = Critic(CriticSection(), None, KnownValues())
     with pytest.raises(ConfigError, match=r"rl\.advantage: the run has a critic, and 'grpo'"):
-        prepare_groups(load_config(None, ["rl.advantage=grpo"]), None, groups, critic)
+        prepare(load_config(None, ["rl.advantage=grpo"]), groups, critic=critic)
 
 
 def test_a_critic_without_a_value_head_is_named():
@@ -150,4 +150,4 @@ def test_a_critic_without_a_value_head_is_named():
     groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
     critic = Critic(CriticSection(), None, Logprobs())
     with pytest.raises(ConfigError, match=r"critic\.trainer\.options: .* logprobs, not values"):
-        prepare_groups(load_config(None, ["rl.advantage=gae"]), None, groups, critic)
+        prepare(load_config(None, ["rl.advantage=gae"]), groups, critic=critic)

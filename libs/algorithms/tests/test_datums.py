@@ -1,6 +1,8 @@
 import attrs
 import numpy as np
+import pytest
 
+from plait.errors import DataError
 from plait.trajectory import Trajectory, Turn
 from plait.types import SampledSequence, TensorData
 from plait_algorithms.datums import merge_turns, trajectory_to_datums
@@ -69,3 +71,25 @@ def test_routing_travels_into_the_datum_from_the_last_turn_of_a_segment():
     short = Turn([1, 2], attrs.evolve(seq([3, 4]), routed_experts=routed(2)))
     (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[short]), 1.0)
     assert "routed_experts" not in datum.loss_fn_inputs
+
+
+def test_reference_logprobs_follow_their_tokens_through_merged_turns():
+    t1 = attrs.evolve(Turn([1, 2], seq([3, 4])), ref_logprobs=(-1.0, -2.0))
+    t2 = attrs.evolve(Turn([1, 2, 3, 4, 9], seq([5])), ref_logprobs=(-3.0,))
+    (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[t1, t2]), advantage=1.0)
+    inputs = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+    assert inputs["target_tokens"].tolist() == [2, 3, 4, 9, 5]
+    assert inputs["ref_logprobs"].tolist() == [0.0, -1.0, -2.0, 0.0, -3.0]
+
+
+def test_a_turn_without_reference_logprobs_leaves_them_out_of_its_datum():
+    t1 = attrs.evolve(Turn([1, 2], seq([3, 4])), ref_logprobs=(-1.0, -2.0))
+    t2 = Turn([1, 2, 3, 4, 9], seq([5]))
+    (datum,) = trajectory_to_datums(Trajectory(task={}, turns=[t1, t2]), advantage=1.0)
+    assert "ref_logprobs" not in datum.loss_fn_inputs
+
+
+def test_reference_logprobs_that_miscount_the_completion_are_named():
+    bad = attrs.evolve(Turn([1, 2], seq([3, 4])), ref_logprobs=(-1.0,))
+    with pytest.raises(DataError, match="carries 1 reference logprobs for its 2 completion"):
+        trajectory_to_datums(Trajectory(task={}, turns=[bad]), advantage=1.0)

@@ -1,18 +1,19 @@
 """KL to the reference policy in the reward (plait_algorithms.kl), reached as a run reaches it
-(`prepare_groups` hands the batch preparer the policy's trainer): each sample's reward loses coef x
+(the run loop hands the batch preparer the policy's trainer): each sample's reward loses coef x
 its summed per-token KL estimate before the estimator sees it; on a trainer whose estimates are
 known (plait-torch's `kl_ref` output is tested there, against hand-written estimators)."""
 
 from __future__ import annotations
 
-import types
+import math
 from collections.abc import Mapping, Sequence
 
+import attrs
 import numpy as np
 import pytest
 
-from plait.api import DataError, Datum, ForwardBackwardOutput, TensorData, load_config
-from plait.run.steps import prepare_groups
+from plait.api import ConfigError, DataError, Datum, ForwardBackwardOutput, TensorData, load_config
+from plait_algorithms import batch, kl
 from plait_testing.trajectories import episode
 
 
@@ -44,7 +45,7 @@ def action_tokens(trajectory) -> np.ndarray:
     return np.asarray([t for turn in trajectory.turns for t in turn.completion.tokens])
 
 
-def prepare(trainer: KnownKL, groups, *overrides: str):
+def prepare(trainer: KnownKL, groups, *overrides: str) -> tuple[list[Datum], dict[str, float]]:
     config = load_config(
         None,
         [
@@ -55,27 +56,27 @@ def prepare(trainer: KnownKL, groups, *overrides: str):
             *overrides,
         ],
     )
-    return prepare_groups(config, types.SimpleNamespace(trainer=trainer), groups)
+    return batch.prepare(config, groups, trainer)
 
 
 def test_each_samples_reward_loses_its_summed_kl_before_the_advantages():
     trainer = KnownKL()
     varied = [episode(1.0, [3, 2]), episode(0.0, [4], offset=1)]  # 5 and 4 action tokens
     constant = [episode(1.0, [2]), episode(1.0, [3], offset=2)]  # left out before the KL pass
-    prepared = prepare(trainer, [varied, constant])
+    datums, metrics = prepare(trainer, [varied, constant])
 
     kl = [0.01 * action_tokens(t).sum() for t in varied]
     rewards = np.asarray([t.reward - 0.5 * k for t, k in zip(varied, kl, strict=True)])
     advantages = (rewards - rewards.mean()) / len(varied)  # dr_grpo, a sequence sum over 2
-    placed = [d.loss_fn_inputs["advantages"].to_numpy() for d in prepared.datums]
-    masks = [d.loss_fn_inputs["mask"].to_numpy() > 0 for d in prepared.datums]
+    placed = [d.loss_fn_inputs["advantages"].to_numpy() for d in datums]
+    masks = [d.loss_fn_inputs["mask"].to_numpy() > 0 for d in datums]
     per_datum = [a[m] for a, m in zip(placed, masks, strict=True)]
     assert [len(a) for a in per_datum] == [3, 2, 4]  # two datums, then one
     np.testing.assert_allclose(np.concatenate(per_datum[:2]), advantages[0], rtol=1e-6)
     np.testing.assert_allclose(per_datum[2], advantages[1], rtol=1e-6)
-    assert prepared.metrics["policy/kl_ref"] == pytest.approx(sum(kl) / 9)
-    assert prepared.metrics["data/kl_reward_penalty"] == pytest.approx(0.25 * sum(kl))
-    assert prepared.metrics["data/groups_constant"] == 1
+    assert metrics["policy/kl_ref"] == pytest.approx(sum(kl) / 9)
+    assert metrics["data/kl_reward_penalty"] == pytest.approx(0.25 * sum(kl))
+    assert metrics["data/groups_constant"] == 1
     # the varied group's three datums, two a call, with the KL keys (k1 as its number)
     keys = {"kl_coef": 0.5, "kl_estimator": 1.0}
     assert trainer.calls == [(2, keys), (1, keys)]
@@ -84,8 +85,8 @@ def test_each_samples_reward_loses_its_summed_kl_before_the_advantages():
 def test_kl_in_the_loss_asks_the_preparer_for_nothing():
     trainer = KnownKL()
     groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
-    prepared = prepare(trainer, groups, "rl.kl.where=loss")
-    assert trainer.calls == [] and "policy/kl_ref" not in prepared.metrics
+    _, metrics = prepare(trainer, groups, "rl.kl.where=loss")
+    assert trainer.calls == [] and "policy/kl_ref" not in metrics
 
 
 def test_a_trainer_that_gives_no_kl_is_named_with_the_fix():
@@ -93,3 +94,69 @@ def test_a_trainer_that_gives_no_kl_is_named_with_the_fix():
     with pytest.raises(DataError, match="gives no 'kl_ref' output") as info:
         prepare(KnownKL(output="something_else"), groups)
     assert "trainer.options.reference = true" in str(info.value.fix)
+
+
+# -- the reference on an inference engine (rl.kl.reference = "inference") --------------------
+
+
+def with_refs(trajectory, ref: float):
+    """`trajectory` with the reference logprob `ref` on every completion token."""
+    turns = [
+        attrs.evolve(t, ref_logprobs=(ref,) * len(t.completion.tokens)) for t in trajectory.turns
+    ]
+    return attrs.evolve(trajectory, turns=turns)
+
+
+@pytest.mark.parametrize(
+    "estimator, per_token",
+    [  # the sampler's logprob is -0.5, the reference's -1.5: log r = 1
+        ("k1", 1.0),
+        ("k2", 0.5),
+        ("k3", math.exp(-1.0) - 1.0 + 1.0),  # r' - 1 - log r' with r' = exp(ref - lp)
+    ],
+)
+def test_in_the_reward_the_episodes_reference_logprobs_need_no_forward_pass(estimator, per_token):
+    varied = [with_refs(episode(1.0, [3, 2]), -1.5), with_refs(episode(0.0, [4], offset=1), -1.5)]
+    config = load_config(
+        None,
+        [
+            f"rl.kl={{coef=0.5, estimator='{estimator}', where='reward', reference='inference'}}",
+            "rl.advantage=dr_grpo",
+            "rl.loss_aggregation=sequence_sum",
+        ],
+    )
+    datums, metrics = batch.prepare(config, [varied])  # no trainer at all
+    rewards = np.asarray([1.0 - 0.5 * 5 * per_token, 0.0 - 0.5 * 4 * per_token])
+    advantages = (rewards - rewards.mean()) / 2
+    placed = [d.loss_fn_inputs["advantages"].to_numpy() for d in datums]
+    masks = [d.loss_fn_inputs["mask"].to_numpy() > 0 for d in datums]
+    got = [a[m] for a, m in zip(placed, masks, strict=True)]
+    np.testing.assert_allclose(np.concatenate(got[:2]), advantages[0], rtol=1e-6)
+    np.testing.assert_allclose(got[2], advantages[1], rtol=1e-6)
+    assert metrics["policy/kl_ref"] == pytest.approx(per_token)
+    assert all("ref_logprobs" in d.loss_fn_inputs for d in datums)
+
+
+def test_the_estimators_match_their_formulas_on_fixed_values():
+    lp, ref = np.asarray([-0.2, -1.0, -3.0]), np.asarray([-0.7, -1.0, -0.5])
+    log_r = lp - ref
+    np.testing.assert_allclose(kl.estimate(lp, ref, "k1"), log_r)
+    np.testing.assert_allclose(kl.estimate(lp, ref, "k2"), [0.5 * x * x for x in log_r])
+    k3 = [math.exp(r - p) - 1 - (r - p) for p, r in zip(lp, ref, strict=True)]
+    np.testing.assert_allclose(kl.estimate(lp, ref, "k3"), k3)
+
+
+def test_an_inference_reference_without_reference_logprobs_is_named_with_the_fix():
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    config = load_config(None, ["rl.kl={coef=0.1, reference='inference'}"])
+    with pytest.raises(DataError, match="came without the reference's logprobs") as info:
+        batch.prepare(config, groups)
+    assert "rl.kl.reference = 'trainer'" in str(info.value.fix)
+
+
+def test_the_trainers_reference_without_a_trainer_is_a_config_error():
+    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
+    config = load_config(None, ["rl.kl={coef=0.1, where='reward'}"])
+    with pytest.raises(ConfigError, match="needs the policy's trainer") as info:
+        batch.prepare(config, groups)
+    assert info.value.path == "rl.kl.where"

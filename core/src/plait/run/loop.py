@@ -99,17 +99,17 @@ async def train_policy(
     version = policy.trainer.weight_version
     start = time.perf_counter()
     critic = run.components.critic
-    prepared = await schedule.compute(lambda: prepare_groups(run.config, policy, views, critic))
+    datums, prepared = await schedule.compute(
+        lambda: prepare_groups(run.config, policy, views, critic)
+    )
     trained = await schedule.compute(
-        lambda: train_prepared(
-            run.config.rl, policy, prepared.datums, always_step=schedule.always_step
-        )
+        lambda: train_prepared(run.config.rl, policy, datums, always_step=schedule.always_step)
     )
     return run.components.suffixed(
         policy,
         policy_metrics(
             views,
-            prepared=prepared.metrics,
+            prepared=prepared,
             trained=trained,
             trainer=policy.trainer,
             trained_version=version,
@@ -191,8 +191,9 @@ async def close_components(c: Components) -> None:
     for policy in c.policies:
         if isinstance(policy.sync, ClosableWeightSync):  # syncs that hold a group or files
             await policy.sync.close()
-        for engine in policy.engines:
-            await engine.close()
+        for engine in [*policy.engines, policy.reference]:
+            if engine is not None:  # the reference exists with rl.kl.reference = "inference"
+                await engine.close()
         policy.trainer.close()
     if c.critic is not None:
         c.critic.trainer.close()

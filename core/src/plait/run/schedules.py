@@ -165,6 +165,7 @@ class AsyncSchedule:
                 1,
                 run.config.rl.temperature,
                 lambda _g, _j: run.seed(position, index),
+                train=True,
             )
         except asyncio.CancelledError:
             raise

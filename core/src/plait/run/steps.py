@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
-import numpy as np
 import structlog
 
 from plait import kinds
@@ -30,7 +29,7 @@ from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
 from plait.trajectory import Trajectory
-from plait.types import AdamParams, Datum, SamplingParams
+from plait.types import Datum, ModelInput, SamplingParams
 
 log = structlog.get_logger("plait.run")
 T = TypeVar("T")
@@ -71,24 +70,42 @@ async def sample_groups(
     group_size: int,
     temperature: float,
     seed: Callable[[int, int], int],
+    *,
+    train: bool = False,
 ) -> list[list[Trajectory]]:
     """`group_size` episodes on each task, all running concurrently (the engine batches them);
-    `seed(group, index)` seeds each."""
+    `seed(group, index)` seeds each. `train`: episodes to train on (`with_reference`)."""
     tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
+
+    async def episode(task: dict[str, Any], config_: EpisodeConfig) -> Trajectory:
+        trajectory = await run_episode(c.env, task, *c.policies[0].actor, config_, c.roles())
+        return await with_reference(c, trajectory) if train else trajectory
+
     flat = await all_or_none(
         [
-            run_episode(
-                c.env,
-                task,
-                *c.policies[0].actor,
-                episode_config(config.rl, temperature, seed(g, j)),
-                c.roles(),
-            )
+            episode(task, episode_config(config.rl, temperature, seed(g, j)))
             for g, task in enumerate(tasks)
             for j in range(group_size)
         ]
     )
     return [list(flat[g * group_size : (g + 1) * group_size]) for g in range(len(tasks))]
+
+
+async def with_reference(c: Components, trajectory: Trajectory) -> Trajectory:
+    """`trajectory` with each turn's reference logprobs from its policy's frozen engine
+    (`rl.kl.reference = "inference"`), as is where the policies have none; awaited as each
+    episode ends, so that the reference forward runs beside the sampling of the others."""
+    players = [next(p for p in c.policies if c.plays(p, t.role)) for t in trajectory.turns]
+    engines = [p.reference for p in players if p.reference is not None]
+    if trajectory.error is not None or len(engines) < len(players):
+        return trajectory  # a failed episode trains on nothing
+    turns = []
+    for turn, engine in zip(trajectory.turns, engines, strict=True):
+        sequence = ModelInput.from_ints([*turn.prompt, *turn.completion.tokens])
+        scored = await engine.compute_logprobs(sequence)
+        ref = tuple(lp for lp in scored[len(turn.prompt) :] if lp is not None)
+        turns.append(attrs.evolve(turn, ref_logprobs=ref))
+    return attrs.evolve(trajectory, turns=turns)
 
 
 async def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
@@ -130,6 +147,7 @@ async def sample_positions(run: Run, positions: range) -> Batch:
         rl.group_size,
         rl.temperature,
         lambda g, j: run.seed(positions[g], j),
+        train=True,
     )
     return [
         [
@@ -156,14 +174,6 @@ def check_failures(
         )
 
 
-@attrs.frozen
-class Prepared:
-    """A batch as training data: datums with advantages, corrected for off-policy sampling."""
-
-    datums: list[Datum]
-    metrics: dict[str, float]
-
-
 def policy_groups(
     c: Components, policy: Policy, groups: Sequence[Sequence[Trajectory]]
 ) -> list[list[Trajectory]]:
@@ -183,28 +193,11 @@ def prepare_groups(
     policy: Policy,
     groups: Sequence[Sequence[Trajectory]],
     critic: kinds.Critic | None = None,
-) -> Prepared:
-    """One policy's groups as datums with advantages (`rl.batch_preparer`, which fits the critic
-    where the run has one, and asks the policy's trainer for the KL to its reference with KL in
-    the reward), then the configured off-policy correction (`off_policy.correction`, "none":
-    none) with the trainer's logprobs from one forward pass at the weights about to be updated."""
-    rl, correction = config.rl, config.off_policy.correction
-    preparer = get_registry().get(kinds.BATCH_PREPARER, rl.batch_preparer).load()
-    extra: dict[str, Any] = {"critic": critic} if critic else {}
-    if rl.kl.coef and rl.kl.where == "reward":
-        extra["reference"] = policy.trainer
-    datums, metrics = preparer.prepare(rl, groups, **extra)
-    if correction == "none" or not datums:
-        return Prepared(datums, metrics)
-    train_logprobs: list[np.ndarray] = []
-    for start in range(0, len(datums), rl.micro_batch_size):
-        out = policy.trainer.forward(
-            datums[start : start + rl.micro_batch_size], rl.loss, rl.loss_config
-        )
-        train_logprobs.extend(o["logprobs"].to_numpy() for o in out.loss_fn_outputs)
-    correct = get_registry().get(kinds.OFF_POLICY_CORRECTION, correction).load()
-    datums, corrected = correct(datums, train_logprobs, config.off_policy)
-    return Prepared(datums, {**metrics, **corrected})
+) -> tuple[list[Datum], dict[str, float]]:
+    """One policy's groups as datums with advantages, corrected for off-policy sampling, and
+    their metrics (`rl.batch_preparer`; see `plait.kinds.BatchPreparer`)."""
+    preparer = get_registry().get(kinds.BATCH_PREPARER, config.rl.batch_preparer).load()
+    return preparer.prepare(config, groups, policy.trainer, critic)
 
 
 def train_prepared(
@@ -237,16 +230,7 @@ def train(
         chunk = datums[start : start + micro_batch_size]
         out = trainer.forward_backward(chunk, loss, loss_config)
         parts.append((out.metrics, len(chunk)))
-    step = trainer.optim_step(
-        AdamParams(
-            learning_rate=tc.learning_rate,
-            beta1=tc.beta1,
-            beta2=tc.beta2,
-            eps=tc.eps,
-            weight_decay=tc.weight_decay,
-            grad_clip_norm=tc.grad_clip_norm,
-        )
-    )
+    step = trainer.optim_step(tc.adam)
     return {**merge_metrics(parts), **{f"optim:{k}": v for k, v in step.metrics.items()}}
 
 

@@ -1,10 +1,12 @@
 """The `standard` batch preparer (`rl.batch_preparer`): how one policy's groups of a step become
-training data, before the run's off-policy correction (`off_policy.correction`).
+training data.
 
 Advantages of the whole batch at once (`rl.advantage`; constant-reward groups left out), samples
 a length limit cut handled as `rl.overlong` says, each token's loss weighed as
 `rl.loss_aggregation` says. With KL in the reward (`rl.kl.where`), the KL to the reference is
-taken off the rewards before the estimator sees them (`plait_algorithms.kl`). Dynamic sampling
+taken off the rewards before the estimator sees them (`plait_algorithms.kl`); with the reference
+on an inference engine (`rl.kl.reference`), every datum carries its logprobs. Then the run's
+off-policy correction (`off_policy.correction`, `plait_algorithms.off_policy`). Dynamic sampling
 (`rl.dynamic_sampling`) asks `has_signal` of each group it samples; its rounds are the run loop's.
 """
 
@@ -18,18 +20,19 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
-    ConfigError,
     Critic,
     DataError,
     Datum,
     RLSection,
+    RunConfig,
     TrainerEngine,
     Trajectory,
     get_registry,
 )
 from plait_algorithms.critic import action_values, check_critic, fit_critic, whitened
 from plait_algorithms.datums import action_tokens, on_action_tokens, trajectory_to_datums
-from plait_algorithms.kl import kl_penalties
+from plait_algorithms.kl import REF_LOGPROBS, kl_penalties
+from plait_algorithms.off_policy import corrected
 
 
 class Standard:
@@ -37,12 +40,12 @@ class Standard:
 
     def prepare(
         self,
-        rl: RLSection,
+        config: RunConfig,
         groups: Sequence[Sequence[Trajectory]],
+        trainer: TrainerEngine | None = None,
         critic: Critic | None = None,
-        reference: TrainerEngine | None = None,
     ) -> tuple[list[Datum], dict[str, float]]:
-        return prepare(rl, groups, critic, reference)
+        return prepare(config, groups, trainer, critic)
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool:
         return has_signal(rl, group)
@@ -52,21 +55,17 @@ standard: BatchPreparer = Standard()
 
 
 def prepare(
-    rl: RLSection,
+    config: RunConfig,
     groups: Sequence[Sequence[Trajectory]],
+    trainer: TrainerEngine | None = None,
     critic: Critic | None = None,
-    reference: TrainerEngine | None = None,
 ) -> tuple[list[Datum], dict[str, float]]:
-    """One policy's groups as datums with advantages on their action tokens, and the batch's
-    `data/*` metrics; with a critic, its values go to the estimator and it is fit to the returns
-    (`plait_algorithms.critic`), with its `critic/*` metrics; with KL in the reward, `reference`
-    (the policy's trainer) gives the KL taken off the rewards first (`plait_algorithms.kl`)."""
-    if rl.kl.coef and rl.kl.where == "reward" and reference is None:
-        raise ConfigError(
-            "rl.kl.where",
-            "KL in the reward needs the policy's trainer, and the batch preparer got none",
-            fix="pass prepare(..., reference=the policy's trainer), as the run loop does",
-        )
+    """One policy's groups as datums with advantages on their action tokens, corrected for
+    off-policy sampling with `trainer` (the policy's), and the batch's `data/*` metrics; with a
+    critic, its values go to the estimator and it is fit to the returns
+    (`plait_algorithms.critic`), with its `critic/*` metrics; with KL in the reward, the KL to the
+    reference is taken off the rewards first (`plait_algorithms.kl`)."""
+    rl = config.rl
     samples: list[list[list[Datum]]] = []  # per group and sample, its datums
     batch_rewards: list[np.ndarray] = []
     trains: list[list[bool]] = []  # per group and sample, False where rl.overlong masks it
@@ -81,9 +80,11 @@ def prepare(
             samples.append([trajectory_to_datums(t, 0.0) for t in valid])
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
+    if rl.kl.coef and rl.kl.reference == "inference":
+        _check_references(samples)
     kl_metrics: dict[str, float] = {}
-    if reference is not None and rl.kl.coef and samples:
-        penalties, kl_metrics = kl_penalties(reference, rl, samples)
+    if rl.kl.coef and rl.kl.where == "reward" and samples:
+        penalties, kl_metrics = kl_penalties(trainer, rl, samples)
         batch_rewards = [r - p for r, p in zip(batch_rewards, penalties, strict=True)]
     counts = [np.asarray([action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
@@ -111,8 +112,10 @@ def prepare(
         for (sample, sample_advantages), scale in zip(trained, scales, strict=True)
         for datum in _with_advantages(sample, sample_advantages, scale)
     ]
+    datums, correction = corrected(config, trainer, datums)
     metrics = {
         **(fitted or {}),
+        **correction,
         **kl_metrics,
         "data/datums": float(len(datums)),
         "data/action_tokens": float(sum(tokens)),
@@ -191,3 +194,15 @@ def _check_counts(advantages: Sequence[Sequence[np.ndarray]], counts: Sequence[n
                     fix="return one advantage per action token of each sample (the batch's "
                     "action_tokens)",
                 )
+
+
+def _check_references(samples: Sequence[Sequence[Sequence[Datum]]]) -> None:
+    """Every datum carries the reference's logprobs (`rl.kl.reference = "inference"`)."""
+    if any(REF_LOGPROBS not in d.loss_fn_inputs for g in samples for s in g for d in s):
+        raise DataError(
+            "rl.kl.reference = 'inference', but episodes came without the reference's logprobs "
+            "(the run loop's sampling adds them; online RL's episodes and trajectories built "
+            "elsewhere have none)",
+            fix="use rl.kl.reference = 'trainer' (plait-torch: trainer.options.reference = true), "
+            "or give every turn its ref_logprobs",
+        )

@@ -29,6 +29,9 @@ class TokenSegments:
     versions: list[int]
     routing: TensorData | None = None
     """The experts that routed every token but the last (MoE samplers asked for them)."""
+    ref_logprobs: list[float] | None = attrs.field(factory=list)
+    """The reference policy's logprob of every token (0 off the sampled ones), where every turn
+    carries them (`rl.kl.reference = "inference"`); else None."""
 
 
 def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
@@ -53,6 +56,7 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
         current.logprobs.extend(completion.logprobs)
         current.sampled.extend([True] * len(completion.tokens))
         current.versions.extend(completion.versions())
+        current.ref_logprobs = _extended_refs(current.ref_logprobs, len(tail), turn)
         # A turn's routing covers its whole prompt (the engine ran it), so the last turn's wins.
         routing = completion.routed_experts
         current.routing = (
@@ -63,11 +67,26 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
     return segments
 
 
+def _extended_refs(refs: list[float] | None, prompt_tokens: int, turn: Turn) -> list[float] | None:
+    """A segment's reference logprobs with `turn` appended after `prompt_tokens` new prompt
+    tokens; None once a turn has none."""
+    if refs is None or turn.ref_logprobs is None:
+        return None
+    if len(turn.ref_logprobs) != len(turn.completion.tokens):
+        raise DataError(
+            f"a turn carries {len(turn.ref_logprobs)} reference logprobs for its "
+            f"{len(turn.completion.tokens)} completion tokens",
+            fix="the reference engine's compute_logprobs must give one logprob per prompt token",
+        )
+    return [*refs, *[0.0] * prompt_tokens, *turn.ref_logprobs]
+
+
 def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float]) -> Datum:
     """Next-token-aligned datum: input = tokens[:-1], targets = tokens[1:].
 
     Loss inputs: target_tokens, logprobs (the sampler's, 0 on prompt positions), advantages (on
-    sampled positions only), mask (1 on sampled positions) and, when sampled, routed_experts.
+    sampled positions only), mask (1 on sampled positions) and, when sampled, routed_experts and
+    ref_logprobs (the reference policy's, 0 on prompt positions).
     """
     tokens = np.asarray(segment.tokens, dtype=np.int64)
     sampled = np.asarray(segment.sampled[1:], dtype=np.float32)
@@ -85,6 +104,8 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
     }
     if segment.routing is not None:
         inputs["routed_experts"] = segment.routing
+    if segment.ref_logprobs is not None:
+        inputs["ref_logprobs"] = np.asarray(segment.ref_logprobs[1:], dtype=np.float32) * sampled
     return Datum(model_input=ModelInput.from_ints(tokens[:-1].tolist()), loss_fn_inputs=inputs)
 
 

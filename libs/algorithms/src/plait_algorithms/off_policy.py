@@ -14,9 +14,45 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from plait.api import Datum, OffPolicySection
+from plait.api import (
+    OFF_POLICY_CORRECTION,
+    ConfigError,
+    Datum,
+    OffPolicySection,
+    RunConfig,
+    TrainerEngine,
+    get_registry,
+)
+from plait_algorithms.datums import forward_outputs
 
 _MAX_LOG_WEIGHT = 80.0  # far above any useful bound, below float64 overflow of exp()
+
+
+def corrected(
+    config: RunConfig, trainer: TrainerEngine | None, datums: list[Datum]
+) -> tuple[list[Datum], dict[str, float]]:
+    """`datums` corrected as `off_policy.correction` says (as they are with "none"), with the
+    trainer's logprobs from one forward pass at the weights about to be updated; its metrics."""
+    rl, correction = config.rl, config.off_policy.correction
+    if correction == "none" or not datums:
+        return datums, {}
+    if trainer is None:
+        raise ConfigError(
+            "off_policy.correction",
+            "an off-policy correction needs the policy's trainer, and the batch preparer got none",
+            fix="pass the policy's trainer to prepare(), as the run loop does",
+        )
+    train_logprobs = forward_outputs(
+        trainer,
+        datums,
+        "logprobs",
+        rl.loss,
+        rl.loss_config,
+        rl.micro_batch_size,
+        missing=("off_policy.correction", "use a trainer engine whose forward gives logprobs"),
+    )
+    correct = get_registry().get(OFF_POLICY_CORRECTION, correction).load()
+    return correct(datums, train_logprobs, config.off_policy)
 
 
 def token(

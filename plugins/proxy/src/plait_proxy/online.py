@@ -466,17 +466,19 @@ class OnlineServer:
             self.policy.config,
             trainer=attrs.evolve(self.policy.config.trainer, learning_rate=learning_rate),
         )
-        prepared = await self._in_thread(prepare_groups, self.config, self.policy, [trajectories])
+        datums, prepared = await self._in_thread(
+            prepare_groups, self.config, self.policy, [trajectories]
+        )
         trained = await self._in_thread(
             functools.partial(train_prepared, always_step=False),
             self.config.rl,
             self.policy,
-            prepared.datums,
+            datums,
         )
         train_seconds = time.perf_counter() - start
         metrics = policy_metrics(
             [trajectories],
-            prepared=prepared.metrics,
+            prepared=prepared,
             trained=trained,
             trainer=trainer,
             trained_version=trained_version,

@@ -102,6 +102,9 @@ _SEED_MASK = (1 << 63) - 1
 QUEUE_SETTLE_TURNS = 4
 # Shorter common prefixes cost more as a pass of their own than they save.
 MIN_SHARED_PREFIX = 16
+# Tokens of one compute_logprobs pass after a shared prefix: its full logits (tokens x vocab)
+# stay in a few hundred MB.
+SCORE_TOKENS = 2048
 
 
 def cache_keyword(model: Any) -> str:
@@ -245,6 +248,9 @@ class TorchInferenceEngine:
         self._version = 0
         self._rng = random.Random(seed)
         self._queue: collections.deque[_Request] = collections.deque()
+        # compute_logprobs calls waiting for a pass, and the passes running (`_score_waiting`)
+        self._scoring: list[tuple[list[int], asyncio.Future[list[float]]]] = []
+        self._scoring_tasks: set[asyncio.Future[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
@@ -288,9 +294,13 @@ class TorchInferenceEngine:
                 f"prompt of {len(ids)} tokens exceeds max_model_len {self.max_model_len}",
                 fix="shorten the prompt or raise inference.options.max_model_len",
             )
-        async with self._model_lock:
-            values = await self._compute(self._prompt_logprobs, ids)
-        return [None, *values]
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._scoring.append((ids, future))
+        if len(self._scoring) == 1:  # the first to wait starts a pass; later ones join it
+            task = asyncio.ensure_future(self._score_waiting())
+            self._scoring_tasks.add(task)
+            task.add_done_callback(self._scoring_tasks.discard)
+        return [None, *await future]
 
     async def pause(self, mode: PauseMode = "keep") -> None:
         if mode not in ("keep", "abort", "wait"):
@@ -351,6 +361,25 @@ class TorchInferenceEngine:
         while self._queue:
             _fail(self._queue.popleft(), EngineError("the inference engine was closed"))
         self._worker.shutdown(wait=False)
+
+    async def _score_waiting(self) -> None:
+        """Score every prompt waiting for `compute_logprobs`, together: calls that arrive while
+        the model is busy wait for the next pass, so concurrent callers (a run scoring each
+        episode for its KL reference as it ends) share forward passes."""
+        async with self._model_lock:
+            waiting, self._scoring = self._scoring, []
+            try:
+                scored = await self._compute(self._prompt_logprobs, [ids for ids, _ in waiting])
+            except BaseException as exc:
+                for _, future in waiting:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return  # the callers raise it
+        for (_, future), values in zip(waiting, scored, strict=True):
+            if not future.done():
+                future.set_result(values)
 
     async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
@@ -458,6 +487,8 @@ class TorchInferenceEngine:
         self._batch_active = self._parked = self._abort_running = False
         self._cond = asyncio.Condition()
         self._model_lock = asyncio.Lock()
+        self._scoring = []
+        self._scoring_tasks = set()
         self._scheduler = loop.create_task(self._schedule(), name="plait-torch-scheduler")
 
     async def _schedule(self) -> None:
@@ -755,10 +786,73 @@ class TorchInferenceEngine:
         return any(s in text[start:] for s in row.request.stop_strings)
 
     @torch.inference_mode()
-    def _prompt_logprobs(self, ids: list[int]) -> list[float]:
-        tokens = torch.tensor([ids], device=self.device)
-        logits = self.model(input_ids=tokens, use_cache=False).logits
-        return target_logprobs(logits[0, :-1], tokens[0, 1:]).tolist()
+    def _prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Each prompt's logprob of every token after the first. Sorted, prompts that start alike
+        (the samples of one task) are neighbours; a neighbour joins the pass before it while
+        that costs no more tokens than a pass of its own and the pass stays within SCORE_TOKENS
+        past the prefix its prompts share, which runs once (`_score_together`)."""
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        scored: dict[int, list[float]] = {}
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order):
+                before, _ = self._pass_tokens(prompts, order[start:end])
+                total, padded = self._pass_tokens(prompts, order[start : end + 1])
+                if padded > SCORE_TOKENS or total > before + len(prompts[order[end]]):
+                    break
+                end += 1
+            together = [prompts[i] for i in order[start:end]]
+            for index, values in zip(order[start:end], self._score_together(together), strict=True):
+                scored[index] = values
+            start = end
+        return [scored[i] for i in range(len(prompts))]
+
+    def _pass_tokens(self, prompts: list[list[int]], members: list[int]) -> tuple[int, int]:
+        """The tokens a pass over `members` of `prompts` runs: in all, and after their shared
+        prefix (padded)."""
+        tuples = [tuple(prompts[i]) for i in members]
+        shared = self._shared_prefix(tuples)
+        after = len(tuples) * (max(map(len, tuples)) - shared)
+        return shared + after, after
+
+    def _score_together(self, prompts: list[list[int]]) -> list[list[float]]:
+        """One right-padded pass over `prompts` after the prefix they share (`_shared_prefix`),
+        which runs first, once, its KV cache repeated for every prompt."""
+        from transformers import DynamicCache
+
+        shared = self._shared_prefix([tuple(p) for p in prompts])
+        cache = DynamicCache(config=self.model.config)
+        head: list[float] = []
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]], device=self.device)
+            out = self.model(input_ids=prefix, **{self._cache_keyword: cache}, use_cache=True)
+            head = target_logprobs(out.logits[0, :-1], prefix[0, 1:]).tolist()
+            # the first token after the prefix, scored by the prefix's last position
+            firsts = torch.tensor([p[shared] for p in prompts], device=self.device)
+            first = target_logprobs(out.logits[0, -1].expand(len(prompts), -1), firsts).tolist()
+            repeat = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
+            cache.reorder_cache(repeat)  # type: ignore[arg-type]  # torch.LongTensor, see _prefill
+        rests = [p[shared:] for p in prompts]
+        width = max(map(len, rests))
+        ids = torch.zeros((len(rests), width), dtype=torch.long, device=self.device)
+        mask = torch.ones((len(rests), shared + width), dtype=torch.long, device=self.device)
+        for row, rest in enumerate(rests):
+            ids[row, : len(rest)] = torch.tensor(rest, device=self.device)
+            mask[row, shared + len(rest) :] = 0
+        positions = torch.arange(shared, shared + width, device=self.device).expand(len(rests), -1)
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **({self._cache_keyword: cache} if shared else {}),
+            use_cache=bool(shared),
+        ).logits
+        values = target_logprobs(logits[:, :-1], ids[:, 1:])
+        return [
+            [*head, *([first[row]] if shared else []), *values[row, : len(rest) - 1].tolist()]
+            for row, rest in enumerate(rests)
+        ]
 
     @torch.no_grad()
     def _load_weights(self, tensors: Mapping[str, Any]) -> None:
