@@ -6,9 +6,10 @@ the worktree's source folders first on PYTHONPATH (this venv's packages otherwis
 distributions' entry points name modules, which then load from the worktree). Each run is
 `plait run CONFIG -s rl.steps=N` with evaluation only before and after; the time of a step is its
 `time/total` (sampling, training, sync), the first step left out (warm-up). Writes
-benchmarks/results/step_time.json.
+benchmarks/results/step_time.json (or `--output`).
 
     python benchmarks/step_time.py --baseline a6c2327 [--runs 3] [--steps 10] [--config ...]
+        [--output step_time_906a449.json]
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEMO)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--output", default="step_time.json", help="its name in results/")
     args = parser.parse_args()
     head = described_head()
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,7 +122,7 @@ def main() -> None:
         for key in ("total", "train", "rollout")
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "step_time.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / args.output).write_text(json.dumps(result, indent=1))
     print(json.dumps(result["head_over_baseline"], indent=1))
 
 
