@@ -93,7 +93,7 @@ class Critic:
 class BatchPreparer(Protocol):
     """How a step's groups of trajectories (each the samples of one prompt) become one policy's
     training data: `prepare` turns them into datums with advantages and `data/*` metrics, fitting
-    the run's critic where it has one (the core passes `critic` only then), taking the KL to the
+    the run's critic where it has one (`critic`, else None), taking the KL to the
     reference off the rewards where `rl.kl.where = "reward"`, and applying `off_policy.correction`
     with `trainer`, the policy's; `has_signal` says whether a group would train
     (`rl.dynamic_sampling` samples until enough do). plait-algorithms' is `standard`."""

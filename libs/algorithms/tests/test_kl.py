@@ -134,7 +134,8 @@ def test_in_the_reward_the_episodes_reference_logprobs_need_no_forward_pass(esti
     np.testing.assert_allclose(np.concatenate(got[:2]), advantages[0], rtol=1e-6)
     np.testing.assert_allclose(got[2], advantages[1], rtol=1e-6)
     assert metrics["policy/kl_ref"] == pytest.approx(per_token)
-    assert all("ref_logprobs" in d.loss_fn_inputs for d in datums)
+    # spent on the rewards: the trainer's own estimate must not replace policy/kl_ref
+    assert not any("ref_logprobs" in d.loss_fn_inputs for d in datums)
 
 
 def test_the_estimators_match_their_formulas_on_fixed_values():
@@ -160,3 +161,27 @@ def test_the_trainers_reference_without_a_trainer_is_a_config_error():
     with pytest.raises(ConfigError, match="needs the policy's trainer") as info:
         batch.prepare(config, groups)
     assert info.value.path == "rl.kl.where"
+
+
+def test_in_the_loss_the_datums_carry_the_reference_logprobs():
+    varied = [with_refs(episode(1.0, [3, 2]), -1.5), with_refs(episode(0.0, [4], offset=1), -1.5)]
+    config = load_config(None, ["rl.kl={coef=0.5, where='loss', reference='inference'}"])
+    datums, _ = batch.prepare(config, [varied])
+    for d in datums:
+        mask = d.loss_fn_inputs["mask"].to_numpy() > 0
+        refs = d.loss_fn_inputs["ref_logprobs"].to_numpy()
+        assert np.all(refs[mask] == -1.5) and np.all(refs[~mask] == 0)
+
+
+def test_an_inference_reference_attached_by_url_is_refused_by_name():
+    varied = [with_refs(episode(1.0, [3]), -1.5), with_refs(episode(0.0, [2], offset=1), -1.5)]
+    config = load_config(
+        None,
+        [
+            "rl.kl={coef=0.5, reference='inference'}",
+            "inference.options={url='http://127.0.0.1:8000'}",
+        ],
+    )
+    with pytest.raises(ConfigError, match="attaches it to the policy's own server") as info:
+        batch.prepare(config, [varied])
+    assert info.value.path == "inference.options.url"

@@ -126,6 +126,26 @@ def test_online_options_are_checked_with_the_key_named() -> None:
     assert online_options(load_config(None, ["serve.online.batch_size=4"])).batch_size == 4
 
 
+def test_online_rl_refuses_the_inference_engines_kl_reference(tmp_path: Path) -> None:
+    """Its episodes come through the proxy, which scores no reference: refused before any model
+    loads."""
+    from plait_proxy.app import ServeOptions
+    from plait_proxy.online import online_server
+
+    config = load_config(
+        None,
+        ["rl.kl={coef=0.1, reference='inference'}", f"run.out_dir={json.dumps(str(tmp_path))}"],
+    )
+
+    async def go() -> None:
+        async with online_server(config, ServeOptions(port=0, api_key="k")):
+            pass
+
+    with pytest.raises(ConfigError, match="scores only the run loop's") as info:
+        asyncio.run(go())
+    assert info.value.path == "rl.kl.reference"
+
+
 @pytest.mark.slow  # 19 s of training through the gate and a restart: kept out of make check
 @pytest.mark.timeout(600)
 def test_the_server_answers_records_and_updates_through_the_gate(

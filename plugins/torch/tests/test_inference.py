@@ -364,3 +364,19 @@ def test_concurrent_compute_logprobs_calls_run_a_shared_prefix_once(
     for one, batched, p in zip(alone, together, prompts, strict=True):
         assert len(batched) == p.length and batched[0] is None
         np.testing.assert_allclose(batched[1:], one[1:], atol=1e-5)
+
+
+def test_closing_fails_the_compute_logprobs_calls_that_wait(tiny_model: ResolvedModel) -> None:
+    """Calls waiting for a pass (the model busy: its lock held here) fail as closed, none hangs."""
+    engine = TorchInferenceEngine(tiny_model)
+
+    async def body(e: TorchInferenceEngine) -> list[Any]:
+        e._bind()
+        await e._model_lock.acquire()  # another pass runs
+        calls = [asyncio.ensure_future(e.compute_logprobs(prompt(seed, 12))) for seed in range(3)]
+        await asyncio.sleep(0)
+        await e.close()
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    results = run_with(lambda: engine, body)
+    assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results), results

@@ -20,6 +20,7 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
+    ConfigError,
     Critic,
     DataError,
     Datum,
@@ -81,11 +82,13 @@ def prepare(
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
     if rl.kl.coef and rl.kl.reference == "inference":
-        _check_references(samples)
+        _check_references(config, samples)
     kl_metrics: dict[str, float] = {}
     if rl.kl.coef and rl.kl.where == "reward" and samples:
         penalties, kl_metrics = kl_penalties(trainer, rl, samples)
         batch_rewards = [r - p for r, p in zip(batch_rewards, penalties, strict=True)]
+        # trained on, they would have the trainer report its own KL as policy/kl_ref
+        samples = [[[_without(REF_LOGPROBS, d) for d in s] for s in g] for g in samples]
     counts = [np.asarray([action_tokens(s) for s in group], dtype=np.int64) for group in samples]
     estimator = get_registry().get(ADVANTAGE, rl.advantage)
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
@@ -196,8 +199,19 @@ def _check_counts(advantages: Sequence[Sequence[np.ndarray]], counts: Sequence[n
                 )
 
 
-def _check_references(samples: Sequence[Sequence[Sequence[Datum]]]) -> None:
-    """Every datum carries the reference's logprobs (`rl.kl.reference = "inference"`)."""
+def _check_references(config: RunConfig, samples: Sequence[Sequence[Sequence[Datum]]]) -> None:
+    """Every datum carries the reference's logprobs (`rl.kl.reference = "inference"`), from
+    engines of their own."""
+    for name, policy in config.policy_sections().items():
+        if policy.inference.options.get("url"):
+            at = f"policies.{name}." if config.policies else ""
+            raise ConfigError(
+                f"{at}inference.options.url",
+                "rl.kl.reference = 'inference' builds the frozen reference engine from this "
+                "table, and url attaches it to the policy's own server, which weight sync updates",
+                fix="let the engine launch a server of its own (leave url out), or use "
+                "rl.kl.reference = 'trainer'",
+            )
     if any(REF_LOGPROBS not in d.loss_fn_inputs for g in samples for s in g for d in s):
         raise DataError(
             "rl.kl.reference = 'inference', but episodes came without the reference's logprobs "
@@ -206,3 +220,9 @@ def _check_references(samples: Sequence[Sequence[Sequence[Datum]]]) -> None:
             fix="use rl.kl.reference = 'trainer' (plait-torch: trainer.options.reference = true), "
             "or give every turn its ref_logprobs",
         )
+
+
+def _without(key: str, datum: Datum) -> Datum:
+    """`datum` without the loss input `key`."""
+    inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k != key}
+    return Datum(datum.model_input, inputs)

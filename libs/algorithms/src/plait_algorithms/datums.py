@@ -29,7 +29,7 @@ class TokenSegments:
     versions: list[int]
     routing: TensorData | None = None
     """The experts that routed every token but the last (MoE samplers asked for them)."""
-    ref_logprobs: list[float] | None = attrs.field(factory=list)
+    ref_logprobs: list[float] | None = None
     """The reference policy's logprob of every token (0 off the sampled ones), where every turn
     carries them (`rl.kl.reference = "inference"`); else None."""
 
@@ -45,7 +45,7 @@ def merge_turns(turns: Sequence[Turn]) -> list[TokenSegments]:
         else:
             if current is not None:
                 segments.append(current)
-            current = TokenSegments([], [], [], [])
+            current = TokenSegments([], [], [], [], ref_logprobs=[])
             tail = prompt
         current.tokens.extend(tail)
         current.logprobs.extend([0.0] * len(tail))

@@ -692,6 +692,13 @@ async def online_server(
             "plait serve online serves one policy",
             fix="remove [policies] from the config",
         )
+    if config.rl.kl.coef and config.rl.kl.reference == "inference":
+        raise ConfigError(
+            "rl.kl.reference",
+            "online RL's episodes come through the proxy, and the frozen reference engine "
+            "scores only the run loop's",
+            fix="use rl.kl.reference = 'trainer' (plait-torch: trainer.options.reference = true)",
+        )
     run_dir = prepare_run_dir(config, resume=not fresh)
     components = build_components(config, run_dir)
     server: OnlineServer | None = None

@@ -102,8 +102,8 @@ _SEED_MASK = (1 << 63) - 1
 QUEUE_SETTLE_TURNS = 4
 # Shorter common prefixes cost more as a pass of their own than they save.
 MIN_SHARED_PREFIX = 16
-# Tokens of one compute_logprobs pass after a shared prefix: its full logits (tokens x vocab)
-# stay in a few hundred MB.
+# Tokens of one compute_logprobs pass after a shared prefix, which bound its full logits (tokens x
+# vocab, float32): 0.4 GB at SmolLM2's 49k vocabulary, 1.2 GB at Qwen3's 152k.
 SCORE_TOKENS = 2048
 
 
@@ -360,23 +360,35 @@ class TorchInferenceEngine:
                 await self._scheduler
         while self._queue:
             _fail(self._queue.popleft(), EngineError("the inference engine was closed"))
+        for task in list(self._scoring_tasks):  # its calls fail as closed
+            task.cancel()
+        await asyncio.gather(*self._scoring_tasks, return_exceptions=True)
         self._worker.shutdown(wait=False)
 
     async def _score_waiting(self) -> None:
         """Score every prompt waiting for `compute_logprobs`, together: calls that arrive while
         the model is busy wait for the next pass, so concurrent callers (a run scoring each
-        episode for its KL reference as it ends) share forward passes."""
-        async with self._model_lock:
-            waiting, self._scoring = self._scoring, []
-            try:
+        episode for its KL reference as it ends) share forward passes. A failure fails every
+        call of the pass; cancelled, its calls are too (they fail as closed on `close`)."""
+        waiting: list[tuple[list[int], asyncio.Future[list[float]]]] = []
+        try:
+            async with self._model_lock:
+                waiting, self._scoring = self._scoring, []
                 scored = await self._compute(self._prompt_logprobs, [ids for ids, _ in waiting])
-            except BaseException as exc:
-                for _, future in waiting:
-                    if not future.done():
-                        future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                return  # the callers raise it
+        except BaseException as exc:
+            if not waiting:  # cancelled before it took the calls: they go with it
+                waiting, self._scoring = self._scoring, []
+            failure = EngineError("the inference engine was closed") if self._closed else exc
+            for _, future in waiting:
+                if future.done():
+                    continue
+                if isinstance(failure, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(failure)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return  # the callers raise it
         for (_, future), values in zip(waiting, scored, strict=True):
             if not future.done():
                 future.set_result(values)
@@ -790,7 +802,8 @@ class TorchInferenceEngine:
         """Each prompt's logprob of every token after the first. Sorted, prompts that start alike
         (the samples of one task) are neighbours; a neighbour joins the pass before it while
         that costs no more tokens than a pass of its own and the pass stays within SCORE_TOKENS
-        past the prefix its prompts share, which runs once (`_score_together`)."""
+        past the prefix its prompts share, which runs once (`_score_together`), and within
+        `max_batch_size` rows."""
         order = sorted(range(len(prompts)), key=lambda i: prompts[i])
         scored: dict[int, list[float]] = {}
         start = 0
@@ -799,7 +812,10 @@ class TorchInferenceEngine:
             while end < len(order):
                 before, _ = self._pass_tokens(prompts, order[start:end])
                 total, padded = self._pass_tokens(prompts, order[start : end + 1])
-                if padded > SCORE_TOKENS or total > before + len(prompts[order[end]]):
+                rows = end + 1 - start  # each holds a copy of the prefix's KV cache
+                if rows > self.options.max_batch_size or padded > SCORE_TOKENS:
+                    break
+                if total > before + len(prompts[order[end]]):
                     break
                 end += 1
             together = [prompts[i] for i in order[start:end]]
