@@ -323,12 +323,10 @@ def test_weights_applied_without_pause_take_effect_between_steps(tiny_model: Res
     assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions)
 
 
-def test_concurrent_compute_logprobs_calls_share_a_forward_pass(tiny_model: ResolvedModel) -> None:
-    """Calls that wait together (a run scoring each episode for its KL reference as it ends) run
-    as one batch, and each gets what it would alone (a prompt that would pad the batch with more
-    tokens than it holds gets a pass of its own)."""
-    engine = TorchInferenceEngine(tiny_model)
-    prompts = [prompt(seed, n) for seed, n in enumerate([12] * 6)]
+def rows_scoring_alone_then_together(model: ResolvedModel, prompts: list[ModelInput]) -> list[int]:
+    """The rows of every forward pass that scoring `prompts` one call at a time, then all calls
+    at once, runs; each call at once must get what it got alone."""
+    engine = TorchInferenceEngine(model)
     rows = count_forward_rows(engine)
 
     async def body(e: TorchInferenceEngine) -> tuple[list[Any], list[Any]]:
@@ -336,10 +334,18 @@ def test_concurrent_compute_logprobs_calls_share_a_forward_pass(tiny_model: Reso
         return alone, list(await asyncio.gather(*(e.compute_logprobs(p) for p in prompts)))
 
     alone, together = run_with(lambda: engine, body)
-    assert rows == [1] * len(prompts) + [len(prompts)]
     for one, batched, p in zip(alone, together, prompts, strict=True):
         assert len(batched) == p.length and one[0] is None and batched[0] is None
         np.testing.assert_allclose(batched[1:], one[1:], atol=1e-5)
+    return rows
+
+
+def test_concurrent_compute_logprobs_calls_share_a_forward_pass(tiny_model: ResolvedModel) -> None:
+    """Calls that wait together (a run scoring each episode for its KL reference as it ends) run
+    as one batch, and each gets what it would alone."""
+    prompts = [prompt(seed, n) for seed, n in enumerate([12] * 6)]
+    rows = rows_scoring_alone_then_together(tiny_model, prompts)
+    assert rows == [1] * len(prompts) + [len(prompts)]
 
 
 def test_concurrent_compute_logprobs_calls_run_a_shared_prefix_once(
@@ -347,23 +353,13 @@ def test_concurrent_compute_logprobs_calls_run_a_shared_prefix_once(
 ) -> None:
     """The samples of one task, scored together: their 20-token prompt runs once, then their
     different completions (1 to 9 tokens) in one pass, each scored as it would be alone."""
-    engine = TorchInferenceEngine(tiny_model)
     shared = random_tokens(7, 20, VOCAB)
     prompts = [
         ModelInput.from_ints(shared + random_tokens(seed, n, VOCAB))
         for seed, n in enumerate([1, 4, 9, 2])
     ]
-    rows = count_forward_rows(engine)
-
-    async def body(e: TorchInferenceEngine) -> tuple[list[Any], list[Any]]:
-        alone = [await e.compute_logprobs(p) for p in prompts]
-        return alone, list(await asyncio.gather(*(e.compute_logprobs(p) for p in prompts)))
-
-    alone, together = run_with(lambda: engine, body)
+    rows = rows_scoring_alone_then_together(tiny_model, prompts)
     assert rows == [1] * len(prompts) + [1, len(prompts)]  # alone; then the prefix, the rests
-    for one, batched, p in zip(alone, together, prompts, strict=True):
-        assert len(batched) == p.length and batched[0] is None
-        np.testing.assert_allclose(batched[1:], one[1:], atol=1e-5)
 
 
 def test_closing_fails_the_compute_logprobs_calls_that_wait(tiny_model: ResolvedModel) -> None:

@@ -31,8 +31,13 @@ from plait.api import (
     get_registry,
 )
 from plait_algorithms.critic import action_values, check_critic, fit_critic, whitened
-from plait_algorithms.datums import action_tokens, on_action_tokens, trajectory_to_datums
-from plait_algorithms.kl import REF_LOGPROBS, kl_penalties
+from plait_algorithms.datums import (
+    REF_LOGPROBS,
+    action_tokens,
+    on_action_tokens,
+    trajectory_to_datums,
+)
+from plait_algorithms.kl import kl_penalties
 from plait_algorithms.off_policy import corrected
 
 

@@ -17,6 +17,8 @@ from plait.api import DataError, Datum, ModelInput, TensorData, TrainerEngine, T
 
 Samples = Sequence[Sequence[Sequence[Datum]]]
 """Per group and sample, the sample's datums."""
+REF_LOGPROBS = "ref_logprobs"
+"""The loss input of the reference policy's logprob of each target token (0 off the sampled)."""
 
 
 @attrs.define
@@ -105,7 +107,7 @@ def segment_to_datum(segment: TokenSegments, advantage: float | Sequence[float])
     if segment.routing is not None:
         inputs["routed_experts"] = segment.routing
     if segment.ref_logprobs is not None:
-        inputs["ref_logprobs"] = np.asarray(segment.ref_logprobs[1:], dtype=np.float32) * sampled
+        inputs[REF_LOGPROBS] = np.asarray(segment.ref_logprobs[1:], dtype=np.float32) * sampled
     return Datum(model_input=ModelInput.from_ints(tokens[:-1].tolist()), loss_fn_inputs=inputs)
 
 
@@ -181,12 +183,21 @@ def forward_on_action_tokens(
     """Per group and sample, the trainer's forward `output` at each of its action tokens, in
     order (one forward pass over the samples' datums, `forward_outputs`)."""
     flat = [datum for group in samples for sample in group for datum in sample]
-    per_datum = iter(
-        forward_outputs(trainer, flat, output, loss, loss_config, micro_batch_size, missing)
+    return on_samples_action_tokens(
+        samples,
+        forward_outputs(trainer, flat, output, loss, loss_config, micro_batch_size, missing),
     )
+
+
+def on_samples_action_tokens(
+    samples: Samples, per_datum: Sequence[np.ndarray]
+) -> list[list[np.ndarray]]:
+    """Per group and sample, the values of `per_datum` (one array per datum of `samples` in
+    order, every position) at the sample's action tokens, in order (float64)."""
+    values = iter(per_datum)
     return [
         [
-            np.concatenate([next(per_datum)[action_mask(d)] for d in sample]).astype(np.float64)
+            np.concatenate([next(values)[action_mask(d)] for d in sample]).astype(np.float64)
             for sample in group
         ]
         for group in samples

@@ -18,12 +18,15 @@ from __future__ import annotations
 import numpy as np
 
 from plait.api import ConfigError, RLSection, TrainerEngine
-from plait_algorithms.datums import Samples, action_mask, forward_on_action_tokens
+from plait_algorithms.datums import (
+    REF_LOGPROBS,
+    Samples,
+    forward_on_action_tokens,
+    on_samples_action_tokens,
+)
 
 KL_REF = "kl_ref"
 """The trainer's forward output of per-token KL estimates (plait_train.step.KL_REF)."""
-REF_LOGPROBS = "ref_logprobs"
-"""The loss input of the reference policy's logprobs (`plait_algorithms.datums`)."""
 
 
 def kl_penalties(
@@ -67,22 +70,12 @@ def kl_penalties(
 def sampled_estimates(estimator: str, samples: Samples) -> list[list[np.ndarray]]:
     """Per group and sample, the KL estimate at each action token from its datums' sampler and
     reference logprobs."""
-    return [
-        [
-            np.concatenate(
-                [
-                    estimate(
-                        d.loss_fn_inputs["logprobs"].to_numpy()[action_mask(d)],
-                        d.loss_fn_inputs[REF_LOGPROBS].to_numpy()[action_mask(d)],
-                        estimator,
-                    )
-                    for d in sample
-                ]
-            )
-            for sample in group
-        ]
-        for group in samples
+    flat = [datum for group in samples for sample in group for datum in sample]
+    inputs = [d.loss_fn_inputs for d in flat]
+    per_datum = [
+        estimate(i["logprobs"].to_numpy(), i[REF_LOGPROBS].to_numpy(), estimator) for i in inputs
     ]
+    return on_samples_action_tokens(samples, per_datum)
 
 
 def estimate(logprobs: np.ndarray, ref_logprobs: np.ndarray, estimator: str) -> np.ndarray:

@@ -809,15 +809,15 @@ class TorchInferenceEngine:
         start = 0
         while start < len(order):
             end = start + 1
+            cost, _ = self._pass_tokens(prompts, order[start:end])
             while end < len(order):
-                before, _ = self._pass_tokens(prompts, order[start:end])
                 total, padded = self._pass_tokens(prompts, order[start : end + 1])
                 rows = end + 1 - start  # each holds a copy of the prefix's KV cache
                 if rows > self.options.max_batch_size or padded > SCORE_TOKENS:
                     break
-                if total > before + len(prompts[order[end]]):
+                if total > cost + len(prompts[order[end]]):
                     break
-                end += 1
+                cost, end = total, end + 1
             together = [prompts[i] for i in order[start:end]]
             for index, values in zip(order[start:end], self._score_together(together), strict=True):
                 scored[index] = values
