@@ -8,12 +8,14 @@ steps of the same batch (groups_per_batch x group_size samples); dynamic samplin
 more per step, which its curve against samples shows. Writes
 benchmarks/results/algorithms.json (one row per run: algorithm, task, seed, curve) and
 benchmarks/results/algorithms.png (held-out accuracy against samples and against seconds, the
-mean over seeds, one panel pair per task).
+mean over seeds, and ppo+critic's critic's explained variance at each step: one row of panels
+per task).
 
     python benchmarks/algorithms.py [--algorithms grpo dr_grpo ...] [--tasks sums ...]
-        [--seeds 0 1] [--steps N] [--table]
+        [--seeds 0 1] [--steps N] [--again] [--table]
 
-`--table` prints each task's table for docs/algorithms.md from the JSON instead.
+`--again` runs the chosen runs even where the JSON has them, replacing their rows. `--table`
+prints each task's table for docs/algorithms.md from the JSON instead.
 
 Needs plait-torch, plait-math and plait-algorithms.
 """
@@ -95,8 +97,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = sorted({r["task"] for r in rows})
-    figure, axes = plt.subplots(len(tasks), 2, figsize=(11, 4 * len(tasks)), squeeze=False)
-    for row_axes, task in zip(axes, tasks, strict=True):
+    figure, axes = plt.subplots(len(tasks), 3, figsize=(16.5, 4 * len(tasks)), squeeze=False)
+    for (by_samples, by_seconds, critic), task in zip(axes, tasks, strict=True):
+        plot_explained_variance(critic, [r for r in rows if r["task"] == task], task)
         for algorithm in ALGORITHMS:
             runs = [r for r in rows if r["task"] == task and r["algorithm"] == algorithm]
             if not runs:
@@ -105,10 +108,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             accuracy = [
                 statistics.fmean(r["curve"][i]["accuracy"] for r in runs) for i in range(points)
             ]
-            for ax, key in zip(row_axes, ("samples", "train_seconds"), strict=True):
+            for ax, key in ((by_samples, "samples"), (by_seconds, "train_seconds")):
                 x = [statistics.fmean(r["curve"][i][key] for r in runs) for i in range(points)]
                 ax.plot(x, accuracy, marker="o", label=f"{algorithm} ({len(runs)} seeds)")
-        for ax, label in zip(row_axes, ("samples", "seconds of training steps"), strict=True):
+        for ax, label in ((by_samples, "samples"), (by_seconds, "seconds of training steps")):
             ax.set_title(f"{task}: held-out accuracy against {label}")
             ax.set_xlabel(label)
             ax.set_ylabel("held-out accuracy (greedy)")
@@ -116,6 +119,32 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+EXPLAINED_VARIANCE = {
+    "critic/explained_variance": "every action token",
+    "critic/explained_variance_last_token": "each sample's last action token",
+    "critic/explained_variance_first_token": "each sample's first action token",
+}
+"""The critic's explained variance over which tokens, as plotted."""
+
+
+def plot_explained_variance(ax: Any, rows: list[dict[str, Any]], task: str) -> None:
+    """The critic's explained variance at each step, the median over the runs that report it (a
+    step whose returns hardly vary can give one run a large negative figure)."""
+    for key, label in EXPLAINED_VARIANCE.items():
+        runs = [r["per_step"][key] for r in rows if key in r.get("per_step", {})]
+        if runs:
+            steps = min(len(run) for run in runs)
+            median = [statistics.median(run[i] for run in runs) for i in range(steps)]
+            ax.plot(range(1, steps + 1), median, marker=".", label=f"{label} ({len(runs)} seeds)")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_title(f"{task}: ppo+critic's critic, explained variance")
+    ax.set_xlabel("step")
+    ax.set_ylabel("1 - Var(R - V) / Var(R) before the step, median of seeds")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def table(rows: list[dict[str, Any]], task: str, bar: float = 0.9) -> str:
@@ -159,6 +188,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, help="steps of every task (default: the task's)")
     parser.add_argument("--table", action="store_true", help="print the tasks' tables and exit")
+    parser.add_argument(
+        "--again", action="store_true", help="run the chosen runs again, replacing their rows"
+    )
     args = parser.parse_args()
     output = RESULTS / "algorithms.json"
     rows: list[dict[str, Any]] = json.loads(output.read_text())["runs"] if output.exists() else []
@@ -166,17 +198,20 @@ def main() -> None:
         measured = [t for t in args.tasks if any(r["task"] == t for r in rows)]
         print("\n\n".join(f"`{t}`:\n\n{table(rows, t)}" for t in measured))
         return
-    done = {(r["algorithm"], r["task"], r["seed"], r["steps"]) for r in rows}
     grid = [
-        (a, t, s, steps)
+        (a, t, s, args.steps or TASKS[t][2])
         for s in args.seeds
         for t in args.tasks
         for a in args.algorithms
-        if (a, t, s, steps := args.steps or TASKS[t][2]) not in done
     ]
+    done = {(r["algorithm"], r["task"], r["seed"], r["steps"]) for r in rows}
+    if not args.again:
+        grid = [run for run in grid if run not in done]
     print(f"{len(grid)} runs to go ({len(done)} in {output.name} already)", flush=True)
     for n, (algorithm, task, seed, steps) in enumerate(grid, 1):
         row = run_one(algorithm, task, seed, steps)
+        same = (algorithm, task, seed, steps)
+        rows = [r for r in rows if (r["algorithm"], r["task"], r["seed"], r["steps"]) != same]
         rows.append(row)
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps({"what": __doc__.split("\n\n")[0], "runs": rows}, indent=1))

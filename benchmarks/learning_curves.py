@@ -14,7 +14,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-TRACKED = ("reward/mean", "critic/explained_variance")
+TRACKED = (
+    "reward/mean",
+    "critic/explained_variance",
+    "critic/explained_variance_first_token",
+    "critic/explained_variance_last_token",
+)
 """Step metrics kept per step beside the curve, where a run reports them."""
 
 

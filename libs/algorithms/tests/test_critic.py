@@ -109,6 +109,12 @@ def test_gae_sees_the_critics_values_and_the_critic_is_fit_to_the_returns():
     assert metrics["critic/explained_variance"] == pytest.approx(
         1 - np.var(rewards - flat_values) / np.var(rewards)
     )
+    for where, position in (("first", 0), ("last", -1)):
+        at = np.array([v[position] for v in expected_values])
+        rewarded = np.array([t.reward for t in trajectories])
+        assert metrics[f"critic/explained_variance_{where}_token"] == pytest.approx(
+            1 - np.var(rewarded - at) / np.var(rewarded)
+        )
     assert metrics["critic/value_loss"] == 3 * 0.25  # summed over the micro-batches
     assert metrics["critic/grad_norm"] == 1.5
     assert metrics["critic/values_mean"] == pytest.approx(flat_values.mean())
@@ -121,6 +127,7 @@ def test_explained_variance():
     assert explained_variance(returns, np.full(4, 0.5)) == 0.0  # the mean explains nothing
     assert explained_variance(returns, 1 - returns) < 0
     assert explained_variance(np.ones(4), np.zeros(4)) == 0.0  # returns that do not vary
+    assert explained_variance(np.zeros(0), np.zeros(0)) == 0.0  # no returns
 
 
 def _inputs(data: Sequence[Datum], *keys: str) -> list[tuple[np.ndarray, ...]]:

@@ -10,7 +10,11 @@ the critic is fit from are the ones the advantages were computed from, so the va
 clipping (`critic.loss_config.value_clip`) is around them: it binds from the second update on.
 
 Reported: `critic/explained_variance` (1 - Var(R - V) / Var(R), of the values before the step:
-how much of the returns' variance the critic predicts), `critic/value_loss`, `critic/values_mean`,
+how much of the returns' variance the critic predicts) over every action token, and over each
+sample's first and last action token alone (`..._first_token`: the value of the prompt, before any
+of the answer; `..._last_token`: the value with all of the answer but its last token in view), which
+tells a critic that judges answers from one that cannot (over every token, the positions where the
+return cannot yet be known weigh the figure down); `critic/value_loss`, `critic/values_mean`,
 `critic/returns_mean`, `critic/value_clip_fraction`, `critic/grad_norm`.
 """
 
@@ -96,6 +100,12 @@ def fit_critic(
         )
     metrics = {
         "critic/explained_variance": explained_variance(flat_returns, flat_values),
+        **{
+            f"critic/explained_variance_{where}_token": explained_variance(
+                *(_at(position, tokens) for tokens in (returns, values))
+            )
+            for where, position in (("first", 0), ("last", -1))
+        },
         "critic/value_loss": trained["loss:sum"],
         "critic/values_mean": float(flat_values.mean()),
         "critic/returns_mean": float(flat_returns.mean()),
@@ -117,9 +127,14 @@ def whitened(advantages: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray
 
 
 def explained_variance(returns: np.ndarray, values: np.ndarray) -> float:
-    """1 - Var(returns - values) / Var(returns); 0 where the returns do not vary."""
-    spread = float(returns.var())
+    """1 - Var(returns - values) / Var(returns); 0 where the returns do not vary (or are none)."""
+    spread = float(returns.var()) if returns.size else 0.0
     return 1.0 - float((returns - values).var()) / spread if spread > 0 else 0.0
+
+
+def _at(position: int, per_sample: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """Each sample's value at its action token `position` (samples without any left out)."""
+    return np.array([tokens[position] for group in per_sample for tokens in group if tokens.size])
 
 
 def _value_datum(
