@@ -141,7 +141,7 @@ def plot_explained_variance(ax: Any, rows: list[dict[str, Any]], task: str) -> N
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_title(f"{task}: ppo+critic's critic, explained variance")
     ax.set_xlabel("step")
-    ax.set_ylabel("1 - Var(R - V) / Var(R) before the step, median of seeds")
+    ax.set_ylabel("1 - Var(R - V) / Var(R), median of seeds")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
