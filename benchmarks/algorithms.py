@@ -50,6 +50,7 @@ ALGORITHMS: dict[str, list[str]] = {
     "ppo+critic": [
         "rl.loss=ppo",
         "rl.advantage=gae",
+        "rl.advantage_options.lam=0.95",
         "rl.remove_constant_reward_groups=false",
         "critic.trainer.options.value_head=true",
         "critic.trainer.learning_rate=3e-5",

@@ -130,6 +130,28 @@ def test_explained_variance():
     assert explained_variance(np.zeros(0), np.zeros(0)) == 0.0  # no returns
 
 
+@pytest.mark.parametrize("rewards", [(1.0, 0.0), (1.0, 1.0)])
+def test_explained_variance_is_0_where_every_sample_ends_alike(rewards):
+    """With lam < 1 the returns mix in the critic's values, so they differ even where every
+    reward is the same; the figures then say 0, not a large negative number."""
+    groups = [[episode(r, [3, 2, 5], offset=i) for i, r in enumerate(rewards)]]
+    config = load_config(
+        None,
+        [
+            "rl.advantage=gae",
+            "rl.advantage_options.lam=0.5",
+            "rl.remove_constant_reward_groups=false",
+        ],
+    )
+    _, metrics = prepare(config, groups, critic=Critic(CriticSection(), None, KnownValues()))
+    figures = [v for k, v in metrics.items() if k.startswith("critic/explained_variance")]
+    assert len(figures) == 3
+    if rewards[0] == rewards[1]:
+        assert figures == [0.0, 0.0, 0.0]
+    else:
+        assert all(f != 0.0 for f in figures)
+
+
 def _inputs(data: Sequence[Datum], *keys: str) -> list[tuple[np.ndarray, ...]]:
     return [tuple(d.loss_fn_inputs[k].to_numpy() for k in keys) for d in data]
 

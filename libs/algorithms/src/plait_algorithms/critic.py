@@ -15,7 +15,8 @@ sample's first and last action token alone (`..._first_token`: the value of the 
 of the answer; `..._last_token`: the value with all of the answer but its last token in view), which
 tells a critic that judges answers from one that cannot (over every token, the positions where the
 return cannot yet be known weigh the figure down); `critic/value_loss`, `critic/values_mean`,
-`critic/returns_mean`, `critic/value_clip_fraction`, `critic/grad_norm`.
+`critic/returns_mean`, `critic/value_clip_fraction`, `critic/grad_norm`. The explained variances
+are 0 on a batch whose samples all end with the same return (the same reward, at their last token).
 """
 
 from __future__ import annotations
@@ -98,11 +99,15 @@ def fit_critic(
             data,
             rl.micro_batch_size,
         )
+    # Samples that all end alike (every answer right, or none) leave nothing to explain; with
+    # lam < 1 their returns still differ by the critic's own values, which gave figures of -100.
+    outcomes = _at(-1, returns)
+    varied = bool(outcomes.size and outcomes.max() > outcomes.min())
     metrics = {
-        "critic/explained_variance": explained_variance(flat_returns, flat_values),
+        "critic/explained_variance": explained_variance(flat_returns, flat_values, varied),
         **{
             f"critic/explained_variance_{where}_token": explained_variance(
-                *(_at(position, tokens) for tokens in (returns, values))
+                _at(position, returns), _at(position, values), varied
             )
             for where, position in (("first", 0), ("last", -1))
         },
@@ -126,9 +131,10 @@ def whitened(advantages: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray
     return [[(a - mean) / (std + EPS) for a in group] for group in advantages]
 
 
-def explained_variance(returns: np.ndarray, values: np.ndarray) -> float:
-    """1 - Var(returns - values) / Var(returns); 0 where the returns do not vary (or are none)."""
-    spread = float(returns.var()) if returns.size else 0.0
+def explained_variance(returns: np.ndarray, values: np.ndarray, varied: bool = True) -> float:
+    """1 - Var(returns - values) / Var(returns); 0 where the returns do not vary (or are none),
+    or the caller says the outcomes behind them do not (`varied`)."""
+    spread = float(returns.var()) if returns.size and varied else 0.0
     return 1.0 - float((returns - values).var()) / spread if spread > 0 else 0.0
 
 
