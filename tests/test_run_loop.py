@@ -275,3 +275,17 @@ def test_the_reference_scores_each_episode_as_it_ends_while_others_still_sample(
     events.clear()
     asyncio.run(sample_groups(config, components, "test", [0], 8, 1.0, seed))
     assert "scored" not in events, "held-out episodes train nothing and are not scored"
+
+
+def test_a_failing_reference_engine_stops_the_sampling_named_as_the_reference(tmp_path):
+    config = load_config(config_file(tmp_path), [KL_ON_ENGINE])
+    components = build_components(config, tmp_path)
+
+    async def dead(_prompt):
+        raise EngineError("inference server crashed (exit code -9)")
+
+    components.policies[0].reference.compute_logprobs = dead
+    with pytest.raises(EngineError, match=r"KL reference engine \(FakeInferenceEngine.*code -9"):
+        asyncio.run(
+            sample_groups(config, components, "train", [0], 8, 1.0, lambda g, j: j, train=True)
+        )

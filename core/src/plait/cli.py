@@ -37,13 +37,11 @@ def cli() -> None:
 )
 def run(config: Path | None, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with the run config CONFIG (TOML). Without CONFIG, the defaults."""
-    from plait.components import validate_components
     from plait.config import load_config
     from plait.logs import configure_logging
 
     cfg = load_config(config, overrides)
     configure_logging(cfg.run.log_level)
-    validate_components(cfg)
     from plait.run.loop import run_training
 
     click.echo(run_training(cfg, resume=resume))

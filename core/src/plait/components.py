@@ -150,12 +150,12 @@ def validate_components(config: RunConfig) -> None:
     for check in [*checks, (kinds.ENV, config.env.name, config.env.options, "env")]:
         _checked(registry, *check)
     _lookup(registry, kinds.LOSS, config.rl.loss)
-    _lookup(registry, kinds.BATCH_PREPARER, config.rl.batch_preparer)
     _lookup(registry, kinds.ADVANTAGE, config.rl.advantage).validate_options(
         config.rl.advantage_options, "rl.advantage_options"
     )
     if config.off_policy.correction != "none":
         _lookup(registry, kinds.OFF_POLICY_CORRECTION, config.off_policy.correction)
+    _lookup(registry, kinds.BATCH_PREPARER, config.rl.batch_preparer).load().check(config)
     for sink in config.metrics.sinks:
         _lookup(registry, kinds.METRIC_SINK, sink).validate_options(
             config.metrics.options.get(sink, {}), f"metrics.options.{sink}"

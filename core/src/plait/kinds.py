@@ -92,11 +92,23 @@ class Critic:
 
 class BatchPreparer(Protocol):
     """How a step's groups of trajectories (each the samples of one prompt) become one policy's
-    training data: `prepare` turns them into datums with advantages and `data/*` metrics, fitting
-    the run's critic where it has one (`critic`, else None), taking the KL to the
+    training data: `check` refuses at config load a run it cannot prepare (errors name the key);
+    `annotate` adds to each episode to train on, as it ends, what other engines must compute
+    (with `rl.kl.reference = "inference"`, the logprobs of `references`, each turn's policy's
+    frozen engine or None); `prepare` turns the groups into datums with advantages and `data/*`
+    metrics, fitting the run's critic where it has one (`critic`, else None), taking the KL to the
     reference off the rewards where `rl.kl.where = "reward"`, and applying `off_policy.correction`
     with `trainer`, the policy's; `has_signal` says whether a group would train
     (`rl.dynamic_sampling` samples until enough do). plait-algorithms' is `standard`."""
+
+    def check(self, config: RunConfig) -> None: ...
+
+    async def annotate(
+        self,
+        config: RunConfig,
+        trajectory: Trajectory,
+        references: Sequence[InferenceEngine | None],
+    ) -> Trajectory: ...
 
     def prepare(
         self,

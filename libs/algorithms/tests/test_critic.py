@@ -22,6 +22,7 @@ from plait.api import (
     TrainerCapabilities,
     load_config,
 )
+from plait.components import validate_components
 from plait.config import CriticSection
 from plait_algorithms.advantages import EPS
 from plait_algorithms.batch import prepare
@@ -165,11 +166,11 @@ def test_several_updates_fit_the_critic_on_the_same_batch_again():
     assert all(len(call) == 2 for call in values.fitted)  # the whole batch, every time
 
 
-def test_a_critic_needs_an_estimator_built_on_its_values():
-    groups = [[episode(1.0, [3]), episode(0.0, [2], offset=1)]]
-    critic = Critic(CriticSection(), None, KnownValues())
+def test_a_critic_and_an_estimator_built_on_its_values_go_together_at_config_load():
     with pytest.raises(ConfigError, match=r"rl\.advantage: the run has a critic, and 'grpo'"):
-        prepare(load_config(None, ["rl.advantage=grpo"]), groups, critic=critic)
+        validate_components(load_config(None, ["rl.advantage=grpo", "critic.updates=1"]))
+    with pytest.raises(ConfigError, match=r"rl\.advantage: gae needs a critic's values"):
+        validate_components(load_config(None, ["rl.advantage=gae"]))
 
 
 def test_a_critic_without_a_value_head_is_named():

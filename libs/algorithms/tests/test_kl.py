@@ -5,6 +5,7 @@ known (plait-torch's `kl_ref` output is tested there, against hand-written estim
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
 
@@ -12,7 +13,17 @@ import attrs
 import numpy as np
 import pytest
 
-from plait.api import ConfigError, DataError, Datum, ForwardBackwardOutput, TensorData, load_config
+from plait.api import (
+    ConfigError,
+    DataError,
+    Datum,
+    EngineError,
+    ForwardBackwardOutput,
+    ModelInput,
+    TensorData,
+    load_config,
+)
+from plait.config import KLSection
 from plait_algorithms import batch, kl
 from plait_testing.trajectories import episode
 
@@ -173,8 +184,7 @@ def test_in_the_loss_the_datums_carry_the_reference_logprobs():
         assert np.all(refs[mask] == -1.5) and np.all(refs[~mask] == 0)
 
 
-def test_an_inference_reference_attached_by_url_is_refused_by_name():
-    varied = [with_refs(episode(1.0, [3]), -1.5), with_refs(episode(0.0, [2], offset=1), -1.5)]
+def test_an_inference_reference_attached_by_url_is_refused_at_config_load():
     config = load_config(
         None,
         [
@@ -183,5 +193,40 @@ def test_an_inference_reference_attached_by_url_is_refused_by_name():
         ],
     )
     with pytest.raises(ConfigError, match="attaches it to the policy's own server") as info:
-        batch.prepare(config, [varied])
+        batch.standard.check(config)  # what validate_components asks of the batch preparer
     assert info.value.path == "inference.options.url"
+    batch.standard.check(attrs.evolve(config, rl=attrs.evolve(config.rl, kl=KLSection())))
+
+
+class Reference:
+    """A frozen engine that gives every token the logprob -1.5 after a turn of the event loop,
+    and counts how many of its calls were in flight at once."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails, self.in_flight, self.most_in_flight = fails, 0, 0
+
+    async def compute_logprobs(self, prompt: ModelInput) -> list[float | None]:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        if self.fails:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return [None, *[-1.5] * (prompt.length - 1)]
+
+
+ON_ENGINE = load_config(None, ["rl.kl={coef=0.1, reference='inference'}"])
+
+
+def test_the_reference_scores_every_turn_of_an_episode_at_once():
+    two_turns, engine = episode(1.0, [3, 2]), Reference()
+    scored = asyncio.run(batch.standard.annotate(ON_ENGINE, two_turns, [engine, engine]))
+    assert [t.ref_logprobs for t in scored.turns] == [(-1.5,) * 3, (-1.5,) * 2]
+    assert engine.most_in_flight == 2
+    off = load_config(None, [])
+    assert asyncio.run(batch.standard.annotate(off, two_turns, [None, None])) is two_turns
+
+
+def test_a_failing_reference_engine_is_named_as_the_reference():
+    with pytest.raises(EngineError, match=r"the KL reference engine \(Reference.*illegal memory"):
+        asyncio.run(batch.standard.annotate(ON_ENGINE, episode(1.0, [3]), [Reference(fails=True)]))

@@ -20,10 +20,9 @@ from typing import Any
 import structlog
 import tomli_w
 
-from plait.components import Components, Policy, build_components
+from plait.components import Components, Policy, build_components, validate_components
 from plait.config import RunConfig
 from plait.metrics import MetricSink, ShowsProgress
-from plait.plugins import get_registry
 from plait.protocols import ClosableWeightSync
 from plait.run.checkpoint import (
     checkpoint_state,
@@ -213,7 +212,7 @@ def prepare_run_dir(config: RunConfig, *, resume: bool) -> Path:
 
 def run_training(config: RunConfig, *, resume: bool = True) -> str:
     """Build the components and train; return a one-paragraph summary."""
-    get_registry()  # load plugins before the (slow) model resolution, so errors come early
+    validate_components(config)  # before the (slow) model resolution, so errors come early
     run_dir = prepare_run_dir(config, resume=resume)
     components = build_components(config, run_dir)
     # loaded for the whole run: full collections walked it, stalling every thread ~0.25 s

@@ -15,7 +15,6 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import attrs
 import structlog
 
 from plait import kinds
@@ -29,7 +28,7 @@ from plait.rollout import EpisodeConfig, run_episode
 from plait.run.report import rollout_metrics
 from plait.run.state import EVAL_GREEDY, EVAL_SAMPLED, Batch, Run, TrainedSample, sample_seed
 from plait.trajectory import Trajectory
-from plait.types import Datum, ModelInput, SamplingParams
+from plait.types import Datum, SamplingParams
 
 log = structlog.get_logger("plait.run")
 T = TypeVar("T")
@@ -74,12 +73,17 @@ async def sample_groups(
     train: bool = False,
 ) -> list[list[Trajectory]]:
     """`group_size` episodes on each task, all running concurrently (the engine batches them);
-    `seed(group, index)` seeds each. `train`: episodes to train on (`with_reference`)."""
+    `seed(group, index)` seeds each. `train`: episodes to train on, each annotated by the batch
+    preparer as it ends, so that what it asks of other engines runs beside the sampling."""
     tasks = await asyncio.gather(*(c.env.get_task(split, i) for i in task_indices))
+    preparer = get_registry().get(kinds.BATCH_PREPARER, config.rl.batch_preparer).load()
 
     async def episode(task: dict[str, Any], config_: EpisodeConfig) -> Trajectory:
         trajectory = await run_episode(c.env, task, *c.policies[0].actor, config_, c.roles())
-        return await with_reference(c, trajectory) if train else trajectory
+        if not train or trajectory.error is not None:
+            return trajectory  # a failed episode trains on nothing
+        players = [next(p for p in c.policies if c.plays(p, t.role)) for t in trajectory.turns]
+        return await preparer.annotate(config, trajectory, [p.reference for p in players])
 
     flat = await all_or_none(
         [
@@ -89,23 +93,6 @@ async def sample_groups(
         ]
     )
     return [list(flat[g * group_size : (g + 1) * group_size]) for g in range(len(tasks))]
-
-
-async def with_reference(c: Components, trajectory: Trajectory) -> Trajectory:
-    """`trajectory` with each turn's reference logprobs from its policy's frozen engine
-    (`rl.kl.reference = "inference"`), as is where the policies have none; awaited as each
-    episode ends, so that the reference forward runs beside the sampling of the others."""
-    players = [next(p for p in c.policies if c.plays(p, t.role)) for t in trajectory.turns]
-    engines = [p.reference for p in players if p.reference is not None]
-    if trajectory.error is not None or len(engines) < len(players):
-        return trajectory  # a failed episode trains on nothing
-    turns = []
-    for turn, engine in zip(trajectory.turns, engines, strict=True):
-        sequence = ModelInput.from_ints([*turn.prompt, *turn.completion.tokens])
-        scored = await engine.compute_logprobs(sequence)
-        ref = tuple(lp for lp in scored[len(turn.prompt) :] if lp is not None)
-        turns.append(attrs.evolve(turn, ref_logprobs=ref))
-    return attrs.evolve(trajectory, turns=turns)
 
 
 async def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:

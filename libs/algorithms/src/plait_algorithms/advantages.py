@@ -98,18 +98,23 @@ def uses_values(estimator: F) -> F:
     return estimator
 
 
+def without_critic(advantage: str) -> ConfigError:
+    """The error of an estimator built on a critic's values in a run without a critic."""
+    return ConfigError(
+        "rl.advantage",
+        f"{advantage} needs a critic's values of every action token, and this run has no critic",
+        fix="give the run a value model ([critic], docs/algorithms.md), or choose an "
+        "estimator without one: grpo, dr_grpo, rloo, reinforce++ or reinforce++_baseline",
+    )
+
+
 @uses_values
 def gae(batch: AdvantageBatch, *, options: GaeOptions) -> list[list[np.ndarray]]:
     """Generalised advantage estimation (Schulman et al. 2016) over each sample's action tokens,
     across its turns in order (the tokens between turns are not steps): the reward at its last
     action token, the critic's value at each, and 0 after the last."""
     if batch.values is None:
-        raise ConfigError(
-            "rl.advantage",
-            "gae needs a critic's values of every action token, and this run has no critic",
-            fix="give the run a value model ([critic], docs/algorithms.md), or choose an "
-            "estimator without one: grpo, dr_grpo, rloo, reinforce++ or reinforce++_baseline",
-        )
+        raise without_critic("gae")
     return [
         [
             _gae(float(reward), np.asarray(values, dtype=np.float64), options)

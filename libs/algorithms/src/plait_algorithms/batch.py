@@ -5,9 +5,12 @@ Advantages of the whole batch at once (`rl.advantage`; constant-reward groups le
 a length limit cut handled as `rl.overlong` says, each token's loss weighed as
 `rl.loss_aggregation` says. With KL in the reward (`rl.kl.where`), the KL to the reference is
 taken off the rewards before the estimator sees them (`plait_algorithms.kl`); with the reference
-on an inference engine (`rl.kl.reference`), every datum carries its logprobs. Then the run's
+on an inference engine (`rl.kl.reference`), every datum carries its logprobs, which `annotate`
+had that engine score as the episode ended (`plait_algorithms.reference`). Then the run's
 off-policy correction (`off_policy.correction`, `plait_algorithms.off_policy`). Dynamic sampling
 (`rl.dynamic_sampling`) asks `has_signal` of each group it samples; its rounds are the run loop's.
+`check`, at config load, refuses the reference attached by url and a critic without an estimator
+built on its values (or the reverse).
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ from plait.api import (
     ADVANTAGE,
     AdvantageBatch,
     BatchPreparer,
-    ConfigError,
     Critic,
     DataError,
     Datum,
+    InferenceEngine,
     RLSection,
     RunConfig,
     TrainerEngine,
     Trajectory,
     get_registry,
 )
-from plait_algorithms.critic import action_values, check_critic, fit_critic, whitened
+from plait_algorithms.critic import (
+    action_values,
+    check_critic,
+    check_critic_config,
+    fit_critic,
+    whitened,
+)
 from plait_algorithms.datums import (
     REF_LOGPROBS,
     action_tokens,
@@ -39,6 +48,12 @@ from plait_algorithms.datums import (
 )
 from plait_algorithms.kl import kl_penalties
 from plait_algorithms.off_policy import corrected
+from plait_algorithms.reference import (
+    check_reference,
+    check_reference_logprobs,
+    on_engine,
+    with_reference,
+)
 
 
 class Standard:
@@ -55,6 +70,18 @@ class Standard:
 
     def has_signal(self, rl: RLSection, group: Sequence[Trajectory]) -> bool:
         return has_signal(rl, group)
+
+    def check(self, config: RunConfig) -> None:
+        check_reference(config)
+        check_critic_config(config)
+
+    async def annotate(
+        self,
+        config: RunConfig,
+        trajectory: Trajectory,
+        references: Sequence[InferenceEngine | None],
+    ) -> Trajectory:
+        return await with_reference(config, trajectory, references)
 
 
 standard: BatchPreparer = Standard()
@@ -86,8 +113,8 @@ def prepare(
             samples.append([trajectory_to_datums(t, 0.0) for t in valid])
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
-    if rl.kl.coef and rl.kl.reference == "inference":
-        _check_references(config, samples)
+    if on_engine(config):
+        check_reference_logprobs(samples)
     kl_metrics: dict[str, float] = {}
     if rl.kl.coef and rl.kl.where == "reward" and samples:
         penalties, kl_metrics = kl_penalties(trainer, rl, samples)
@@ -99,7 +126,7 @@ def prepare(
     options = estimator.validate_options(rl.advantage_options, "rl.advantage_options")
     estimate = estimator.load()
     if critic is not None:
-        check_critic(critic, rl, estimate)
+        check_critic(critic)
     values = action_values(critic, rl, samples) if critic and samples else None
     batch = AdvantageBatch(batch_rewards, counts, values)
     advantages = estimate(batch, options=options) if samples else []
@@ -202,29 +229,6 @@ def _check_counts(advantages: Sequence[Sequence[np.ndarray]], counts: Sequence[n
                     fix="return one advantage per action token of each sample (the batch's "
                     "action_tokens)",
                 )
-
-
-def _check_references(config: RunConfig, samples: Sequence[Sequence[Sequence[Datum]]]) -> None:
-    """Every datum carries the reference's logprobs (`rl.kl.reference = "inference"`), from
-    engines of their own."""
-    for name, policy in config.policy_sections().items():
-        if policy.inference.options.get("url"):
-            at = f"policies.{name}." if config.policies else ""
-            raise ConfigError(
-                f"{at}inference.options.url",
-                "rl.kl.reference = 'inference' builds the frozen reference engine from this "
-                "table, and url attaches it to the policy's own server, which weight sync updates",
-                fix="let the engine launch a server of its own (leave url out), or use "
-                "rl.kl.reference = 'trainer'",
-            )
-    if any(REF_LOGPROBS not in d.loss_fn_inputs for g in samples for s in g for d in s):
-        raise DataError(
-            "rl.kl.reference = 'inference', but episodes came without the reference's logprobs "
-            "(the run loop's sampling adds them; online RL's episodes and trajectories built "
-            "elsewhere have none)",
-            fix="use rl.kl.reference = 'trainer' (plait-torch: trainer.options.reference = true), "
-            "or give every turn its ref_logprobs",
-        )
 
 
 def _without(key: str, datum: Datum) -> Datum:

@@ -22,12 +22,20 @@ are 0 on a batch whose samples all end with the same return (the same reward, at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from plait.api import ConfigError, Critic, Datum, RLSection, train
-from plait_algorithms.advantages import EPS
+from plait.api import (
+    ADVANTAGE,
+    ConfigError,
+    Critic,
+    Datum,
+    RLSection,
+    RunConfig,
+    get_registry,
+    train,
+)
+from plait_algorithms.advantages import EPS, without_critic
 from plait_algorithms.datums import Samples, forward_on_action_tokens, on_action_tokens
 
 
@@ -49,22 +57,31 @@ def action_values(critic: Critic, rl: RLSection, samples: Samples) -> list[list[
     )
 
 
-def check_critic(critic: Critic, rl: RLSection, estimate: Any) -> None:
-    """A critic that gives values, beside an estimator built on them (or the run stops)."""
-    if not critic.trainer.capabilities.value_head:
-        raise ConfigError(
-            "critic.trainer.options",
-            f"the critic's trainer engine ({critic.config.trainer.engine!r}) was built without "
-            "a value head, so it gives logprobs, not values",
-            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
-        )
-    if not getattr(estimate, "uses_values", False):
+def check_critic_config(config: RunConfig) -> None:
+    """At config load: a critic goes with an estimator built on its values, and such an
+    estimator with a critic."""
+    rl = config.rl
+    uses = getattr(get_registry().get(ADVANTAGE, rl.advantage).load(), "uses_values", False)
+    if config.critic is not None and not uses:
         raise ConfigError(
             "rl.advantage",
             f"the run has a critic, and {rl.advantage!r} does not use its values: the critic "
             "would be fit to advantages that are not returns",
             fix='set rl.advantage = "gae" (or an estimator marked with '
             "plait_algorithms.advantages.uses_values), or drop the [critic] table",
+        )
+    if config.critic is None and uses:
+        raise without_critic(rl.advantage)
+
+
+def check_critic(critic: Critic) -> None:
+    """A critic that gives values (or the run stops)."""
+    if not critic.trainer.capabilities.value_head:
+        raise ConfigError(
+            "critic.trainer.options",
+            f"the critic's trainer engine ({critic.config.trainer.engine!r}) was built without "
+            "a value head, so it gives logprobs, not values",
+            fix="give the critic one (plait-torch: critic.trainer.options.value_head = true)",
         )
 
 
