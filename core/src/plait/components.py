@@ -211,9 +211,8 @@ def build_components(config: RunConfig, run_dir: Path) -> Components:
             "turns to several policies",
             fix="use one policy, or run the environment in the controller",
         )
-    frozen = bool(config.rl.kl.coef) and config.rl.kl.reference == "inference"
     policies = [
-        build_policy(name, p, config.run.seed, _at(config, name), frozen)
+        build_policy(name, p, config.run.seed, _at(config, name), config.rl.kl.on_engine)
         for name, p in config.policy_sections().items()
     ]
     sinks = []

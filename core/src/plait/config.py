@@ -103,6 +103,11 @@ class KLSection:
     episode as it ends, beside the sampling of the rest of the batch (not with an engine attached
     by url to a server: the policy's own, which weight sync updates)."""
 
+    @property
+    def on_engine(self) -> bool:
+        """Whether a frozen inference engine scores the reference (the penalty on, `inference`)."""
+        return bool(self.coef) and self.reference == "inference"
+
     def penalty_keys(self) -> dict[str, float]:
         """The trainer's loss_fn_config keys of this penalty (the estimator as its number: every
         wire carries one)."""

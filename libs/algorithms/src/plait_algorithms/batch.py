@@ -51,7 +51,6 @@ from plait_algorithms.off_policy import corrected
 from plait_algorithms.reference import (
     check_reference,
     check_reference_logprobs,
-    on_engine,
     with_reference,
 )
 
@@ -113,7 +112,7 @@ def prepare(
             samples.append([trajectory_to_datums(t, 0.0) for t in valid])
             batch_rewards.append(sample_rewards(rl, valid))
             trains.append([rl.overlong != "mask" or not overlong(t) for t in valid])
-    if on_engine(config):
+    if config.rl.kl.on_engine:
         check_reference_logprobs(samples)
     kl_metrics: dict[str, float] = {}
     if rl.kl.coef and rl.kl.where == "reward" and samples:

@@ -28,13 +28,9 @@ from plait.api import (
 from plait_algorithms.datums import REF_LOGPROBS
 
 
-def on_engine(config: RunConfig) -> bool:
-    return bool(config.rl.kl.coef) and config.rl.kl.reference == "inference"
-
-
 def check_reference(config: RunConfig) -> None:
     """At config load: no policy's reference would attach to the policy's own server."""
-    if not on_engine(config):
+    if not config.rl.kl.on_engine:
         return
     for name, policy in config.policy_sections().items():
         if policy.inference.options.get("url"):
@@ -53,7 +49,7 @@ async def with_reference(
 ) -> Trajectory:
     """`trajectory` with each turn's reference logprobs, scored by `references` (one engine per
     turn, all at once); as it is where the reference is not on an engine."""
-    if not on_engine(config):
+    if not config.rl.kl.on_engine:
         return trajectory
     engines = [engine for engine in references if engine is not None]
     if len(engines) < len(trajectory.turns):

@@ -692,7 +692,7 @@ async def online_server(
             "plait serve online serves one policy",
             fix="remove [policies] from the config",
         )
-    if config.rl.kl.coef and config.rl.kl.reference == "inference":
+    if config.rl.kl.on_engine:
         raise ConfigError(
             "rl.kl.reference",
             "online RL's episodes come through the proxy, and the frozen reference engine "
